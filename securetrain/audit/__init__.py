@@ -1,0 +1,1 @@
+"""Tamper-evident audit log."""

@@ -1,0 +1,1 @@
+"""The ``securetrain`` command line: a thin layer over the library."""

@@ -1,0 +1,76 @@
+"""Root of the ``securetrain`` command.
+
+Each capability owns its commands in ``securetrain/<capability>/cli.py`` and exposes
+``register(app)``. Those modules import only typer/rich at import time so ``--help`` stays fast;
+heavy libraries (torch, tenseal, prefect) are imported inside the commands.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+
+import typer
+
+from securetrain import __version__
+from securetrain.cli.console import err_console
+from securetrain.errors import SecureTrainError
+
+CAPABILITY_CLIS = (
+    "securetrain.devices.cli",
+    "securetrain.training.cli",
+    "securetrain.masking.dicom.cli",
+    "securetrain.masking.tabular.cli",
+    "securetrain.crypto.cli",
+    "securetrain.audit.cli",
+    "securetrain.he.cli",
+    "securetrain.pipeline.cli",
+)
+
+app = typer.Typer(
+    name="securetrain",
+    help="Compliant model training: de-identify, train, encrypt, evaluate under HE, audit.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,  # locals may hold keys or PHI
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"securetrain {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log debug messages (never secrets)."),
+) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+for _module in CAPABILITY_CLIS:
+    importlib.import_module(_module).register(app)
+
+
+def main() -> None:
+    """Console entry point: typed errors become one red line and exit code 2, not a traceback."""
+    try:
+        app(standalone_mode=False)
+    except SecureTrainError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        sys.exit(2)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        err_console.print("aborted")
+        sys.exit(130)
+    except Exception as exc:  # click usage errors arrive here with standalone_mode=False
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
