@@ -1,0 +1,116 @@
+"""Redact secret- and PHI-shaped text from log records before any handler sees them.
+
+Defence in depth: securetrain never logs keys or PHI on purpose, but third-party code, exceptions
+and user ``print`` calls under Prefect's ``log_prints`` could. The filter rewrites the formatted
+message of every record that passes through the loggers it is installed on.
+
+What counts as secret-shaped (documented in docs/concepts.md):
+- PEM blocks (private keys, certificates);
+- ``key=...``, ``secret: ...``, ``password=...``, ``passphrase``, ``token``, ``kek`` assignments;
+- runs of 32+ hex characters or 40+ base64 characters, unless written as ``sha256:<hex>``
+  (the form securetrain uses for digests, which are not secret);
+- card numbers (13-19 digits passing the Luhn check), US SSNs, e-mail addresses;
+- DICOM person names (``Family^Given``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+REDACTED = "[REDACTED]"
+
+_PEM = re.compile(r"-----BEGIN [A-Z0-9 ]+-----.*?-----END [A-Z0-9 ]+-----", re.S)
+_ASSIGNMENT = re.compile(
+    r"(?i)\b([\w-]*(?:key|secret|password|passwd|passphrase|token|kek)[\w-]*)(\s*[=:]\s*)(['\"]?)[^\s'\",;]+\3"
+)
+_DIGEST = re.compile(r"\bsha256:[0-9a-f]{64}\b")
+_HEX = re.compile(r"\b[0-9a-fA-F]{32,}\b")
+_B64 = re.compile(r"(?<![A-Za-z0-9+/=])[A-Za-z0-9+/_-]{40,}={0,2}(?![A-Za-z0-9+/=])")
+_CARD = re.compile(r"\b(?:\d[ -]?){12,18}\d\b")
+_SSN = re.compile(r"\b\d{3}-\d{2}-\d{4}\b")
+_EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")
+_DICOM_PN = re.compile(r"\b[A-Za-z][\w'-]*\^[A-Za-z][\w'^-]*")
+
+
+def _luhn_ok(digits: str) -> bool:
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = int(ch)
+        if i % 2 == 1:
+            d *= 2
+            if d > 9:
+                d -= 9
+        total += d
+    return total % 10 == 0
+
+
+def _card(match: re.Match[str]) -> str:
+    digits = re.sub(r"\D", "", match.group(0))
+    return REDACTED if 13 <= len(digits) <= 19 and _luhn_ok(digits) else match.group(0)
+
+
+def redact(text: str) -> str:
+    """Return ``text`` with every secret- or PHI-shaped substring replaced by ``[REDACTED]``."""
+    text = _PEM.sub(REDACTED, text)
+    text = _ASSIGNMENT.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
+    # Protect digests from the hex/base64 rules by swapping them out first.
+    digests: list[str] = []
+
+    def _stash(m: re.Match[str]) -> str:
+        digests.append(m.group(0))
+        return f"\x00{len(digests) - 1}\x00"
+
+    text = _DIGEST.sub(_stash, text)
+    text = _HEX.sub(REDACTED, text)
+    text = _B64.sub(REDACTED, text)
+    text = _CARD.sub(_card, text)
+    text = _SSN.sub(REDACTED, text)
+    text = _EMAIL.sub(REDACTED, text)
+    text = _DICOM_PN.sub(REDACTED, text)
+    return re.sub(r"\x00(\d+)\x00", lambda m: digests[int(m.group(1))], text)
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that redacts the record's final message (msg % args) in place."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken format string must not leak its args either
+            message = str(record.msg)
+        cleaned = redact(message)
+        record.msg, record.args = cleaned, None
+        if record.exc_info and record.exc_info[1] is not None:
+            # Tracebacks can quote values; keep the type, redact the message.
+            exc = record.exc_info[1]
+            record.exc_text = f"{type(exc).__name__}: {redact(str(exc))}"
+            record.exc_info = None
+        return True
+
+
+_DEFAULT_LOGGERS = ("securetrain", "prefect", "prefect.flow_runs", "prefect.task_runs", "flows")
+
+
+def install_redaction(logger_names: tuple[str, ...] = _DEFAULT_LOGGERS) -> RedactingFilter:
+    """Attach one shared filter to the named loggers and their existing handlers (idempotent).
+
+    Filters on a logger only see records created by that logger, so the run loggers Prefect hands
+    to tasks (``prefect.flow_runs``/``prefect.task_runs``) are named explicitly; handler filters
+    also catch records propagated from child loggers.
+    """
+    shared = next(
+        (f for f in logging.getLogger(logger_names[0]).filters if isinstance(f, RedactingFilter)),
+        RedactingFilter(),
+    )
+    for name in logger_names:
+        logger = logging.getLogger(name)
+        targets = [logger, *logger.handlers]
+        for target in targets:
+            if not any(isinstance(f, RedactingFilter) for f in target.filters):
+                target.addFilter(shared)
+    root = logging.getLogger()
+    for handler in root.handlers:
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(shared)
+    return shared
