@@ -1,0 +1,37 @@
+"""Typed errors of the homomorphic-evaluation capability.
+
+They derive from the shared hierarchy so the CLI prints them as one line and callers can tell
+"refused for safety" (parameters, keys) from "bad file" (format/integrity).
+"""
+
+from __future__ import annotations
+
+from securetrain.errors import ConfigError, IntegrityError, SecureTrainError
+
+
+class HEError(SecureTrainError):
+    """Base class of every error raised by :mod:`securetrain.he`."""
+
+
+class HEUnavailableError(HEError):
+    """TenSEAL is not installed (it is an optional extra)."""
+
+    def __init__(self, message: str = "homomorphic evaluation needs the optional dependency 'tenseal'") -> None:
+        super().__init__(message, hint="pip install 'securetrain[he]'")
+
+
+class HEParameterError(HEError, ConfigError):
+    """Encryption parameters are insecure, malformed, or too small for the model (depth/headroom)."""
+
+
+class HEModelError(HEError, ConfigError):
+    """The model cannot be turned into an HE evaluation plan (unsupported layer, bad shapes)."""
+
+
+class HEFormatError(HEError, IntegrityError):
+    """A context/ciphertext/model file is malformed, truncated, corrupted, or of the wrong kind."""
+
+
+class HEKeyError(HEError):
+    """Wrong key material for the operation: a secret key where only a public one is allowed,
+    no secret key where decryption needs one, or data encrypted under a different context."""

@@ -1,0 +1,307 @@
+"""Apply a masking policy to a pyarrow table or a CSV/Parquet file.
+
+Fail closed: every column must resolve to a rule (or the policy default) before any output is
+produced; columns passed through unmasked are scanned for PII-shaped values; any transform error
+aborts the whole table. Output tables carry only masked columns plus provenance metadata
+(policy version/digest, key id) -- the input's schema metadata is dropped, as it can hold anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
+from securetrain.io.atomic import atomic_write_bytes
+from securetrain.masking.tabular import transforms as T
+from securetrain.masking.tabular.errors import (
+    MalformedTableError,
+    MaskKeyError,
+    PIIDetectedError,
+    TabularMaskingError,
+    UnmaskedColumnError,
+)
+from securetrain.masking.tabular.policy import (
+    DefaultAction,
+    DropRule,
+    EmailRule,
+    GeneralizeRule,
+    KeepRule,
+    MaskingPolicy,
+    PanRule,
+    PhoneRule,
+    RedactRule,
+    TokenizeRule,
+    load_policy,
+)
+from securetrain.masking.tabular.tableio import (
+    csv_header,
+    detect_format,
+    parse_table,
+    read_bytes,
+    serialize_table,
+)
+
+METADATA_KEY = b"securetrain.masking"
+MIN_KEY_BYTES = 16
+_STRING_ACTIONS = (TokenizeRule, RedactRule, PanRule, EmailRule, PhoneRule)
+
+
+@dataclass
+class ColumnReport:
+    column: str
+    action: str
+    rule: str  # selector that matched, or "default"
+    nulls: int = 0
+    invalid: int = 0
+    distinct: int | None = None
+    detections: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class MaskReport:
+    policy_name: str
+    policy_version: str
+    policy_digest: str
+    key_id: str
+    rows: int
+    columns: list[ColumnReport]
+    input_sha256: str | None = None
+    output_sha256: str | None = None
+
+    @property
+    def output_columns(self) -> list[str]:
+        return [c.column for c in self.columns if c.action != "drop"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _check_key(key: bytes) -> bytes:
+    if isinstance(key, str):
+        raise MaskKeyError("the masking key must be bytes, not str", hint="decode a hex key with bytes.fromhex(...)")
+    if not isinstance(key, (bytes, bytearray)) or len(key) < MIN_KEY_BYTES:
+        raise MaskKeyError(
+            f"the masking key must be at least {MIN_KEY_BYTES} bytes (32 recommended)",
+            hint="generate one with: python -c 'import secrets; print(secrets.token_hex(32))'",
+        )
+    return bytes(key)
+
+
+class TabularMasker:
+    """Masks tables according to ``policy`` with tokenisation key ``key`` (>= 16 bytes)."""
+
+    def __init__(
+        self,
+        policy: MaskingPolicy | str | os.PathLike[str],
+        key: bytes,
+        audit: AuditRecorder | None = None,
+    ) -> None:
+        self.policy = policy if isinstance(policy, MaskingPolicy) else load_policy(policy)
+        key = _check_key(key)
+        self._token_key = T.derive_token_key(key)
+        self.key_id = T.key_id(key)
+        self.policy_digest = self.policy.digest()
+        self._audit: AuditRecorder = audit or NullAuditRecorder()
+
+    def __repr__(self) -> str:  # never show key material
+        return f"TabularMasker(policy={self.policy.name!r} v{self.policy.policy_version}, key_id={self.key_id})"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("TabularMasker holds key material and cannot be pickled")
+
+    # -- planning -------------------------------------------------------------------------------
+    def plan(self, columns: list[str]) -> dict[str, Any]:
+        """Map each column to its rule; raise UnmaskedColumnError listing every unmatched column."""
+        plan = {c: self.policy.rule_for(c) for c in columns}
+        missing = [c for c, r in plan.items() if r is None]
+        if missing:
+            raise UnmaskedColumnError(
+                f"{len(missing)} column(s) match no rule in policy {self.policy.name!r} "
+                f"v{self.policy.policy_version} and it has no default: {', '.join(missing)}",
+                hint="add rules for them (keep/drop/redact/...) or set a 'default' action in the policy",
+            )
+        return plan
+
+    def string_columns(self, columns: list[str]) -> set[str]:
+        """Columns whose rule works on text (read CSV as strings so '007' stays '007')."""
+        return {c for c, r in self.plan(columns).items() if isinstance(r, _STRING_ACTIONS)}
+
+    # -- masking --------------------------------------------------------------------------------
+    def mask_table(self, table: pa.Table) -> pa.Table:
+        return self.mask_table_with_report(table)[0]
+
+    def mask_table_with_report(
+        self,
+        table: pa.Table,
+        *,
+        resource: str = "table",
+        on_column: Callable[[str], None] | None = None,
+    ) -> tuple[pa.Table, MaskReport]:
+        try:
+            out, reports = self._mask(table, on_column)
+        except TabularMaskingError as exc:
+            self._audit.record(
+                "mask.policy_applied", resource, outcome="refused",
+                details={**self._provenance(), "rows": table.num_rows, "error": type(exc).__name__},
+            )
+            raise
+        report = MaskReport(
+            policy_name=self.policy.name, policy_version=self.policy.policy_version,
+            policy_digest=self.policy_digest, key_id=self.key_id, rows=table.num_rows, columns=reports,
+        )
+        self._audit.record(
+            "mask.policy_applied", resource,
+            details={
+                **self._provenance(), "rows": table.num_rows,
+                "actions": {r.column: r.action for r in reports},
+                "invalid": sum(r.invalid for r in reports),
+                "detections": sum(sum(r.detections.values()) for r in reports),
+            },
+        )
+        return out, report
+
+    def _provenance(self) -> dict[str, str]:
+        return {
+            "policy_name": self.policy.name, "policy_version": self.policy.policy_version,
+            "policy_digest": self.policy_digest, "key_id": self.key_id,
+        }
+
+    def _mask(self, table: pa.Table, on_column: Callable[[str], None] | None) -> tuple[pa.Table, list[ColumnReport]]:
+        names = table.column_names
+        if len(set(names)) != len(names):
+            raise MalformedTableError("the table has duplicate column names", hint="rename the duplicates")
+        plan = self.plan(names)
+        out_cols: list[pa.Array] = []
+        out_names: list[str] = []
+        reports: list[ColumnReport] = []
+        for name in names:
+            rule = plan[name]
+            column = table.column(name)
+            is_default = isinstance(rule, DefaultAction)
+            report = ColumnReport(column=name, action=rule.action, rule="default" if is_default else rule.selector,
+                                  nulls=column.null_count)
+            try:
+                result = self._apply(rule, column, report, scan_if_kept=not isinstance(rule, KeepRule) or rule.scan)
+            except TabularMaskingError:
+                raise
+            except (pa.ArrowException, TypeError, ValueError) as exc:
+                # pyarrow messages can quote cell values: report only the column, rule and error type.
+                raise MalformedTableError(
+                    f"column {name!r}: cannot apply action {rule.action!r} ({type(exc).__name__}; values withheld)",
+                    hint="check the column's type and contents, or change its rule",
+                ) from None
+            reports.append(report)
+            if result is not None:
+                out_names.append(name)
+                out_cols.append(result)
+            if on_column is not None:
+                on_column(name)
+        meta = {METADATA_KEY: json.dumps(self._provenance(), sort_keys=True).encode()}
+        if not out_cols:
+            return pa.table({}, metadata=meta).slice(0, 0), reports
+        return pa.Table.from_arrays(out_cols, names=out_names).replace_schema_metadata(meta), reports
+
+    def _apply(self, rule: Any, column: pa.ChunkedArray, report: ColumnReport, *, scan_if_kept: bool) -> Any:
+        stats = T.ColumnStats()
+        k = self._token_key
+        if isinstance(rule, DropRule) or (isinstance(rule, DefaultAction) and rule.action == "drop"):
+            return None
+        if isinstance(rule, RedactRule) or (isinstance(rule, DefaultAction) and rule.action == "redact"):
+            return T.redact(column, rule.replacement)
+        if isinstance(rule, KeepRule) or isinstance(rule, DefaultAction):  # default keep
+            return self._scan_kept(column, report) if scan_if_kept else column
+        if isinstance(rule, TokenizeRule):
+            out = T.tokenize(T.normalize(T.as_string(column), rule.normalize), k, domain=rule.domain,
+                             prefix=rule.prefix, length=rule.length, stats=stats)
+        elif isinstance(rule, GeneralizeRule):
+            if rule.granularity is not None:
+                out = T.generalize_date(column, granularity=rule.granularity, date_format=rule.date_format)
+            else:
+                assert rule.bins is not None
+                out = T.generalize_bins(column, rule.bins)
+        elif isinstance(rule, PanRule):
+            out, report.invalid = T.pan(column, k, mode=rule.mode, validate_luhn=rule.validate_luhn,
+                                        prefix=rule.prefix, length=rule.length, domain=rule.domain, stats=stats)
+            if report.invalid and rule.on_invalid == "error":
+                raise MalformedTableError(
+                    f"column {report.column!r}: {report.invalid} value(s) are not valid card numbers",
+                    hint="set on_invalid: redact to replace them with " + T.INVALID_PAN,
+                )
+        elif isinstance(rule, EmailRule):
+            out, report.invalid = T.email(column, k, keep_domain=rule.keep_domain, prefix=rule.prefix,
+                                          length=rule.length, domain=rule.domain, stats=stats)
+        elif isinstance(rule, PhoneRule):
+            out, report.invalid = T.phone(column, k, keep_last=rule.keep_last, prefix=rule.prefix,
+                                          length=rule.length, domain=rule.domain, stats=stats)
+        else:  # pragma: no cover - the policy union is closed
+            raise TabularMaskingError(f"unsupported rule {type(rule).__name__}")
+        report.distinct = stats.distinct
+        return out
+
+    def _scan_kept(self, column: pa.ChunkedArray, report: ColumnReport) -> Any:
+        cfg = self.policy.detectors
+        if not cfg.enabled:
+            return column
+        s = T.scannable(column)
+        if s is None:
+            return column
+        integer = pa.types.is_integer(column.type.value_type if pa.types.is_dictionary(column.type) else column.type)
+        hits = T.detect(s, list(cfg.detectors), integer=integer)
+        report.detections = {k: int(v.sum()) for k, v in hits.items() if v.any()}
+        if not report.detections:
+            return column
+        found = ", ".join(f"{n} x{c}" for n, c in sorted(report.detections.items()))
+        if cfg.on_detect == "refuse":
+            raise PIIDetectedError(
+                f"column {report.column!r} would pass through unmasked ({report.rule}) but contains "
+                f"PII-shaped values: {found}",
+                hint="add a masking rule for it, or set detectors.on_detect to redact_values/redact_column",
+            )
+        report.action = f"{report.action}+{cfg.on_detect}"
+        if cfg.on_detect == "redact_column":
+            return T.redact(column, "[REDACTED]")
+        return T.redact_matches(s, list(cfg.detectors), integer=integer)
+
+    # -- files ----------------------------------------------------------------------------------
+    def read_masked(self, src: str | os.PathLike[str], *, on_column: Callable[[str], None] | None = None
+                    ) -> tuple[pa.Table, MaskReport]:
+        """Read a CSV/Parquet file and mask it in memory (nothing unmasked is written anywhere)."""
+        fmt = detect_format(src)
+        data, digest = read_bytes(src)
+        string_cols = None
+        if fmt == "csv":
+            header = csv_header(data)
+            string_cols = self.string_columns(header) if header else None
+        table = parse_table(data, fmt, name=Path(src).name, string_columns=string_cols)
+        self._audit.record(
+            "tabular.read", str(src),
+            details={"sha256": digest, "bytes": len(data), "format": fmt, "rows": table.num_rows,
+                     "columns": table.num_columns},
+        )
+        masked, report = self.mask_table_with_report(table, resource=str(src), on_column=on_column)
+        report.input_sha256 = digest
+        return masked, report
+
+    def mask_file(self, src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
+                  on_column: Callable[[str], None] | None = None) -> MaskReport:
+        """Mask ``src`` into ``dst`` (format of each by suffix; ``dst`` is replaced atomically)."""
+        if Path(src).resolve() == Path(dst).resolve():
+            raise TabularMaskingError("refusing to mask a file onto itself", hint="choose a different output path")
+        out_fmt = detect_format(dst)
+        masked, report = self.read_masked(src, on_column=on_column)
+        data = serialize_table(masked, out_fmt)
+        atomic_write_bytes(dst, data)
+        report.output_sha256 = hashlib.sha256(data).hexdigest()
+        self._audit.record("tabular.write", str(dst),
+                           details={"sha256": report.output_sha256, "bytes": len(data), "format": out_fmt,
+                                    "rows": masked.num_rows, "columns": masked.num_columns,
+                                    "policy_digest": self.policy_digest})
+        return report

@@ -1,0 +1,100 @@
+"""Reading and writing CSV/Parquet tables, by file suffix, with sanitised errors.
+
+pyarrow's parse errors quote the offending row ("Expected 5 columns, got 3: John,Smith,...").
+That text would put PII into logs and terminals, so errors are rebuilt from safe parts only.
+Files are read into memory once: the sha256 we audit is of exactly the bytes we parsed.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from securetrain.io.atomic import atomic_write_bytes
+from securetrain.masking.tabular.errors import MalformedTableError, UnsupportedFormatError
+
+Format = Literal["csv", "parquet"]
+_SUFFIXES: dict[str, Format] = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
+
+
+def detect_format(path: str | os.PathLike[str]) -> Format:
+    suffix = Path(path).suffix.lower()
+    try:
+        return _SUFFIXES[suffix]
+    except KeyError:
+        raise UnsupportedFormatError(
+            f"unsupported table format {suffix or '(no suffix)'!r} for {Path(path).name}",
+            hint="use a .csv, .parquet or .pq file",
+        ) from None
+
+
+def _safe_csv_reason(exc: Exception) -> str:
+    text = str(exc)
+    for pattern in (r"Expected \d+ columns, got \d+", r"Empty CSV file", r"row #?\d+", r"Invalid UTF8"):
+        m = re.search(pattern, text, flags=re.IGNORECASE)
+        if m:
+            return m.group(0)
+    return type(exc).__name__
+
+
+def csv_header(data: bytes) -> list[str]:
+    """Column names from the first CSV record (handles BOM and quoting)."""
+    head = data[:1 << 16].decode("utf-8-sig", errors="replace")
+    try:
+        return next(csv.reader(io.StringIO(head)), [])
+    except csv.Error:
+        return []
+
+
+def parse_table(data: bytes, fmt: Format, *, name: str, string_columns: set[str] | None = None) -> pa.Table:
+    """Parse bytes; ``string_columns`` are read as text in CSV so ids keep leading zeros etc."""
+    try:
+        if fmt == "csv":
+            types = {c: pa.string() for c in (string_columns or ())}
+            return pacsv.read_csv(
+                pa.BufferReader(data),
+                convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False),
+            )
+        return pq.read_table(pa.BufferReader(data))
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        reason = _safe_csv_reason(exc) if fmt == "csv" else type(exc).__name__
+        raise MalformedTableError(
+            f"cannot read {name} as {fmt.upper()}: {reason} (cell contents withheld)",
+            hint="check that the file is complete and really is " + fmt.upper(),
+        ) from None
+
+
+def read_bytes(path: str | os.PathLike[str]) -> tuple[bytes, str]:
+    file = Path(path)
+    try:
+        data = file.read_bytes()
+    except FileNotFoundError:
+        raise MalformedTableError(f"input table not found: {file}", hint="check the path") from None
+    except IsADirectoryError:
+        raise MalformedTableError(f"input table is a directory: {file}") from None
+    return data, hashlib.sha256(data).hexdigest()
+
+
+def serialize_table(table: pa.Table, fmt: Format) -> bytes:
+    sink = pa.BufferOutputStream()
+    if fmt == "csv":
+        pacsv.write_csv(table, sink)
+    else:
+        pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue().to_pybytes()
+
+
+def write_table(table: pa.Table, path: str | os.PathLike[str]) -> tuple[str, int]:
+    """Atomically write ``table`` (format by suffix); return (sha256, size) of the written bytes."""
+    data = serialize_table(table, detect_format(path))
+    atomic_write_bytes(path, data)
+    return hashlib.sha256(data).hexdigest(), len(data)
