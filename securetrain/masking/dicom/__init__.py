@@ -1,1 +1,35 @@
-"""securetrain.masking.dicom"""
+"""DICOM de-identification per DICOM PS3.15 Annex E (Basic Profile + options).
+
+Imports are lazy so ``securetrain --help`` never pays for pydicom or torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Deidentifier": "securetrain.masking.dicom.engine",
+    "DeidReport": "securetrain.masking.dicom.engine",
+    "TagChange": "securetrain.masking.dicom.engine",
+    "read_dicom": "securetrain.masking.dicom.engine",
+    "encode_dataset": "securetrain.masking.dicom.engine",
+    "DeidKeys": "securetrain.masking.dicom.keys",
+    "DicomPolicy": "securetrain.masking.dicom.policy",
+    "load_policy": "securetrain.masking.dicom.policy",
+    "Option": "securetrain.masking.dicom.profile_table",
+    "load_table": "securetrain.masking.dicom.profile_table",
+    "compile_profile": "securetrain.masking.dicom.profile_table",
+    "export_mapping": "securetrain.masking.dicom.mapping",
+    "load_mapping": "securetrain.masking.dicom.mapping",
+    "DicomDataset": "securetrain.masking.dicom.dataset",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,291 @@
+"""A torch Dataset that de-identifies DICOM on load, so PHI never reaches the model.
+
+The index is validated up front with header-only reads (``stop_before_pixels``): non-DICOM,
+corrupt, undecodable (no pixel decoder for the transfer syntax), pixel-less and policy-rejected
+(burned-in annotation) files are quarantined before the first epoch, so the epoch length is
+stable and deterministic. A file that still fails at load time (e.g. corrupt pixel bytes) is
+quarantined too and the next valid index is served instead; the epoch never crashes.
+
+Quarantine = an entry in :meth:`DicomDataset.quarantine_report` and, when ``quarantine_dir`` is
+given, a *copy* of the file plus ``<name>.reason.json`` there (sources are never moved or
+modified). Worker processes report through that directory, so the report is complete with
+``num_workers > 0`` only when ``quarantine_dir`` is set.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
+from securetrain.errors import ConfigError
+from securetrain.masking.dicom.errors import DeidError
+from securetrain.masking.dicom.policy import DicomPolicy, load_policy
+
+DEFAULT_META_KEYS: tuple[str, ...] = (
+    "PatientID",
+    "StudyInstanceUID",
+    "SeriesInstanceUID",
+    "SOPInstanceUID",
+    "Modality",
+    "PatientSex",
+    "PatientAge",
+    "BodyPartExamined",
+    "StudyDate",
+)
+
+
+@dataclass(frozen=True)
+class QuarantineEntry:
+    path: str  # relative to the dataset root / manifest directory
+    reason: str  # never contains attribute values
+
+    def to_dict(self) -> dict[str, str]:
+        return {"path": self.path, "reason": self.reason}
+
+
+def _read_manifest(manifest: Path) -> list[tuple[Path, int | None]]:
+    try:
+        with manifest.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            if reader.fieldnames is None or "path" not in reader.fieldnames:
+                raise ConfigError(f"manifest {manifest} needs a 'path' column (and optionally 'label')")
+            has_label = "label" in reader.fieldnames
+            rows: list[tuple[Path, int | None]] = []
+            for n, row in enumerate(reader, start=2):
+                rel = (row.get("path") or "").strip()
+                if not rel:
+                    raise ConfigError(f"manifest {manifest} line {n}: empty path")
+                label: int | None = None
+                if has_label and (row.get("label") or "").strip() != "":
+                    try:
+                        label = int(row["label"])
+                    except ValueError:
+                        raise ConfigError(f"manifest {manifest} line {n}: label must be an integer") from None
+                p = Path(rel)
+                rows.append((p if p.is_absolute() else manifest.parent / p, label))
+            return rows
+    except OSError as exc:
+        raise ConfigError(f"cannot read manifest {manifest}: {exc.strerror}") from None
+
+
+class DicomDataset(Dataset):
+    """Items: ``{"pixels": FloatTensor[1,H,W] in [0,1], "label": LongTensor[] (if labelled),
+    "meta": dict[str, str] of de-identified attributes}``.
+
+    ``source`` is a folder (every file below it, sorted) or a manifest CSV with ``path,label``
+    columns (relative paths are relative to the manifest). ``size`` resizes (bilinear) so
+    batches stack. Picklable and handle-free, so it works with ``DataLoader(num_workers>0)``.
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike[str],
+        policy: DicomPolicy | str | os.PathLike[str],
+        key: bytes,
+        *,
+        size: int | tuple[int, int] | None = None,
+        meta_keys: Sequence[str] = DEFAULT_META_KEYS,
+        quarantine_dir: str | os.PathLike[str] | None = None,
+        audit: AuditRecorder | None = None,
+        pin_memory: bool = False,
+        frame: int = 0,
+    ) -> None:
+        from securetrain.masking.dicom.keys import DeidKeys
+
+        self.policy = policy if isinstance(policy, DicomPolicy) else load_policy(policy)
+        self._keys = DeidKeys.from_secret(key)  # validates the key now, not in a worker
+        self.size = (size, size) if isinstance(size, int) else (tuple(size) if size else None)
+        self.meta_keys = tuple(meta_keys)
+        self.quarantine_dir = Path(quarantine_dir) if quarantine_dir is not None else None
+        self.audit = audit or NullAuditRecorder()
+        self.pin_memory = bool(pin_memory)
+        self.frame = frame
+        src = Path(source)
+        if src.is_dir():
+            self.root = src
+            candidates = [(p, None) for p in sorted(q for q in src.rglob("*") if q.is_file())]
+            self.has_labels = False
+        elif src.is_file():
+            self.root = src.parent
+            candidates = _read_manifest(src)
+            self.has_labels = any(label is not None for _, label in candidates)
+        else:
+            raise ConfigError(f"DICOM source {src} is neither a folder nor a manifest file")
+        self._quarantine: list[QuarantineEntry] = []
+        self.items: list[tuple[str, int | None]] = []
+        for path, label in candidates:
+            reason = self._validate_header(path)
+            if reason is None:
+                self.items.append((str(path), label))
+            else:
+                self._quarantine_file(path, reason)
+        self._deid: Any = None  # created lazily in each process
+        self.audit.record(
+            "deid.policy_applied",
+            f"policy:{self.policy.name}",
+            details={
+                "policy_name": self.policy.name,
+                "policy_version": self.policy.policy_version,
+                "policy_digest": self.policy.digest,
+                "key_id": self._keys.key_id,
+                "files": len(self.items),
+                "quarantined": len(self._quarantine),
+            },
+        )
+
+    # -------------------------------------------------------------- validation
+    def _rel(self, path: Path | str) -> str:
+        try:
+            return str(Path(path).relative_to(self.root))
+        except ValueError:
+            return Path(path).name
+
+    def _validate_header(self, path: Path) -> str | None:
+        from pydicom.pixels import get_decoder
+
+        from securetrain.masking.dicom.engine import read_dicom
+        from securetrain.masking.dicom.pixels import burned_in_status
+
+        if not path.is_file():
+            return "missing file"
+        try:
+            ds = read_dicom(path, stop_before_pixels=True)
+        except DeidError as exc:
+            return str(exc).split(": ", 1)[-1]
+        if "Rows" not in ds or "Columns" not in ds:
+            return "no image (Rows/Columns absent)"
+        meta = getattr(ds, "file_meta", None)
+        tsyntax = getattr(meta, "TransferSyntaxUID", None)
+        if tsyntax is not None:
+            try:
+                if tsyntax.is_compressed and not get_decoder(tsyntax).is_available:
+                    return f"no pixel decoder available for transfer syntax {tsyntax.name}"
+            except (ValueError, NotImplementedError):
+                return "unsupported or private transfer syntax"
+        status = burned_in_status(ds, self.policy.burned_in_modalities)
+        if status != "no" and self.policy.burned_in_annotation == "reject":
+            return f"burned-in annotation {status}; rejected by policy {self.policy.name}"
+        return None
+
+    def _quarantine_file(self, path: Path | str, reason: str) -> None:
+        entry = QuarantineEntry(self._rel(path), reason)
+        self._quarantine.append(entry)
+        if self.quarantine_dir is None:
+            return
+        self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+        src = Path(path)
+        tag = hashlib.sha256(entry.path.encode()).hexdigest()[:12]
+        target = self.quarantine_dir / f"{tag}_{src.name}"
+        if src.is_file() and not target.exists():
+            shutil.copy2(src, target)
+        from securetrain.io.atomic import atomic_write_bytes
+
+        atomic_write_bytes(target.with_name(target.name + ".reason.json"), json.dumps(entry.to_dict()).encode())
+
+    def quarantine_report(self) -> list[dict[str, str]]:
+        """Every quarantined file with its reason (index-time, plus load-time from any worker)."""
+        seen = {(e.path, e.reason) for e in self._quarantine}
+        out = [e.to_dict() for e in self._quarantine]
+        if self.quarantine_dir is not None and self.quarantine_dir.is_dir():
+            for sidecar in sorted(self.quarantine_dir.glob("*.reason.json")):
+                try:
+                    d = json.loads(sidecar.read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    continue
+                if (d.get("path"), d.get("reason")) not in seen:
+                    seen.add((d.get("path"), d.get("reason")))
+                    out.append({"path": d.get("path", ""), "reason": d.get("reason", "")})
+        return out
+
+    # -------------------------------------------------------------- loading
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_deid"] = None  # caches and keys are rebuilt per worker
+        return state
+
+    def _deidentifier(self) -> Any:
+        if self._deid is None:
+            from securetrain.masking.dicom.engine import Deidentifier
+
+            self._deid = Deidentifier(self.policy, self._keys, audit=None, record_changes=False)
+        return self._deid
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        n = len(self.items)
+        if not -n <= index < n:
+            raise IndexError(index)
+        index %= n
+        for attempt in range(n):
+            i = (index + attempt) % n
+            path, label = self.items[i]
+            try:
+                return self._load(path, label)
+            except (DeidError, ValueError, RuntimeError, OSError) as exc:
+                reason = str(exc) if isinstance(exc, DeidError) else f"load failed ({type(exc).__name__})"
+                self._quarantine_file(path, reason)
+        raise DeidError("every file of the dataset failed to load; see quarantine_report()")
+
+    def _load(self, path: str, label: int | None) -> dict[str, Any]:
+        import numpy as np
+        import pydicom
+
+        data = Path(path).read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        try:
+            ds = pydicom.dcmread(io.BytesIO(data))
+        except Exception as exc:
+            raise DeidError(f"corrupt DICOM ({type(exc).__name__})") from None
+        self.audit.record("dicom.read", f"sha256:{digest}", details={"sha256": digest, "bytes": len(data)})
+        ds, _ = self._deidentifier().deidentify_dataset(ds)
+        try:
+            arr = ds.pixel_array
+        except Exception as exc:
+            raise DeidError(f"cannot decode pixel data ({type(exc).__name__})") from None
+        arr = np.asarray(arr, dtype=np.float32)
+        frames = int(ds.get("NumberOfFrames", 1) or 1)
+        samples = int(ds.get("SamplesPerPixel", 1) or 1)
+        if frames > 1:
+            arr = arr[min(self.frame, frames - 1)]
+        if samples > 1 and arr.ndim == 3:
+            arr = arr.mean(axis=-1)
+        if arr.ndim != 2:
+            raise DeidError(f"unexpected pixel array shape {arr.shape}")
+        slope = float(ds.get("RescaleSlope", 1) or 1)
+        intercept = float(ds.get("RescaleIntercept", 0) or 0)
+        arr = arr * slope + intercept
+        lo, hi = float(arr.min()), float(arr.max())
+        arr = (arr - lo) / (hi - lo) if hi > lo else np.zeros_like(arr)
+        pixels = torch.from_numpy(np.ascontiguousarray(arr)).unsqueeze(0)
+        if self.size is not None and tuple(pixels.shape[-2:]) != self.size:
+            pixels = torch.nn.functional.interpolate(
+                pixels.unsqueeze(0), size=self.size, mode="bilinear", align_corners=False
+            ).squeeze(0)
+        item: dict[str, Any] = {
+            "pixels": pixels.float(),
+            "meta": {k: str(ds.get(k, "") or "") for k in self.meta_keys},
+        }
+        if self.has_labels:
+            item["label"] = torch.tensor(-1 if label is None else label, dtype=torch.long)
+        return item
+
+    def dataloader(self, *, batch_size: int = 8, num_workers: int = 0, shuffle: bool = False, **kwargs: Any) -> DataLoader:
+        """A DataLoader with this dataset's ``pin_memory`` advice (from the device backend)."""
+        return DataLoader(
+            self, batch_size=batch_size, num_workers=num_workers, shuffle=shuffle, pin_memory=self.pin_memory, **kwargs
+        )
+

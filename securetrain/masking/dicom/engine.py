@@ -1,0 +1,686 @@
+"""The de-identification engine: PS3.15 Annex E Basic Profile + options over a pydicom Dataset.
+
+One pass walks every element of every item of every sequence at any depth and applies the
+compiled per-tag action (see :mod:`profile_table`); a second pass redacts, from the text that is
+retained, every value that the first pass removed or replaced anywhere in the same object. The
+report names tags, keywords and actions only, never values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pydicom
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.datadict import dictionary_VR, keyword_for_tag
+from pydicom.errors import InvalidDicomError
+from pydicom.sequence import Sequence
+from pydicom.uid import (
+    PYDICOM_IMPLEMENTATION_UID,
+    UID_dictionary,
+    ExplicitVRBigEndian,
+    ExplicitVRLittleEndian,
+    ImplicitVRLittleEndian,
+)
+
+from securetrain import __version__
+from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
+from securetrain.io.atomic import atomic_write_bytes
+from securetrain.masking.dicom.errors import BurnedInAnnotationError, DeidError, UnreadableDicomError
+from securetrain.masking.dicom.keys import DeidKeys, KeyedMapper
+from securetrain.masking.dicom.dates import shift_da, shift_dt
+from securetrain.masking.dicom.mapping import export_mapping
+from securetrain.masking.dicom.pixels import apply_pixel_masks, burned_in_status, matching_masks
+from securetrain.masking.dicom.policy import DicomPolicy
+from securetrain.masking.dicom.profile_table import CID7050, RECURSE_UIDS, Option, compile_profile, load_table
+
+TAG_PATIENT_ID = 0x00100020
+TAG_PATIENT_NAME = 0x00100010
+TAG_TIMEZONE = 0x00080201
+TAG_PIXEL_DATA = 0x7FE00010
+
+TEXT_VRS = frozenset({"LO", "SH", "ST", "LT", "UT", "UC", "PN"})
+# VRs whose removed values feed the retained-text scrub (dates too: they may be typed in text).
+COLLECT_VRS = frozenset({"LO", "SH", "ST", "LT", "UT", "UC", "PN", "AE", "DA", "DT", "UI", "CS", "AS"})
+MIN_SCRUB_LEN = 4
+
+# UI attributes that name *kinds* of things (classes, syntaxes, coding schemes), never instances.
+_KEEP_UI_KEYWORDS = frozenset(
+    {
+        "SOPClassUID",
+        "ReferencedSOPClassUID",
+        "MediaStorageSOPClassUID",
+        "TransferSyntaxUID",
+        "ImplementationClassUID",
+        "ReferencedSOPClassUIDInFile",
+        "ReferencedTransferSyntaxUIDInFile",
+        "RelatedGeneralSOPClassUID",
+        "OriginalSpecializedSOPClassUID",
+        "SOPClassesInStudy",
+        "CodingSchemeUID",
+        "MappingResourceUID",
+        "ContextUID",
+        "PrivateInformationCreatorUID",
+        "RequestedSOPClassUID",
+        "AffectedSOPClassUID",
+        "RetrieveAETitle",
+    }
+)
+_DUMMY_STRING = {
+    "PN": "ANONYMOUS",
+    "DA": "19000101",
+    "DT": "19000101000000",
+    "TM": "000000",
+    "AS": "000D",
+    "IS": "0",
+    "DS": "0",
+}
+_DUMMY_TEXT = "ANONYMIZED"
+_NUMERIC_VRS = frozenset({"US", "SS", "UL", "SL", "FL", "FD", "UV", "SV", "AT"})
+
+_METHOD_REMOVE_META = (0x00020016, 0x00020017, 0x00020018, 0x00020100, 0x00020102)
+
+
+def is_well_known_uid(uid: str) -> bool:
+    """DICOM-registry UIDs (classes, syntaxes, frames of reference like the Talairach one)."""
+    return uid.startswith("1.2.840.10008.") or uid in UID_dictionary
+
+
+@dataclass(frozen=True)
+class TagChange:
+    path: str  # e.g. "(0008,1140)[0].(0008,1155)"; tags and item indexes only, never values
+    tag: int
+    action: str
+
+    @property
+    def keyword(self) -> str:
+        if (self.tag >> 16) & 1:
+            return "(private)"
+        return keyword_for_tag(self.tag) or ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"path": self.path, "tag": _fmt(self.tag), "keyword": self.keyword, "action": self.action}
+
+
+@dataclass
+class DeidReport:
+    """What happened to one object. Safe to log: no values, no keys, no day offset."""
+
+    source: str | None = None
+    output: str | None = None
+    sop_instance_uid: str | None = None  # the *new* UID
+    patient_pseudonym: str | None = None
+    changes: list[TagChange] = field(default_factory=list)
+    counts: Counter[str] = field(default_factory=Counter)
+    burned_in: str = "none"  # none | masked
+    pixels_masked: bool = False
+
+    @property
+    def tags_changed(self) -> int:
+        return sum(self.counts.values())
+
+    def action_counts(self) -> dict[str, int]:
+        return dict(self.counts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "output": self.output,
+            "sop_instance_uid": self.sop_instance_uid,
+            "patient_pseudonym": self.patient_pseudonym,
+            "tags_changed": self.tags_changed,
+            "actions": self.action_counts(),
+            "burned_in": self.burned_in,
+            "pixels_masked": self.pixels_masked,
+            "changes": [c.to_dict() for c in self.changes],
+        }
+
+
+@lru_cache(maxsize=4096)
+def _dictionary_vr(tag: int) -> str:
+    try:
+        return dictionary_VR(tag)
+    except KeyError:
+        return "UN"
+
+
+def _fmt(tag: int) -> str:
+    return f"({tag >> 16:04X},{tag & 0xFFFF:04X})"
+
+
+class _Ctx:
+    """Per-object state of one de-identification pass."""
+
+    __slots__ = ("report", "day_offset", "phi", "retained_text")
+
+    def __init__(self, report: DeidReport, day_offset: int | None) -> None:
+        self.report = report
+        self.day_offset = day_offset
+        self.phi: set[str] = set()
+        self.retained_text: list[tuple[Dataset, int, str]] = []
+
+
+class Deidentifier:
+    """Apply a :class:`DicomPolicy` with keys derived from one project secret.
+
+    ``key`` is the project secret (bytes, >= 16) or prepared :class:`DeidKeys`. The same key gives
+    the same UIDs, pseudonyms and date offsets in every file and every run; another key gives
+    unrelated ones. Pseudonyms assigned so far are kept in memory for :meth:`export_mapping`.
+    """
+
+    def __init__(
+        self,
+        policy: DicomPolicy,
+        key: bytes | DeidKeys,
+        audit: AuditRecorder | None = None,
+        *,
+        record_changes: bool = True,
+    ) -> None:
+        self.policy = policy
+        self.keys = key if isinstance(key, DeidKeys) else DeidKeys.from_secret(key)
+        self.audit = audit or NullAuditRecorder()
+        self.record_changes = record_changes
+        self.profile = compile_profile(policy.option_values, policy.override_tags)
+        self.mapper = KeyedMapper(self.keys, max_shift_days=policy.max_date_shift_days)
+        self.pseudonyms: dict[str, str] = {}
+        opts = policy.option_values
+        self._full_dates = Option.RETAIN_LONGITUDINAL_FULL_DATES.value in opts
+        self._modified_dates = Option.RETAIN_LONGITUDINAL_MODIFIED_DATES.value in opts
+        self._retain_uids = Option.RETAIN_UIDS.value in opts
+        self._safe_private = policy.safe_private_set if self.profile.private_action == "C" else frozenset()
+        table = load_table()
+        self._method_text = [
+            f"securetrain {__version__} DICOM de-identification",
+            "PS3.15 E.1-1 Basic Application Confidentiality Profile",
+            f"table: {table.source['repository']}@{table.source['commit'][:12]}",
+            f"policy: {policy.name} v{policy.policy_version} sha256:{policy.digest[:16]}",
+        ]
+        self.audit.record(
+            "deid.policy_applied",
+            f"policy:{policy.name}",
+            details={
+                "policy_name": policy.name,
+                "policy_version": policy.policy_version,
+                "policy_digest": policy.digest,
+                "options": sorted(opts),
+                "table_commit": table.source["commit"],
+                "key_id": self.keys.key_id,
+            },
+        )
+
+    # ----------------------------------------------------------------- public API
+    def deidentify_dataset(self, ds: Dataset, *, source: str | None = None) -> tuple[Dataset, DeidReport]:
+        """De-identify ``ds`` in place and return it with its report. Raises :class:`DeidError`."""
+        report = DeidReport(source=source)
+        self._check_pixels(ds, report)
+        pseudonym = self._patient_pseudonym(ds)
+        report.patient_pseudonym = pseudonym
+        day_offset = self.mapper.day_offset(pseudonym) if self._modified_dates else None
+        ctx = _Ctx(report, day_offset)
+        self._walk(ds, ctx, "")
+        if self.policy.scrub_retained_text:
+            self._scrub(ctx)
+        self._mark(ds, report)
+        self._file_meta(ds, report)
+        report.sop_instance_uid = str(ds.get("SOPInstanceUID", "")) or None
+        return ds, report
+
+    def deidentify_file(
+        self,
+        src: str | os.PathLike[str],
+        dst: str | os.PathLike[str] | None = None,
+        *,
+        dry_run: bool = False,
+    ) -> DeidReport:
+        """Read ``src``, de-identify, and atomically write ``dst`` (nothing written on dry runs)."""
+        src_path = Path(src)
+        try:
+            data = src_path.read_bytes()
+        except OSError as exc:
+            raise UnreadableDicomError(f"{src_path.name}: cannot read ({type(exc).__name__})") from None
+        ds = read_dicom(io.BytesIO(data), name=src_path.name)
+        check_complete(ds, src_path.name)
+        digest = hashlib.sha256(data).hexdigest()
+        self.audit.record("dicom.read", f"sha256:{digest}", details={"sha256": digest, "bytes": len(data)})
+        _, report = self.deidentify_dataset(ds, source=src_path.name)
+        if dst is not None and not dry_run:
+            atomic_write_bytes(dst, encode_dataset(ds))
+            report.output = str(dst)
+        return report
+
+    def export_mapping(self, path: str | os.PathLike[str], key: bytes) -> Path:
+        """Write the original-id -> pseudonym map, AES-256-GCM encrypted with ``key`` (32 bytes)."""
+        out = export_mapping(path, self.pseudonyms, key)
+        self.audit.record("deid.mapping_exported", f"file:{Path(path).name}", details={"entries": len(self.pseudonyms)})
+        return out
+
+    # ----------------------------------------------------------------- internals
+    def _patient_pseudonym(self, ds: Dataset) -> str:
+        identity = str(ds.get("PatientID", "") or "").strip()
+        if not identity:
+            # No id: fall back to name + birth date so distinct patients still get distinct offsets.
+            identity = "name:" + str(ds.get("PatientName", "") or "") + "|" + str(ds.get("PatientBirthDate", "") or "")
+        pseudonym = self.mapper.pseudonym(identity)
+        self.pseudonyms[identity] = pseudonym
+        return pseudonym
+
+    def _check_pixels(self, ds: Dataset, report: DeidReport) -> None:
+        if TAG_PIXEL_DATA not in ds:
+            return
+        status = burned_in_status(ds, self.policy.burned_in_modalities)
+        masks = matching_masks(ds, self.policy.pixel_masks) if Option.CLEAN_PIXEL_DATA in self.policy.options else []
+        if status != "no":
+            if self.policy.burned_in_annotation == "reject":
+                raise BurnedInAnnotationError(
+                    f"pixel data may contain burned-in annotation ({status}); rejected by policy {self.policy.name}",
+                    hint="set burned_in_annotation: mask with clean_pixel_data regions for this modality/size",
+                )
+            if not masks:
+                raise BurnedInAnnotationError(
+                    f"pixel data may contain burned-in annotation ({status}) and no pixel_masks entry matches "
+                    f"modality {ds.get('Modality', '?')} {ds.get('Rows', '?')}x{ds.get('Columns', '?')}",
+                    hint="add a pixel_masks entry for this modality and image size",
+                )
+        if masks:
+            apply_pixel_masks(ds, masks)
+            report.pixels_masked = True
+            if status != "no":
+                report.burned_in = "masked"
+            ds.BurnedInAnnotation = "NO"
+
+    def _note(self, ctx: _Ctx, path: str, tag: int, action: str) -> None:
+        if self.record_changes:
+            ctx.report.changes.append(TagChange(path, tag, action))
+        ctx.report.counts[action] += 1
+
+    def _fallback(self, tag: int, vr: str, value: Any) -> str:
+        """Action for an attribute that Table E.1-1 does not list (the VR safety net)."""
+        if not self.policy.vr_safety_net:
+            return "K"
+        if vr == "PN":
+            return "Z"
+        if vr in ("DA", "DT", "TM"):
+            if self._full_dates:
+                return "K"
+            if self._modified_dates:
+                return "C" if vr != "TM" else "K"
+            return "Z"
+        if vr == "UI":
+            if self._retain_uids or (keyword_for_tag(tag) or "") in _KEEP_UI_KEYWORDS:
+                return "K"
+            return "U"
+        return "K"
+
+    def _collect(self, ctx: _Ctx, vr: str, value: Any) -> None:
+        if vr == "SQ":
+            for item in value or ():
+                for elem in item.iterall():
+                    if elem.VR != "SQ":
+                        self._collect(ctx, elem.VR, elem.value)
+            return
+        if vr not in COLLECT_VRS or value is None:
+            return
+        values = value if isinstance(value, list | tuple | pydicom.multival.MultiValue) else [value]
+        for v in values:
+            s = str(v).strip()
+            if len(s) >= MIN_SCRUB_LEN and not (vr == "UI" and is_well_known_uid(s)):
+                ctx.phi.add(s)
+                if vr == "PN":
+                    ctx.phi.update(p for p in re.split(r"[\^=]", s) if len(p.strip()) >= MIN_SCRUB_LEN)
+
+    def _overlays(self, ds: Dataset, ctx: _Ctx, prefix: str) -> None:
+        """Overlay planes go as a whole: without Overlay Data (60xx,3000) the rest of the group is a
+        dangling, invalid overlay. We have no overlay-bitmap cleaner, so Clean Graphics (C) also
+        removes them; only an explicit K override keeps a plane."""
+        groups = {int(t) >> 16 for t in ds.keys() if 0x6000 <= (int(t) >> 16) <= 0x601E and not (int(t) >> 16) & 1}
+        for group in groups:
+            if self.profile.action_for((group << 16) | 0x3000) == "K":
+                continue
+            for tag in [int(t) for t in ds.keys() if int(t) >> 16 == group]:
+                elem = ds[tag]
+                self._collect(ctx, elem.VR, elem.value)
+                del ds[tag]
+                self._note(ctx, f"{prefix}{_fmt(tag)}", tag, "X")
+
+    def _walk(self, ds: Dataset, ctx: _Ctx, prefix: str) -> None:
+        self._private(ds, ctx, prefix)
+        self._overlays(ds, ctx, prefix)
+        for btag in list(ds.keys()):
+            tag = int(btag)
+            group = tag >> 16
+            if group & 1:
+                continue  # handled by _private
+            path = f"{prefix}{_fmt(tag)}"
+            if group in (0x0000, 0x0002) or (tag & 0xFFFF) == 0:
+                # Command group, stray file-meta and group-length elements: never part of a stored
+                # instance body (file meta is rebuilt separately).
+                del ds[btag]
+                self._note(ctx, path, tag, "X")
+                continue
+            if tag == TAG_PIXEL_DATA:
+                continue  # pixels: handled by _check_pixels, never converted here
+            if tag in (TAG_PATIENT_ID, TAG_PATIENT_NAME) and tag not in self.policy.override_tags:
+                self._pseudonymise(ds, ds[btag], ctx, path)
+                continue
+            # Decide from the raw element's VR first: most elements are kept as they are, and
+            # converting their raw bytes to Python values is the dominant cost of a pass.
+            raw = ds.get_item(btag)
+            vr = getattr(raw, "VR", None)
+            if vr is None or vr == "UN":  # implicit VR files: raw elements carry no real VR
+                vr = _dictionary_vr(tag)
+            action = self.profile.action_for(tag)
+            if action is None:
+                action = self._fallback(tag, vr, None)
+            if action == "K" and vr != "SQ" and vr not in TEXT_VRS:
+                continue
+            elem = ds[btag]
+            self._apply(ds, elem, elem.VR, action, ctx, path)
+
+    def _apply(self, ds: Dataset, elem: Any, vr: str, action: str, ctx: _Ctx, path: str) -> None:
+        tag = int(elem.tag)
+        if action == "K" or action == RECURSE_UIDS or (action == "C" and vr == "SQ"):
+            if vr == "SQ":
+                for i, item in enumerate(elem.value or ()):
+                    self._walk(item, ctx, f"{path}[{i}].")
+                if action != "K":
+                    self._note(ctx, path, tag, action)
+            elif vr in TEXT_VRS:
+                ctx.retained_text.append((ds, tag, path))
+            return
+        if action == "C":
+            self._clean(ds, elem, vr, ctx, path)
+            return
+        self._collect(ctx, vr, elem.value)
+        if action == "X":
+            del ds[tag]
+        elif action == "Z" or (action == "D" and vr in ("SQ", "OB", "OW", "OF", "OD", "OL", "OV", "UN", "UR")):
+            elem.value = Sequence() if vr == "SQ" else None
+            action = "Z" if action == "Z" else "D"
+        elif action == "D":
+            if vr == "UI":
+                self._remap(elem)
+                action = "U"
+            else:
+                elem.value = self._dummy(vr)
+        elif action == "U":
+            if vr == "UI":
+                self._remap(elem)
+            elif vr == "SQ":  # U on a sequence: keep it, recurse (its UID rows remap)
+                for i, item in enumerate(elem.value or ()):
+                    self._walk(item, ctx, f"{path}[{i}].")
+            else:
+                elem.value = None  # a U row with a non-UI VR: fail closed
+        self._note(ctx, path, tag, action)
+
+    def _dummy(self, vr: str) -> Any:
+        if vr in _NUMERIC_VRS:
+            return 0
+        return _DUMMY_STRING.get(vr, _DUMMY_TEXT)
+
+    def _remap(self, elem: Any) -> None:
+        value = elem.value
+        if value is None or value == "":
+            return
+        if isinstance(value, list | tuple | pydicom.multival.MultiValue):
+            elem.value = [v if is_well_known_uid(str(v)) else self.mapper.uid(str(v)) for v in value]
+        else:
+            v = str(value)
+            elem.value = v if is_well_known_uid(v) else self.mapper.uid(v)
+
+    def _pseudonymise(self, ds: Dataset, elem: Any, ctx: _Ctx, path: str) -> None:
+        original = str(elem.value or "").strip()
+        self._collect(ctx, elem.VR, elem.value)
+        if int(elem.tag) == TAG_PATIENT_ID:
+            pseudonym = ctx.report.patient_pseudonym or ""
+            if original and original not in self.pseudonyms:
+                self.pseudonyms[original] = self.mapper.pseudonym(original)
+            elem.value = self.mapper.pseudonym(original) if original else pseudonym
+        else:
+            elem.value = (ctx.report.patient_pseudonym or "ANONYMOUS") + "^"
+        self._note(ctx, path, int(elem.tag), "P")
+
+    def _clean(self, ds: Dataset, elem: Any, vr: str, ctx: _Ctx, path: str) -> None:
+        tag = int(elem.tag)
+        if vr in ("DA", "DT"):
+            if ctx.day_offset is None:
+                self._collect(ctx, vr, elem.value)
+                elem.value = None
+                self._note(ctx, path, tag, "Z")
+                return
+            self._collect(ctx, vr, elem.value)
+            shift = shift_da if vr == "DA" else shift_dt
+            values = elem.value if isinstance(elem.value, pydicom.multival.MultiValue) else [elem.value]
+            shifted = [shift(str(v), ctx.day_offset) if v is not None else "" for v in values]
+            if any(s is None for s in shifted):
+                del ds[tag]  # unparseable date: remove rather than leak
+                self._note(ctx, path, tag, "X")
+                return
+            elem.value = shifted if len(shifted) > 1 else shifted[0]
+            self._note(ctx, path, tag, "C")
+        elif vr == "TM":
+            return  # only whole days move, so times stay coupled to their (shifted) dates
+        elif tag == TAG_TIMEZONE:
+            self._collect(ctx, vr, elem.value)
+            del ds[tag]
+            self._note(ctx, path, tag, "X")
+        elif vr in TEXT_VRS:
+            ctx.retained_text.append((ds, tag, path))  # cleaned by the scrub pass
+            self._note(ctx, path, tag, "C")
+        else:
+            self._collect(ctx, vr, elem.value)
+            del ds[tag]  # nothing we know how to clean: remove (fail closed)
+            self._note(ctx, path, tag, "X")
+
+    def _private(self, ds: Dataset, ctx: _Ctx, prefix: str) -> None:
+        private = [int(t) for t in ds.keys() if (t >> 16) & 1]
+        if not private:
+            return
+        keep: set[int] = set()
+        if self._safe_private:
+            creators: dict[tuple[int, int], str] = {}
+            for tag in private:
+                elem_no = tag & 0xFFFF
+                if 0x0010 <= elem_no <= 0x00FF:
+                    value = ds[tag].value
+                    if isinstance(value, bytes):
+                        value = value.decode("latin-1", "replace")
+                    creators[(tag >> 16, elem_no)] = str(value).strip()
+            for tag in private:
+                group, elem_no = tag >> 16, tag & 0xFFFF
+                if elem_no < 0x1000:
+                    continue
+                creator = creators.get((group, elem_no >> 8))
+                if creator is not None and (group, creator, elem_no & 0xFF) in self._safe_private:
+                    keep.add(tag)
+                    keep.add((group << 16) | (elem_no >> 8))
+        for tag in private:
+            path = f"{prefix}{_fmt(tag)}"
+            if tag in keep:
+                elem = ds[tag]
+                if elem.VR == "SQ":
+                    for i, item in enumerate(elem.value or ()):
+                        self._walk(item, ctx, f"{path}[{i}].")
+                elif elem.VR in TEXT_VRS:
+                    ctx.retained_text.append((ds, tag, path))
+                continue
+            raw = ds.get_item(tag)
+            raw_vr = getattr(raw, "VR", None)
+            if raw_vr in COLLECT_VRS - {"CS"}:
+                try:
+                    self._collect(ctx, ds[tag].VR, ds[tag].value)
+                except Exception:  # an undecodable private value is deleted all the same
+                    pass
+            elif raw_vr in (None, "UN") and isinstance(getattr(raw, "value", None), bytes):
+                # Implicit VR: a short printable value is most likely text; scrub it elsewhere too.
+                value = raw.value.rstrip(b"\x00 ")
+                if len(value) <= 1024 and all(32 <= b < 127 for b in value):
+                    self._collect(ctx, "LO", value.decode("ascii").split("\\"))
+            del ds[tag]
+            self._note(ctx, path, tag, "X")
+
+    def _scrub(self, ctx: _Ctx) -> None:
+        if not ctx.phi or not ctx.retained_text:
+            return
+        # Plain case-insensitive substring search: far cheaper than compiling one big regex per
+        # object, and there are only tens of values and tens of retained strings.
+        needles = sorted({v.lower() for v in ctx.phi}, key=len, reverse=True)
+        for ds, tag, path in ctx.retained_text:
+            if tag not in ds:
+                continue
+            elem = ds[tag]
+            value = elem.value
+            if value is None:
+                continue
+            multi = isinstance(value, pydicom.multival.MultiValue)
+            old = [str(v) for v in value] if multi else [str(value)]
+            new = [_redact(text, needles) for text in old]
+            if new != old:
+                elem.value = new if multi else new[0]
+                self._note(ctx, path, tag, "C")
+
+    def _mark(self, ds: Dataset, report: DeidReport) -> None:
+        """PS3.15 E.1.1 attributes that declare what was done."""
+        ds.PatientIdentityRemoved = "YES"
+        ds.DeidentificationMethod = self._method_text
+        codes = [CID7050["basic"]] + [CID7050[o.value] for o in self.policy.options]
+        seq = Sequence()
+        for value, meaning in codes:
+            item = Dataset()
+            item.CodeValue = value
+            item.CodingSchemeDesignator = "DCM"
+            item.CodeMeaning = meaning
+            seq.append(item)
+        ds.DeidentificationMethodCodeSequence = seq
+        if self._full_dates:
+            ds.LongitudinalTemporalInformationModified = "UNMODIFIED"
+        elif self._modified_dates:
+            ds.LongitudinalTemporalInformationModified = "MODIFIED"
+        else:
+            ds.LongitudinalTemporalInformationModified = "REMOVED"
+
+    def _file_meta(self, ds: Dataset, report: DeidReport) -> None:
+        meta = getattr(ds, "file_meta", None)
+        if meta is None:
+            meta = FileMetaDataset()
+            ds.file_meta = meta
+        for tag in _METHOD_REMOVE_META:  # sending/receiving AE titles and private meta
+            if tag in meta:
+                del meta[tag]
+                self._note_meta(report, tag)
+        if "TransferSyntaxUID" not in meta:
+            implicit, little = ds.original_encoding if ds.original_encoding[0] is not None else (False, True)
+            meta.TransferSyntaxUID = (
+                ImplicitVRLittleEndian if implicit else (ExplicitVRLittleEndian if little else ExplicitVRBigEndian)
+            )
+        sop_instance = ds.get("SOPInstanceUID")
+        if "MediaStorageSOPInstanceUID" in meta or sop_instance:
+            if sop_instance:
+                meta.MediaStorageSOPInstanceUID = sop_instance
+            elif not self._retain_uids:
+                original = str(meta.MediaStorageSOPInstanceUID)
+                meta.MediaStorageSOPInstanceUID = original if is_well_known_uid(original) else self.mapper.uid(original)
+            self._note_meta(report, 0x00020003)
+        if "SOPClassUID" in ds:
+            meta.MediaStorageSOPClassUID = ds.SOPClassUID
+        meta.ImplementationClassUID = PYDICOM_IMPLEMENTATION_UID
+        meta.ImplementationVersionName = "SECURETRAIN"
+
+    def _note_meta(self, report: DeidReport, tag: int) -> None:
+        action = "U" if tag == 0x00020003 else "X"
+        report.counts[action] += 1
+        if self.record_changes:
+            report.changes.append(TagChange(_fmt(tag), tag, action))
+
+
+def _redact(text: str, needles: list[str]) -> str:
+    """Replace every case-insensitive occurrence of any needle with X's (same length)."""
+    low = text.lower()
+    hits = [n for n in needles if n in low]
+    if not hits:
+        return text
+    if len(low) != len(text):  # rare case-mapping that changes length: use a regex
+        pattern = re.compile("|".join(re.escape(h) for h in hits), re.IGNORECASE)
+        return pattern.sub(lambda m: "X" * len(m.group(0)), text)
+    chars = list(text)
+    for needle in hits:
+        pos = low.find(needle)
+        while pos != -1:
+            chars[pos : pos + len(needle)] = "X" * len(needle)
+            pos = low.find(needle, pos + 1)
+    return "".join(chars)
+
+
+def read_dicom(
+    path: str | os.PathLike[str] | BinaryIO, *, stop_before_pixels: bool = False, name: str | None = None
+) -> Dataset:
+    """dcmread that turns every failure into :class:`UnreadableDicomError` with a short reason."""
+    label = name or (Path(path).name if isinstance(path, str | os.PathLike) else "<stream>")
+    try:
+        source = os.fspath(path) if isinstance(path, str | os.PathLike) else path
+        return pydicom.dcmread(source, stop_before_pixels=stop_before_pixels)
+    except InvalidDicomError:
+        raise UnreadableDicomError(f"{label}: not a DICOM file (no DICM preamble/prefix)") from None
+    except (OSError, EOFError) as exc:
+        raise UnreadableDicomError(f"{label}: cannot read ({type(exc).__name__})") from None
+    except Exception as exc:  # pydicom raises many types on corrupt input
+        raise UnreadableDicomError(f"{label}: corrupt DICOM ({type(exc).__name__})") from None
+
+
+def check_complete(ds: Dataset, label: str) -> None:
+    """pydicom stops silently at EOF, so a truncated file reads "fine". For images we can tell:
+    image attributes without pixel data, or native pixel data shorter than Rows x Columns x
+    frames x samples x bytes, mean the file was cut. (A non-image object cut exactly between two
+    elements cannot be told from a complete one; nor can a text value cut short.)"""
+    pixel_tags = (TAG_PIXEL_DATA, 0x7FE00008, 0x7FE00009)
+    if "Rows" not in ds or "Columns" not in ds:
+        sop_class = ds.get("SOPClassUID")
+        name = getattr(sop_class, "name", "") if sop_class else ""
+        if "Image Storage" in str(name) and not any(t in ds for t in pixel_tags):
+            raise UnreadableDicomError(f"{label}: image storage object without image attributes (truncated file?)")
+        return
+    pixel_tags = (TAG_PIXEL_DATA, 0x7FE00008, 0x7FE00009)
+    if not any(t in ds for t in pixel_tags):
+        raise UnreadableDicomError(f"{label}: image attributes but no pixel data (truncated file?)")
+    if TAG_PIXEL_DATA not in ds:
+        return
+    tsyntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+    try:
+        if tsyntax is not None and tsyntax.is_compressed:
+            return
+    except ValueError:
+        return
+    try:
+        rows, cols = int(ds.Rows), int(ds.Columns)
+        frames = int(ds.get("NumberOfFrames", 1) or 1)
+        samples = int(ds.get("SamplesPerPixel", 1) or 1)
+        bits = int(ds.get("BitsAllocated", 8) or 8)
+    except (TypeError, ValueError):
+        raise UnreadableDicomError(f"{label}: malformed image attributes") from None
+    expected = (rows * cols * frames * samples * bits + 7) // 8
+    actual = len(ds.get_item(TAG_PIXEL_DATA).value or b"")
+    if actual < expected:
+        raise UnreadableDicomError(f"{label}: pixel data is {actual} bytes, {expected} expected (truncated file?)")
+
+
+def encode_dataset(ds: Dataset) -> bytes:
+    """Encode as a DICOM Part 10 file; datasets without SOP identity are written as-is."""
+    buf = io.BytesIO()
+    try:
+        pydicom.dcmwrite(buf, ds, enforce_file_format=True)
+    except (ValueError, AttributeError):
+        buf = io.BytesIO()
+        try:
+            pydicom.dcmwrite(buf, ds)
+        except Exception as exc:
+            raise DeidError(f"cannot encode the de-identified object ({type(exc).__name__})") from None
+    except Exception as exc:
+        raise DeidError(f"cannot encode the de-identified object ({type(exc).__name__})") from None
+    return buf.getvalue()

@@ -1,0 +1,25 @@
+"""Typed errors of DICOM de-identification. Messages never carry attribute values (PHI)."""
+
+from __future__ import annotations
+
+from securetrain.errors import ConfigError, IntegrityError, SecureTrainError
+
+
+class DeidError(SecureTrainError):
+    """A DICOM object could not be de-identified safely; nothing was written for it."""
+
+
+class BurnedInAnnotationError(DeidError):
+    """The pixels may carry burned-in text and the policy does not allow (or cannot) mask it."""
+
+
+class UnreadableDicomError(DeidError):
+    """The input is not DICOM, is truncated, or its pixels cannot be decoded."""
+
+
+class DeidKeyError(ConfigError):
+    """The de-identification secret or mapping key is missing or too weak."""
+
+
+class MappingIntegrityError(IntegrityError):
+    """An encrypted pseudonym mapping failed authentication (wrong key, tampered or truncated)."""

@@ -1,0 +1,174 @@
+"""De-identification policy files (``policies/dicom-*.yaml``), validated with pydantic.
+
+Environment overrides use the prefix ``SECURETRAIN_DEID_POLICY__`` (e.g.
+``SECURETRAIN_DEID_POLICY__BURNED_IN_ANNOTATION=mask``) so that unrelated ``SECURETRAIN_*``
+variables, such as the key in ``SECURETRAIN_DEID_KEY``, never reach the policy model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from functools import cached_property
+from typing import Literal
+
+import rfc8785
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from securetrain.config.loader import load_model
+from securetrain.masking.dicom.profile_table import SIMPLE_ACTIONS, Option
+
+POLICY_ENV_PREFIX = "SECURETRAIN_DEID_POLICY__"
+_TAG_RE = re.compile(r"^\(?\s*([0-9A-Fa-f]{4})\s*,?\s*([0-9A-Fa-f]{4})\s*\)?$")
+
+
+def parse_tag(text: str | int) -> int:
+    """``"(0010,0010)"``, ``"00100010"``, ``"0010,0010"``, a keyword like ``"PatientName"`` or an int."""
+    if isinstance(text, int):
+        return text
+    m = _TAG_RE.match(str(text).strip())
+    if m:
+        return int(m.group(1) + m.group(2), 16)
+    from pydicom.datadict import tag_for_keyword
+
+    tag = tag_for_keyword(str(text).strip())
+    if tag is None:
+        raise ValueError(f"{text!r} is neither a tag like (0010,0010) nor a DICOM keyword")
+    return int(tag)
+
+
+def _hex_int(value: object, bits: int) -> int:
+    if isinstance(value, int):
+        out = value
+    elif isinstance(value, str):
+        out = int(value, 16)
+    else:
+        raise ValueError("expected a hex string like '0029' or an int")
+    if not 0 <= out < (1 << bits):
+        raise ValueError(f"out of range for {bits} bits")
+    return out
+
+
+class SafePrivateEntry(BaseModel):
+    """Private attributes kept by Retain Safe Private: (group, creator, element byte)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    creator: str = Field(min_length=1, max_length=64)
+    group: int
+    elements: tuple[int, ...] = Field(min_length=1)
+
+    @field_validator("group", mode="before")
+    @classmethod
+    def _group(cls, v: object) -> int:
+        g = _hex_int(v, 16)
+        if g % 2 == 0:
+            raise ValueError("private groups are odd")
+        return g
+
+    @field_validator("elements", mode="before")
+    @classmethod
+    def _elements(cls, v: object) -> tuple[int, ...]:
+        if not isinstance(v, list | tuple):
+            raise ValueError("expected a list of element bytes like ['10', '20']")
+        return tuple(_hex_int(e, 8) for e in v)
+
+
+class PixelMask(BaseModel):
+    """Rectangles (x0, y0, x1, y1; x1/y1 exclusive) zeroed by Clean Pixel Data, when the image matches."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    modality: str | None = None
+    rows: int | None = Field(default=None, ge=1)
+    columns: int | None = Field(default=None, ge=1)
+    rects: tuple[tuple[int, int, int, int], ...] = Field(min_length=1)
+
+    @field_validator("rects")
+    @classmethod
+    def _rects(cls, v: tuple[tuple[int, int, int, int], ...]) -> tuple[tuple[int, int, int, int], ...]:
+        for x0, y0, x1, y1 in v:
+            if x0 < 0 or y0 < 0 or x1 <= x0 or y1 <= y0:
+                raise ValueError(f"rectangle {(x0, y0, x1, y1)} must satisfy 0 <= x0 < x1 and 0 <= y0 < y1")
+        return v
+
+    def matches(self, modality: str, rows: int, columns: int) -> bool:
+        return (
+            (self.modality is None or self.modality.upper() == modality.upper())
+            and (self.rows is None or self.rows == rows)
+            and (self.columns is None or self.columns == columns)
+        )
+
+
+class DicomPolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy_version: Literal[1]
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
+    description: str = ""
+    profile: Literal["basic"]
+    options: tuple[Option, ...] = ()
+    overrides: dict[str, str] = Field(default_factory=dict)
+    burned_in_annotation: Literal["reject", "mask"] = "reject"
+    # Modalities treated as burned-in when BurnedInAnnotation (0028,0301) is absent.
+    burned_in_modalities: tuple[str, ...] = ("US", "SC", "OT", "XC", "ES", "GM", "SM", "DOC")
+    safe_private: tuple[SafePrivateEntry, ...] = ()
+    pixel_masks: tuple[PixelMask, ...] = ()
+    max_date_shift_days: int = Field(default=3650, ge=1, le=36500)
+    # Redact, from every retained text value, any value the profile removed elsewhere in the
+    # same object (e.g. the patient's name typed into a retained private-free description).
+    scrub_retained_text: bool = True
+    # Attributes missing from Table E.1-1: PN -> emptied, DA/DT -> dates rule, UI -> remapped.
+    vr_safety_net: bool = True
+
+    @field_validator("options")
+    @classmethod
+    def _unique_options(cls, v: tuple[Option, ...]) -> tuple[Option, ...]:
+        if len(set(v)) != len(v):
+            raise ValueError("options are listed more than once")
+        return tuple(sorted(v, key=lambda o: o.value))
+
+    @field_validator("overrides")
+    @classmethod
+    def _overrides(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, action in v.items():
+            parse_tag(key)
+            if str(action).upper() not in SIMPLE_ACTIONS:
+                raise ValueError(f"override for {key!r}: action {action!r} is not one of {sorted(SIMPLE_ACTIONS)}")
+        return {k: str(a).upper() for k, a in v.items()}
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DicomPolicy:
+        opts = set(self.options)
+        if {Option.RETAIN_LONGITUDINAL_FULL_DATES, Option.RETAIN_LONGITUDINAL_MODIFIED_DATES} <= opts:
+            raise ValueError(
+                "options: retain_longitudinal_full_dates and retain_longitudinal_modified_dates exclude each other"
+            )
+        if self.burned_in_annotation == "mask" and not (Option.CLEAN_PIXEL_DATA in opts and self.pixel_masks):
+            raise ValueError("burned_in_annotation: 'mask' needs option clean_pixel_data and at least one pixel_masks entry")
+        if self.pixel_masks and Option.CLEAN_PIXEL_DATA not in opts:
+            raise ValueError("pixel_masks: given but option clean_pixel_data is not selected")
+        if self.safe_private and Option.RETAIN_SAFE_PRIVATE not in opts:
+            raise ValueError("safe_private: given but option retain_safe_private is not selected")
+        return self
+
+    @property
+    def option_values(self) -> frozenset[str]:
+        return frozenset(o.value for o in self.options)
+
+    @cached_property
+    def override_tags(self) -> dict[int, str]:
+        return {parse_tag(k): a for k, a in self.overrides.items()}
+
+    @cached_property
+    def digest(self) -> str:
+        """sha256 of the RFC 8785 canonical JSON of the policy: what the audit log records."""
+        return hashlib.sha256(rfc8785.dumps(self.model_dump(mode="json"))).hexdigest()
+
+    @property
+    def safe_private_set(self) -> frozenset[tuple[int, str, int]]:
+        return frozenset((e.group, e.creator.strip(), el) for e in self.safe_private for el in e.elements)
+
+
+def load_policy(path: str | os.PathLike[str] | None = None, *, data: dict | None = None) -> DicomPolicy:
+    """Load and validate a policy; any problem is one ``ConfigError`` naming the field."""
+    return load_model(DicomPolicy, path, data=data, env_prefix=POLICY_ENV_PREFIX)

@@ -1,0 +1,125 @@
+"""DicomDataset: de-identifies on load, stable index, quarantine, DataLoader workers, audit."""
+
+from __future__ import annotations
+
+import csv
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from dicom_fixtures import POLICY_DIR, SECRET
+
+from securetrain.audit.recorder import MemoryAuditRecorder
+from securetrain.errors import ConfigError
+from securetrain.masking.dicom.dataset import DicomDataset
+
+BASIC = POLICY_DIR / "dicom-basic.yaml"
+
+
+def _with_bad_files(synthetic_set: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "set"
+    shutil.copytree(synthetic_set.parent, root)
+    (root / "notes.dcm").write_text("this is not DICOM at all")
+    good = next(root.rglob("im000.dcm")).read_bytes()
+    (root / "truncated.dcm").write_bytes(good[:300])
+    rows = list(csv.reader((root / "manifest.csv").open()))
+    rows += [["notes.dcm", "0"], ["truncated.dcm", "1"], ["missing.dcm", "1"]]
+    with (root / "manifest.csv").open("w", newline="") as fh:
+        csv.writer(fh).writerows(rows)
+    return root / "manifest.csv"
+
+
+def test_items_shapes_labels_meta(synthetic_set: Path) -> None:
+    audit = MemoryAuditRecorder()
+    ds = DicomDataset(synthetic_set, BASIC, SECRET, size=(16, 16), audit=audit)
+    # 3 patients x 2 studies x 2 images; the 6 burned-in US/SC images are quarantined up front
+    assert len(ds) == 12
+    reasons = [q["reason"] for q in ds.quarantine_report()]
+    assert len(reasons) == 6 and all("burned-in" in r for r in reasons)
+    item = ds[0]
+    assert item["pixels"].shape == (1, 16, 16) and item["pixels"].dtype == torch.float32
+    assert 0.0 <= float(item["pixels"].min()) and float(item["pixels"].max()) <= 1.0
+    assert item["label"].dtype == torch.long and item["label"].shape == ()
+    meta = item["meta"]
+    assert meta["PatientID"].startswith("ST") and meta["SOPInstanceUID"].startswith("2.25.")
+    assert meta["StudyDate"] == ""  # basic profile: dates removed
+    actions = [e["action"] for e in audit.events]
+    assert actions[0] == "deid.policy_applied" and "dicom.read" in actions
+    read = next(e for e in audit.events if e["action"] == "dicom.read")
+    assert len(read["details"]["sha256"]) == 64 and read["resource"].startswith("sha256:")
+
+
+def test_quarantine_is_deterministic_and_epoch_survives(synthetic_set: Path, tmp_path: Path) -> None:
+    manifest = _with_bad_files(synthetic_set, tmp_path)
+    qdir = tmp_path / "quarantine"
+    a = DicomDataset(manifest, BASIC, SECRET, size=16, quarantine_dir=qdir)
+    b = DicomDataset(manifest, BASIC, SECRET, size=16)
+    assert len(a) == len(b) == 12 and a.items == b.items
+    report = {q["path"]: q["reason"] for q in a.quarantine_report()}
+    assert "not a DICOM file" in report["notes.dcm"]
+    assert "truncated.dcm" in report and report["missing.dcm"] == "missing file"
+    assert (qdir / next(p.name for p in qdir.iterdir() if p.name.endswith("_notes.dcm"))).exists()
+    # a file corrupted after indexing is quarantined at load time, the next one is served instead
+    victim = Path(a.items[0][0])
+    victim.write_bytes(victim.read_bytes()[:400])
+    item = a[0]
+    assert item["pixels"].shape == (1, 16, 16)
+    assert any(q["path"] == str(victim.relative_to(manifest.parent)) for q in a.quarantine_report())
+    batches = [x["pixels"].shape[0] for x in a.dataloader(batch_size=4)]
+    assert sum(batches) == 12
+
+
+def test_dataloader_with_workers_and_pickling(synthetic_set: Path) -> None:
+    ds = DicomDataset(synthetic_set, BASIC, SECRET, size=16, pin_memory=False)
+    ds[0]  # populate the lazy engine; pickling must drop it
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone._deid is None
+    loader = ds.dataloader(batch_size=6, num_workers=2)
+    assert loader.pin_memory is False
+    seen = 0
+    ids = set()
+    for batch in loader:
+        assert batch["pixels"].shape[1:] == (1, 16, 16)
+        seen += batch["pixels"].shape[0]
+        ids.update(batch["meta"]["PatientID"])
+    assert seen == 12 and len(ids) == 3
+    # same pseudonyms in the worker processes as in the parent (keyed, deterministic)
+    assert ds[0]["meta"]["PatientID"] in ids
+
+
+def test_folder_source_without_labels(synthetic_set: Path) -> None:
+    ds = DicomDataset(synthetic_set.parent, BASIC, SECRET, size=8)
+    assert "label" not in ds[0]
+    names = {q["path"] for q in ds.quarantine_report()}
+    assert {"manifest.csv", "phi.json"} <= names  # non-DICOM files are quarantined, not crashed on
+
+
+def test_bad_sources(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        DicomDataset(tmp_path / "nope", BASIC, SECRET)
+    bad = tmp_path / "m.csv"
+    bad.write_text("file,label\nx.dcm,1\n")
+    with pytest.raises(ConfigError, match="path"):
+        DicomDataset(bad, BASIC, SECRET)
+    bad.write_text("path,label\nx.dcm,one\n")
+    with pytest.raises(ConfigError, match="label"):
+        DicomDataset(bad, BASIC, SECRET)
+    with pytest.raises(ConfigError):
+        DicomDataset(tmp_path, BASIC, b"weak")
+
+
+def test_pydicom_testdata_folder_is_quarantined_not_crashed(tmp_path: Path) -> None:
+    from pydicom.data import get_testdata_files
+
+    root = tmp_path / "pd"
+    root.mkdir()
+    files = [f for f in sorted(get_testdata_files()) if Path(f).is_file()][:80]
+    for i, f in enumerate(files):
+        shutil.copy(f, root / f"{i:03d}_{Path(f).name}")
+    ds = DicomDataset(root, BASIC, SECRET, size=8)
+    assert len(ds) + len(ds.quarantine_report()) == len(files)
+    assert len(ds) > 20 and len(ds.quarantine_report()) > 5
+    for i in range(len(ds)):
+        assert ds[i]["pixels"].shape == (1, 8, 8)
