@@ -1,1 +1,41 @@
-"""securetrain.training"""
+"""The training engine: deterministic, resumable, optionally distributed, audited.
+
+>>> from securetrain.training import Trainer, TrainingConfig
+>>> result = Trainer(model, dataset, TrainingConfig(epochs=2, output_dir="runs/x")).fit()
+
+Names are imported lazily so that ``import securetrain.training.cli`` stays free of torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "MetricsHistory": "callbacks",
+    "StepMetrics": "callbacks",
+    "TrainerCallback": "callbacks",
+    "CheckpointInfo": "checkpoint_store",
+    "CheckpointStore": "checkpoint_store",
+    "LoadedCheckpoint": "checkpoint_store",
+    "TrainingConfig": "config",
+    "CheckpointCorruptError": "errors",
+    "CheckpointNotFoundError": "errors",
+    "ResumeMismatchError": "errors",
+    "TrainingError": "errors",
+    "SafetensorsCheckpointStore": "safetensors_store",
+    "PREEMPTED_EXIT_CODE": "trainer",
+    "Trainer": "trainer",
+    "TrainResult": "trainer",
+    "cross_entropy_loss": "trainer",
+    "split_batch": "trainer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -1,0 +1,45 @@
+"""``TrainingConfig``: every knob of the engine, validated by pydantic.
+
+Load from YAML/TOML with :func:`securetrain.config.loader.load_model` (env overrides like
+``SECURETRAIN_TRAINING__MAX_STEPS=100`` work there).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+Precision = Literal["auto", "bf16", "fp16", "fp32"]
+
+
+class TrainingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    epochs: PositiveInt | None = Field(1, description="Passes over the data; None = until max_steps.")
+    max_steps: PositiveInt | None = Field(None, description="Stop after this many optimizer steps (wins over epochs).")
+    batch_size: PositiveInt = Field(32, description="Per-process micro-batch size.")
+    lr: PositiveFloat = 1e-3
+    weight_decay: float = Field(0.0, ge=0.0)
+    seed: int = Field(0, ge=0, lt=2**32)
+    precision: Precision = "auto"
+    grad_clip: PositiveFloat | None = Field(1.0, description="Max global grad norm; None disables clipping.")
+    grad_accumulation: PositiveInt = Field(1, description="Micro-batches per optimizer step.")
+    checkpoint_every: PositiveInt | None = Field(None, description="Checkpoint every N optimizer steps.")
+    checkpoint_at_end: bool = True
+    keep_last: PositiveInt | None = Field(3, description="Checkpoints kept by the default store; None keeps all.")
+    resume: bool = Field(True, description="Continue from the latest checkpoint in the store if there is one.")
+    device: str = "auto"
+    output_dir: Path = Path("runs/train")
+    log_every: PositiveInt = Field(10, description="Sync loss to host and call on_step every N steps.")
+    shuffle: bool = True
+    drop_last: bool = False
+    num_workers: int = Field(0, ge=0)
+    deterministic: bool = Field(False, description="torch.use_deterministic_algorithms (slower on GPU).")
+
+    @model_validator(mode="after")
+    def _has_a_stop(self) -> TrainingConfig:
+        if self.epochs is None and self.max_steps is None:
+            raise ValueError("set epochs or max_steps (or both: training stops at whichever comes first)")
+        return self

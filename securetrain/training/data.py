@@ -1,0 +1,133 @@
+"""Deterministic, resumable data feeding.
+
+The epoch's sample order is a pure function of ``(seed, epoch)``, so a run resumed mid-epoch can
+rebuild the exact order and skip the samples it already consumed instead of replaying them. The
+DataLoader always gets its own seeded ``torch.Generator``: otherwise creating an iterator draws a
+seed from the *global* torch RNG, which would make a resumed run's dropout masks diverge.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+
+from securetrain.training.seeding import epoch_seed, worker_init_fn
+
+
+class ResumableSampler(Sampler[int]):
+    """Shuffled (or sequential) indices for one epoch, sharded over ranks like ``DistributedSampler``
+    (padded by wrapping so every rank gets the same count), starting at an offset."""
+
+    def __init__(self, length: int, *, seed: int, shuffle: bool = True, rank: int = 0, world_size: int = 1) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError("rank must be in [0, world_size)")
+        self.length = length
+        self.seed = seed
+        self.shuffle = shuffle
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = 0
+        self.start = 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Select the epoch's order and skip its first ``start`` (per-rank) samples."""
+        self.epoch = epoch
+        self.start = start
+
+    @property
+    def per_rank(self) -> int:
+        return -(-self.length // self.world_size)
+
+    def __len__(self) -> int:
+        return max(0, self.per_rank - self.start)
+
+    def __iter__(self) -> Iterator[int]:
+        if self.shuffle:
+            g = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
+            order = torch.randperm(self.length, generator=g).tolist()
+        else:
+            order = list(range(self.length))
+        total = self.per_rank * self.world_size
+        if total > len(order) and order:
+            order = (order * (-(-total // len(order))))[:total]
+        return iter(order[self.rank : total : self.world_size][self.start :])
+
+
+class EpochFeeder:
+    """Yields one epoch of batches at a time, resumable at a micro-batch offset."""
+
+    def __init__(
+        self,
+        data: Dataset[Any] | DataLoader[Any],
+        *,
+        batch_size: int,
+        seed: int,
+        shuffle: bool,
+        drop_last: bool,
+        num_workers: int,
+        pin_memory: bool,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        self.seed = seed
+        self.generator = torch.Generator()
+        self.sampler: ResumableSampler | None = None
+        self.passthrough: DataLoader[Any] | None = None
+        collate_fn = None
+        if isinstance(data, DataLoader):
+            if isinstance(data.dataset, IterableDataset) or data.batch_size is None:
+                # Custom batch samplers / iterable datasets keep their own order; resume skips
+                # batches by iterating (exact only if that loader is itself deterministic).
+                self.passthrough = data
+                self.batch_size = data.batch_size or batch_size
+                return
+            batch_size, collate_fn = data.batch_size, data.collate_fn
+            drop_last, num_workers = data.drop_last, data.num_workers
+            pin_memory = pin_memory and data.pin_memory
+            data = data.dataset
+        if isinstance(data, IterableDataset):
+            self.passthrough = DataLoader(data, batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
+                                          worker_init_fn=worker_init_fn, generator=self.generator)
+            self.batch_size = batch_size
+            return
+        self.batch_size = batch_size
+        self.sampler = ResumableSampler(len(data), seed=seed, shuffle=shuffle, rank=rank, world_size=world_size)  # type: ignore[arg-type]
+        self.loader = DataLoader(
+            data,
+            batch_size=batch_size,
+            sampler=self.sampler,
+            drop_last=drop_last,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            collate_fn=collate_fn,
+            worker_init_fn=worker_init_fn,
+            generator=self.generator,
+        )
+        self.drop_last = drop_last
+
+    @property
+    def dataset_length(self) -> int | None:
+        return self.sampler.length if self.sampler is not None else None
+
+    def batches_in_epoch(self) -> int | None:
+        """Micro-batches in a full epoch for this rank, ``None`` if unknown (iterable data)."""
+        if self.sampler is not None:
+            n = self.sampler.per_rank
+            return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        try:
+            return len(self.passthrough)  # type: ignore[arg-type]
+        except TypeError:
+            return None
+
+    def epoch(self, epoch: int, skip_batches: int = 0) -> Iterator[Any]:
+        self.generator.manual_seed(epoch_seed(self.seed, epoch) ^ 0x5EED)
+        if self.sampler is not None:
+            self.sampler.set_epoch(epoch, start=skip_batches * self.batch_size)
+            return iter(self.loader)
+        assert self.passthrough is not None
+        it: Iterator[Any] = iter(self.passthrough)
+        return itertools.islice(it, skip_batches, None)

@@ -1,0 +1,21 @@
+"""Typed errors for the training engine and its checkpoint stores."""
+
+from __future__ import annotations
+
+from securetrain.errors import ConfigError, IntegrityError, SecureTrainError
+
+
+class TrainingError(SecureTrainError):
+    """Training could not start or continue (bad batch, non-finite loss, ...)."""
+
+
+class CheckpointNotFoundError(TrainingError):
+    """A checkpoint was requested but the store holds none (or not the one asked for)."""
+
+
+class CheckpointCorruptError(IntegrityError):
+    """A checkpoint file is truncated, malformed, or does not match its recorded digest."""
+
+
+class ResumeMismatchError(ConfigError):
+    """The checkpoint was written by a run whose settings make an exact resume impossible."""

@@ -1,0 +1,30 @@
+"""``securetrain devices``: rich table and ``--json``."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from typer.testing import CliRunner
+
+from securetrain.cli.main import app
+
+
+def test_devices_json() -> None:
+    r = CliRunner().invoke(app, ["devices", "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    by_name = {b["name"]: b for b in data["backends"]}
+    assert {"cpu", "cuda", "br"} <= set(by_name)
+    assert sum(b["auto"] for b in data["backends"]) == 1 and by_name[data["auto"]]["auto"]
+    cpu = by_name["cpu"]
+    assert cpu["available"] and cpu["collective_backend"] == "gloo" and cpu["batch_multiple"] == 1
+    assert by_name["br"]["batch_multiple"] == 128 and by_name["cuda"]["batch_multiple"] == 8
+    if not torch.cuda.is_available():
+        assert data["auto"] == "cpu" and not by_name["cuda"]["available"] and by_name["cuda"]["reason"]
+
+
+def test_devices_table() -> None:
+    r = CliRunner().invoke(app, ["devices"], env={"COLUMNS": "160"})
+    assert r.exit_code == 0, r.output
+    assert "auto resolves to" in r.output and "gloo" in r.output and "128" in r.output
