@@ -1,7 +1,138 @@
-"""Placeholder: this capability registers no commands yet."""
+"""``securetrain audit ...``: verify, show, export, prove, checkpoint, pubkey.
+
+Only typer/rich/stdlib at import time; the log and SQLAlchemy load inside the commands.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
 
 import typer
 
+audit_app = typer.Typer(help="Tamper-evident audit log: verify, inspect, export, prove.", no_args_is_help=True)
+
+_DB = typer.Option(None, "--db", help="Database URL or SQLite path (default: $SECURETRAIN_AUDIT_URL or <data dir>/audit.db).")
+
+
+def _open(db: Optional[str]):  # noqa: ANN202
+    from securetrain.audit.log import AuditLog
+
+    return AuditLog(db)
+
+
+def _read_key(public_key: Optional[Path]):  # noqa: ANN202
+    if public_key is None:
+        return None
+    from securetrain.audit.keys import load_public_key_pem
+    from securetrain.audit.note import parse_verifier_key
+
+    raw = public_key.read_bytes()
+    if b"BEGIN PUBLIC KEY" in raw:
+        return load_public_key_pem(raw)
+    return parse_verifier_key(raw.decode())[1]
+
+
+def verify(
+    db: Optional[str] = _DB,
+    export: Optional[Path] = typer.Option(None, "--export", help="Verify an export directory instead of a database."),
+    checkpoint: list[Path] = typer.Option([], "--checkpoint", help="Checkpoint note you kept earlier (repeatable)."),
+    public_key: Optional[Path] = typer.Option(None, "--public-key", help="Trusted public key (PEM or verifier-key file)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Recompute every hash, Merkle root and signature; exit 1 naming the first bad entry."""
+    from securetrain.audit.verify import records_from_jsonl, verify_records
+    from securetrain.cli.console import console, err_console, progress_bar
+
+    trusted = [p.read_text(encoding="utf-8") for p in checkpoint]
+    key = _read_key(public_key)
+    with progress_bar(transient=True) as bar:
+        task = bar.add_task("verifying audit log", total=None, status="")
+
+        def tick(n: int) -> None:
+            if n % 1000 == 0:
+                bar.update(task, completed=n, status=f"{n} entries")
+
+        if export is not None:
+            from securetrain.audit.keys import load_public_key_pem
+            from securetrain.audit.note import split_notes
+
+            key = key or load_public_key_pem((export / "public_key.pem").read_bytes())
+            notes = split_notes((export / "checkpoints.note").read_text(encoding="utf-8"))
+            with open(export / "entries.jsonl", "rb") as handle:
+                report = verify_records(records_from_jsonl(handle), public_key=key, checkpoint_notes=notes,
+                                        trusted_notes=trusted, on_entry=tick)
+        else:
+            with _open(db) as log:
+                report = log.verify(trusted_checkpoints=trusted, public_key=key, on_entry=tick)
+    if as_json:
+        console.print_json(json.dumps(report.as_dict()))
+    elif report.ok:
+        console.print(f"[green]OK[/] {report.entries} entries, {report.checkpoints_verified} checkpoints, "
+                      f"{report.trusted_verified} trusted checkpoints verified; root {report.root_hash}")
+    for warning in report.warnings:
+        err_console.print(f"[yellow]warning:[/] {warning}")
+    if not report.ok:
+        err_console.print(f"[bold red]FAILED:[/] {report.error}", highlight=False)
+        raise typer.Exit(1)
+
+
+def show(db: Optional[str] = _DB, tail: int = typer.Option(20, "--tail", "-n", help="Show the last N entries.")) -> None:
+    """Print the newest entries as a table."""
+    from rich.table import Table
+
+    from securetrain.cli.console import console
+
+    with _open(db) as log:
+        entries = log.tail(tail)
+    table = Table(title="audit log")
+    for col in ("seq", "time (UTC)", "actor", "host", "action", "resource", "outcome", "details", "hash"):
+        table.add_column(col, overflow="fold")
+    for e in entries:
+        table.add_row(str(e.seq), e.ts, e.actor, e.hostname, e.action, e.resource, e.outcome,
+                      json.dumps(e.details, sort_keys=True)[:80], e.entry_hash[:12])
+    console.print(table)
+
+
+def export(outdir: Path = typer.Argument(..., help="Directory to write the export to."), db: Optional[str] = _DB) -> None:
+    """Write entries (exact hashed bytes), checkpoints, public key and manifest for offline audit."""
+    from securetrain.cli.console import console
+
+    with _open(db) as log:
+        out = log.export(outdir)
+        size = log.latest_checkpoint().tree_size  # type: ignore[union-attr]
+    console.print(f"exported {size} entries to {out}; verify with: python audit/verify_audit.py {out} --vkey '<key>'")
+
+
+def prove(
+    seq: int = typer.Argument(..., help="Entry to prove."), db: Optional[str] = _DB,
+    size: Optional[int] = typer.Option(None, "--size", help="Tree size (default: latest checkpoint)."),
+) -> None:
+    """Print an RFC 6962 inclusion proof for entry SEQ as JSON."""
+    with _open(db) as log:
+        proof = log.inclusion_proof(seq, size)
+        cp = log.latest_checkpoint()
+        if cp is not None and cp.tree_size == proof["tree_size"]:
+            proof["checkpoint"] = cp.note
+    typer.echo(json.dumps(proof, indent=2))
+
+
+def checkpoint(db: Optional[str] = _DB) -> None:
+    """Sign the current tree head now and print the checkpoint note (keep a copy elsewhere)."""
+    with _open(db) as log:
+        typer.echo(log.checkpoint().note, nl=False)
+
+
+def pubkey(db: Optional[str] = _DB, pem: bool = typer.Option(False, "--pem", help="Print PEM instead of a verifier key.")) -> None:
+    """Print the log's public key (verifier-key form by default)."""
+    with _open(db) as log:
+        typer.echo(log.public_key_pem().decode() if pem else log.verifier_key())
+
+
+for _fn in (verify, show, export, prove, checkpoint, pubkey):
+    audit_app.command(_fn.__name__)(_fn)
+
 
 def register(app: typer.Typer) -> None:
-    return None
+    app.add_typer(audit_app, name="audit")

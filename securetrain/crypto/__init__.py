@@ -1,1 +1,14 @@
-"""securetrain.crypto"""
+"""securetrain.crypto: encrypted checkpoints, tensor transport and key management.
+
+Modules (import what you need; this package imports nothing heavy so the CLI stays fast):
+
+* ``stream`` - the streaming AEAD container (``encrypt_stream``, ``decrypt_stream``, files, re-wrap)
+* ``keys`` - KEKs and providers (``LocalKeyring``, ``EnvKeyProvider``, ``KeyProvider``)
+* ``vault`` - HashiCorp Vault transit provider (extra ``[vault]``)
+* ``checkpoint`` - ``EncryptedCheckpointStore`` (safetensors inside the container)
+* ``transport`` - sealed tensor messages, socket framing, torch.distributed helpers
+* ``prefect_serializer`` - ``EncryptedTensorSerializer`` for Prefect results
+* ``errors`` - the typed errors
+
+Formats and threat model: ``docs/checkpoint-format.md``, ``docs/keys.md``, ``docs/tensor-transport.md``.
+"""

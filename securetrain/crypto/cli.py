@@ -1,7 +1,241 @@
-"""Placeholder: this capability registers no commands yet."""
+"""``securetrain checkpoint ...`` and ``securetrain keys ...``.
+
+Only typer/rich/stdlib at import time (fast ``--help``); crypto modules load inside the commands.
+Nothing here prints key material: key ids and fingerprints only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import typer
 
+from securetrain.cli.console import console, progress_bar
+
+checkpoint_app = typer.Typer(help="Encrypt, decrypt, inspect and verify AEAD checkpoint containers.",
+                             no_args_is_help=True)
+keys_app = typer.Typer(help="Manage the local keyring of key-encryption keys (KEKs).", no_args_is_help=True)
+
+KeyringOpt = typer.Option(None, "--keyring", "-k", envvar="SECURETRAIN_KEYRING",
+                          help="Keyring file (passphrase from SECURETRAIN_KEYRING_PASSPHRASE); "
+                               "without it SECURETRAIN_KEK is used.")
+
+
+class _Progress:
+    """File wrapper that advances a progress task as bytes are read."""
+
+    def __init__(self, raw: BinaryIO, advance: Any) -> None:
+        self.raw, self.advance = raw, advance
+
+    def readinto(self, view: memoryview) -> int:
+        n = self.raw.readinto(view)  # type: ignore[attr-defined]
+        self.advance(n or 0)
+        return n or 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self.advance(len(data))
+        return data
+
+    def seekable(self) -> bool:
+        return self.raw.seekable()
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def seek(self, *args: int) -> int:
+        return self.raw.seek(*args)
+
+
+def _provider(keyring: Path | None) -> Any:
+    from securetrain.crypto.keys import LocalKeyring, provider_from_env
+
+    if keyring is not None:
+        return LocalKeyring.load(keyring, _passphrase_existing())
+    return provider_from_env(None)
+
+
+def _run_stream(label: str, path: Path, body: Any) -> Any:
+    size = path.stat().st_size
+    with progress_bar() as bar, open(path, "rb") as raw:
+        task = bar.add_task(label, total=size, status="")
+        result = body(_Progress(raw, lambda n: bar.advance(task, n)))
+        bar.update(task, completed=size, status="ok")
+    return result
+
+
+@checkpoint_app.command("encrypt")
+def encrypt_cmd(
+    source: Path = typer.Argument(..., exists=True, dir_okay=False, help="Plaintext file (e.g. .safetensors)."),
+    output: Path = typer.Argument(..., help="Encrypted container to write (atomically)."),
+    keyring: Path | None = KeyringOpt,
+    key_id: str | None = typer.Option(None, help="KEK id to wrap with (default: the current key)."),
+    segment_size: int = typer.Option(1 << 20, help="Plaintext bytes per AES-GCM segment."),
+) -> None:
+    """Encrypt any file into the streaming AEAD container."""
+    from securetrain.crypto.stream import encrypt_stream
+    from securetrain.io.atomic import atomic_writer
+
+    provider = _provider(keyring)
+    with atomic_writer(output) as out:
+        header = _run_stream("encrypt", source, lambda src: encrypt_stream(
+            src, out, provider, length=source.stat().st_size, segment_size=segment_size, key_id=key_id))
+    console.print(f"wrote {output} ({header.total_length} bytes, key {header.key_ids[0]})")
+
+
+@checkpoint_app.command("decrypt")
+def decrypt_cmd(
+    source: Path = typer.Argument(..., exists=True, dir_okay=False),
+    output: Path = typer.Argument(..., help="Plaintext file to write (only if every segment verifies)."),
+    keyring: Path | None = KeyringOpt,
+) -> None:
+    """Decrypt a container; the output appears only after the whole file authenticated."""
+    from securetrain.crypto.stream import decrypt_stream
+    from securetrain.io.atomic import atomic_writer
+
+    provider = _provider(keyring)
+    with atomic_writer(output) as out:
+        header = _run_stream("decrypt", source, lambda src: decrypt_stream(src, out, provider))
+    console.print(f"wrote {output} ({header.plaintext_length} bytes)")
+
+
+@checkpoint_app.command("inspect")
+def inspect_cmd(
+    path: Path = typer.Argument(..., exists=True, dir_okay=False),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Show the header (no key needed, nothing authenticated, no secrets shown)."""
+    from securetrain.crypto.stream import inspect_file
+
+    info = inspect_file(path).describe()
+    info["file_bytes"] = path.stat().st_size
+    if as_json:
+        console.print_json(json.dumps(info))
+        return
+    for key, value in info.items():
+        if key == "keys":
+            for k in value:  # type: ignore[attr-defined]
+                console.print(f"key: {k['key_id']} ({k['wrap']}, KEK fingerprint {k['kek_fingerprint']})",
+                              markup=False, highlight=False)
+        else:
+            console.print(f"{key}: {value}", markup=False, highlight=False)
+
+
+@checkpoint_app.command("verify")
+def verify_cmd(
+    paths: list[Path] = typer.Argument(..., exists=True, dir_okay=False),
+    keyring: Path | None = KeyringOpt,
+) -> None:
+    """Authenticate the header and every segment without writing any plaintext."""
+    from securetrain.crypto.stream import verify_stream
+
+    provider = _provider(keyring)
+    for path in paths:
+        header = _run_stream(f"verify {path.name}", path, lambda src: verify_stream(src, provider))
+        console.print(f"[green]OK[/] {path}: {header.segment_count} segments, key {header.key_ids[0]}")
+
+
+# -- keys ------------------------------------------------------------------------------------
+
+
+def _passphrase_for_new() -> str:
+    value = os.environ.get("SECURETRAIN_KEYRING_PASSPHRASE")
+    if value:
+        return value
+    return str(typer.prompt("New keyring passphrase", hide_input=True, confirmation_prompt=True))
+
+
+def _passphrase_existing() -> str | None:
+    if os.environ.get("SECURETRAIN_KEYRING_PASSPHRASE"):
+        return None  # keys.py reads it
+    return str(typer.prompt("Keyring passphrase", hide_input=True))
+
+
+KeyringReq = typer.Option(..., "--keyring", "-k", envvar="SECURETRAIN_KEYRING", help="Keyring file.")
+
+
+@keys_app.command("init")
+def keys_init(
+    keyring: Path = KeyringReq,
+    key_id: str | None = typer.Option(None, help="Id of the first KEK (default: kek-<date>-<random>)."),
+    force: bool = typer.Option(False, help="Overwrite an existing keyring (its keys are lost!)."),
+) -> None:
+    """Create a keyring (mode 0600) holding one fresh 256-bit KEK."""
+    from securetrain.crypto.errors import KeyringError
+    from securetrain.crypto.keys import LocalKeyring, keyring_lock
+
+    passphrase = _passphrase_for_new()
+    with keyring_lock(keyring):
+        if keyring.exists() and not force:
+            raise KeyringError(f"{keyring} already exists", hint="use --force to replace it (its keys are lost)")
+        ring = LocalKeyring.create(key_id)
+        ring.save(keyring, passphrase)
+    key = ring.keys()[0]
+    console.print(f"created {keyring} with key {key.key_id} (fingerprint {key.fingerprint})")
+
+
+def _containers(paths: list[Path]) -> list[Path]:
+    found: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            found += sorted(q for q in p.rglob("*.stenc") if q.is_file())
+        elif p.is_file():
+            found.append(p)
+    return found
+
+
+@keys_app.command("rotate")
+def keys_rotate(
+    keyring: Path = KeyringReq,
+    rewrap: list[Path] = typer.Option([], "--rewrap", help="Containers or directories (*.stenc) to re-wrap."),
+    new_key_id: str | None = typer.Option(None, "--key-id", help="Id of the new KEK."),
+    remove_old: bool = typer.Option(False, help="Drop the previous keys once every re-wrap succeeded."),
+) -> None:
+    """Create a new current KEK and re-wrap containers' data keys (payloads are not re-encrypted)."""
+    from securetrain.crypto.keys import LocalKeyring, keyring_lock
+    from securetrain.crypto.stream import rewrap_file
+
+    passphrase = _passphrase_existing()
+    files = _containers(rewrap)
+    with keyring_lock(keyring):  # held throughout: no concurrent rotation can drop our new key
+        ring = LocalKeyring.load(keyring, passphrase)
+        old_ids = ring.key_ids()
+        key = ring.rotate(new_key_id)
+        ring.save(keyring, passphrase)  # the new key is durable before any file depends on it
+        console.print(f"new current key {key.key_id} (fingerprint {key.fingerprint})")
+        with progress_bar() as bar:
+            task = bar.add_task("re-wrap", total=len(files), status="")
+            for path in files:
+                rewrap_file(path, ring)
+                bar.update(task, advance=1, status=path.name)
+        if remove_old:
+            for kid in old_ids:
+                ring.remove(kid)
+            ring.save(keyring, passphrase)
+            console.print(f"removed {len(old_ids)} old key(s)")
+    console.print(f"re-wrapped {len(files)} file(s)")
+
+
+@keys_app.command("list")
+def keys_list(keyring: Path = KeyringReq) -> None:
+    """List key ids, fingerprints and creation times (never key bytes)."""
+    import time
+
+    from rich.table import Table
+
+    from securetrain.crypto.keys import LocalKeyring
+
+    ring = LocalKeyring.load(keyring, _passphrase_existing())
+    table = Table("key id", "fingerprint", "created (UTC)", "current")
+    for key in ring.keys():
+        table.add_row(key.key_id, key.fingerprint, time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(key.created)),
+                      "*" if key.key_id == ring.current_key_id() else "")
+    console.print(table)
+
 
 def register(app: typer.Typer) -> None:
-    return None
+    app.add_typer(checkpoint_app, name="checkpoint")
+    app.add_typer(keys_app, name="keys")

@@ -22,6 +22,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
 from securetrain.io.atomic import atomic_write_bytes
 from securetrain.training.checkpoint_store import CheckpointInfo, LoadedCheckpoint
 from securetrain.training.errors import CheckpointCorruptError, CheckpointNotFoundError
@@ -41,11 +42,14 @@ def _sha256(data: bytes) -> str:
 class SafetensorsCheckpointStore:
     """``CheckpointStore`` over a directory of plain safetensors files."""
 
-    def __init__(self, directory: str | os.PathLike[str], *, keep_last: int | None = None) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], *, keep_last: int | None = None, audit: AuditRecorder | None = None
+    ) -> None:
         if keep_last is not None and keep_last < 1:
             raise ValueError("keep_last must be >= 1 or None")
         self.directory = Path(directory)
         self.keep_last = keep_last
+        self.audit: AuditRecorder = audit or NullAuditRecorder()
 
     def _paths(self) -> list[tuple[int, Path]]:
         if not self.directory.is_dir():
@@ -66,6 +70,7 @@ class SafetensorsCheckpointStore:
         path = self.directory / checkpoint_name(step)
         atomic_write_bytes(path, data)
         info = CheckpointInfo(path=path, step=step, sha256=_sha256(data))
+        self.audit.record("checkpoint.write", path.name, details={"step": step, "sha256": info.sha256, "key_id": None})
         self._prune()
         return info
 

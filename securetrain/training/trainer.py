@@ -148,7 +148,7 @@ class Trainer:
         self._optimizer_arg = optimizer
         self.loss_fn: LossFn = loss_fn or cross_entropy_loss
         self.store: CheckpointStore = store or SafetensorsCheckpointStore(
-            self.config.output_dir / "checkpoints", keep_last=self.config.keep_last
+            self.config.output_dir / "checkpoints", keep_last=self.config.keep_last, audit=audit
         )
         self.callbacks = list(callbacks)
         self.audit: AuditRecorder = audit or NullAuditRecorder()
@@ -236,12 +236,8 @@ class Trainer:
                 "optimizer": opt_m, "scaler": scaler.state_dict(), "rng": rng_meta,
             }
             meta = {TRAIN_FORMAT_KEY: CHECKPOINT_FORMAT, TRAIN_STATE_KEY: st.dumps(state)}
+            # The store records checkpoint.write itself (it knows the key id and ciphertext digest).
             info = self.store.save(p.step, tensors, meta)
-            self.audit.record(
-                "checkpoint.write",
-                self.run_id,
-                details={"step": info.step, "sha256": info.sha256, "key_id": info.key_id, "file": info.path.name},
-            )
             for cb in self.callbacks:
                 cb.on_checkpoint(self, info)
         self.dist.barrier()  # nobody runs ahead (or exits) before the checkpoint is durable
