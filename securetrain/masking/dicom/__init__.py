@@ -23,6 +23,7 @@ _EXPORTS = {
     "export_mapping": "securetrain.masking.dicom.mapping",
     "load_mapping": "securetrain.masking.dicom.mapping",
     "DicomDataset": "securetrain.masking.dicom.dataset",
+    "read_manifest": "securetrain.masking.dicom.dataset",
 }
 
 __all__ = sorted(_EXPORTS)

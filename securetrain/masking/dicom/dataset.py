@@ -55,7 +55,8 @@ class QuarantineEntry:
         return {"path": self.path, "reason": self.reason}
 
 
-def _read_manifest(manifest: Path) -> list[tuple[Path, int | None]]:
+def read_manifest(manifest: Path) -> list[tuple[Path, int | None]]:
+    """Rows ``(path, label)`` of a ``path,label`` manifest CSV; relative paths resolved against it."""
     try:
         with manifest.open(newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
@@ -119,7 +120,7 @@ class DicomDataset(Dataset):
             self.has_labels = False
         elif src.is_file():
             self.root = src.parent
-            candidates = _read_manifest(src)
+            candidates = read_manifest(src)
             self.has_labels = any(label is not None for _, label in candidates)
         else:
             raise ConfigError(f"DICOM source {src} is neither a folder nor a manifest file")

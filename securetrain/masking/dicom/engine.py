@@ -200,7 +200,7 @@ class Deidentifier:
         self._method_text = [
             f"securetrain {__version__} DICOM de-identification",
             "PS3.15 E.1-1 Basic Application Confidentiality Profile",
-            f"table: {table.source['repository']}@{table.source['commit'][:12]}",
+            f"table: {table.edition.removeprefix('DICOM ')}@{table.source['commit'][:12]}",  # LO: 64 chars max
             f"policy: {policy.name} v{policy.policy_version} sha256:{policy.digest[:16]}",
         ]
         self.audit.record(

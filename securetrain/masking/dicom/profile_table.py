@@ -64,8 +64,10 @@ BASIC_CODES = frozenset({"X", "Z", "D", "U", "Z/D", "X/Z", "X/D", "X/Z/D", "X/Z/
 RECURSE_UIDS = "U*"
 
 _COMPOUND = {"X/Z": "Z", "Z/D": "D", "X/D": "D", "X/Z/D": "D", "X/Z/U*": RECURSE_UIDS}
-# When several selected options name one row, the more retaining code wins (K over C); the
-# bundled edition has no row where two options disagree.
+# When several selected options name one row, the more retaining code wins (K over C), with one
+# exception: a Retain Longitudinal Modified Dates code always wins for its rows. In the 2025b table the
+# calibration/installation/manufacture dates carry Retain Device Identity = K next to Modified
+# Dates = C; keeping those unshifted beside shifted study dates would reveal the date shift.
 _OPTION_RANK = {"K": 2, "C": 1, "X": 0}
 
 
@@ -163,6 +165,9 @@ class CompiledProfile:
 
 
 def _row_action(row: ProfileRow, options: frozenset[str]) -> str:
+    modified = Option.RETAIN_LONGITUDINAL_MODIFIED_DATES.value
+    if modified in options and modified in row.options:
+        return row.options[modified]
     chosen: str | None = None
     for opt, code in row.options.items():
         if opt in options and (chosen is None or _OPTION_RANK[code] > _OPTION_RANK[chosen]):
