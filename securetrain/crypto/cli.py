@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import typer
+from rich.markup import escape
 
 from securetrain.cli.console import console, progress_bar
 
@@ -135,7 +136,8 @@ def verify_cmd(
     provider = _provider(keyring)
     for path in paths:
         header = _run_stream(f"verify {path.name}", path, lambda src: verify_stream(src, provider))
-        console.print(f"[green]OK[/] {path}: {header.segment_count} segments, key {header.key_ids[0]}")
+        console.print(f"[green]OK[/] {escape(str(path))}: {header.segment_count} segments, "
+                      f"key {escape(header.key_ids[0])}")
 
 
 # -- keys ------------------------------------------------------------------------------------

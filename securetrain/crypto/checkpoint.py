@@ -1,0 +1,319 @@
+"""Encrypted checkpoints: a safetensors layout streamed into the AEAD container.
+
+Nothing here ever unpickles. The safetensors layout (u64 header length, JSON header, raw tensor
+bytes) is written tensor by tensor straight into :class:`EncryptingWriter`, so saving needs no
+serialized copy of the state dict; loading parses and validates the header, allocates each tensor
+and decrypts directly into it. Metadata (step, key id, tensor digest, caller metadata such as a
+config hash) lives in the safetensors ``__metadata__`` and is therefore authenticated by the AEAD.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+import torch
+
+from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
+from securetrain.crypto.errors import IntegrityError, UnsafePayloadError
+from securetrain.crypto.keys import KeyProvider
+from securetrain.crypto.safetensors_codec import (
+    _byte_view,
+    _cpu_contig,
+    _prepare,
+    build_header,
+    refuse,
+    split_header,
+    parse_header,
+)
+from securetrain.crypto.stream import DEFAULT_SEGMENT_SIZE, DecryptingReader, EncryptingWriter, _readinto_full
+from securetrain.errors import SecureTrainError
+from securetrain.io.atomic import atomic_write_bytes, atomic_writer
+from securetrain.training.checkpoint_store import CheckpointInfo, LoadedCheckpoint
+
+FORMAT_TAG = "securetrain-checkpoint-v1"
+META_FORMAT = "securetrain.format"
+META_STEP = "securetrain.step"
+META_KEY_ID = "securetrain.key_id"
+META_DIGEST = "securetrain.tensors_sha256"
+RESERVED_KEYS = frozenset({META_FORMAT, META_STEP, META_KEY_ID, META_DIGEST})
+
+class CheckpointError(SecureTrainError):
+    """No checkpoint to load, or a store-level problem (not an integrity failure)."""
+
+
+def write_checkpoint(dst: BinaryIO, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str],
+                     provider: KeyProvider, *, key_id: str | None = None,
+                     segment_size: int = DEFAULT_SEGMENT_SIZE, digest: bool = True,
+                     on_progress: Callable[[int], None] | None = None,
+                     recipients: Sequence[tuple[KeyProvider, str | None]] = ()) -> tuple[EncryptingWriter, str | None]:
+    """Stream ``tensors`` + ``metadata`` as safetensors into an encrypted container on ``dst``."""
+    items = _prepare(tensors)
+    kid = key_id or provider.current_key_id()
+    tensors_sha = None
+    if digest:  # a pre-pass: the digest goes in the header, which precedes the data
+        h = hashlib.sha256()
+        for _, t in items:
+            h.update(_byte_view(_cpu_contig(t)))
+        tensors_sha = h.hexdigest()
+    meta = {str(k): str(v) for k, v in metadata.items()}
+    meta[META_FORMAT] = FORMAT_TAG
+    meta[META_KEY_ID] = kid
+    if tensors_sha:
+        meta[META_DIGEST] = tensors_sha
+    hjson, offset = build_header(items, meta)
+    total = 8 + len(hjson) + offset
+    writer = EncryptingWriter(dst, provider, total, segment_size=segment_size, key_id=kid, recipients=recipients)
+    writer.write(struct.pack("<Q", len(hjson)) + hjson)
+    for _, t in items:
+        view = _byte_view(_cpu_contig(t))
+        writer.write(view)
+        if on_progress:
+            on_progress(len(view))
+    writer.close()
+    return writer, tensors_sha
+
+
+def read_checkpoint(src: BinaryIO, provider: KeyProvider, *, verify_digest: bool = False,
+                    device: str | torch.device = "cpu",
+                    ) -> tuple[dict[str, torch.Tensor], dict[str, str], DecryptingReader]:
+    """Authenticate, decrypt and parse a checkpoint container; refuses anything but safetensors."""
+    reader = DecryptingReader(src, provider)
+    length = reader.header.plaintext_length
+    first = bytearray(8)
+    if _readinto_full(reader, memoryview(first)) != 8:  # type: ignore[arg-type]
+        raise UnsafePayloadError("payload is too short to be a safetensors checkpoint")
+    hlen = split_header(bytes(first), length)
+    hbytes = bytearray(hlen)
+    _readinto_full(reader, memoryview(hbytes))  # type: ignore[arg-type]
+    if hbytes[:1] != b"{":
+        raise refuse(bytes(first), "header is not a JSON object")
+    entries, meta = parse_header(bytes(hbytes), length - 8 - hlen)
+    tensors: dict[str, torch.Tensor] = {}
+    h = hashlib.sha256() if verify_digest else None
+    for name, dtype, shape, nbytes in entries:
+        t = torch.empty(shape, dtype=dtype)
+        if nbytes:
+            view = _byte_view(t)
+            if _readinto_full(reader, view) != nbytes:  # type: ignore[arg-type]
+                raise UnsafePayloadError("payload ended inside tensor data")
+            if h is not None:
+                h.update(view)
+        tensors[name] = t if str(device) == "cpu" else t.to(device)
+    if _readinto_full(reader, memoryview(bytearray(1))) != 0 or not reader.finished:  # type: ignore[arg-type]
+        raise UnsafePayloadError("payload has bytes beyond the tensors its header lists")
+    if h is not None and meta.get(META_DIGEST) and h.hexdigest() != meta[META_DIGEST]:
+        raise IntegrityError("tensor digest does not match the checkpoint metadata")
+    return tensors, meta, reader
+
+
+class _HashingWriter:
+    """Pass-through file wrapper that hashes what is written (the ciphertext sha256 for the audit log)."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw = raw
+        self.sha = hashlib.sha256()
+        self.count = 0
+
+    def write(self, data: bytes | memoryview) -> int:
+        self.sha.update(data)
+        self.count += len(data)
+        return self.raw.write(data)
+
+
+class _HashingReader:
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw = raw
+        self.sha = hashlib.sha256()
+
+    def readinto(self, view: memoryview) -> int:
+        n = self.raw.readinto(view)  # type: ignore[attr-defined]
+        if n:
+            self.sha.update(view[:n])
+        return n or 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self.sha.update(data)
+        return data
+
+    def seekable(self) -> bool:
+        return self.raw.seekable()
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def seek(self, *args: int) -> int:
+        return self.raw.seek(*args)
+
+
+_NAME = re.compile(r"^step-(\d{12})\.stenc$")
+
+
+class EncryptedCheckpointStore:
+    """A :class:`~securetrain.training.checkpoint_store.CheckpointStore` of AEAD-encrypted safetensors.
+
+    Files: ``<dir>/step-<12 digits>.stenc`` plus a small public sidecar ``.stenc.json``
+    (step, sha256, key id, size, mtime, inode) so listing needs no full read; a stale or missing sidecar is
+    recomputed. Loading checks the authenticated step against the file name (no rollback by renaming).
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], keyring: KeyProvider, *, key_id: str | None = None,
+                 keep_last: int | None = None, audit: AuditRecorder | None = None,
+                 segment_size: int = DEFAULT_SEGMENT_SIZE, digest: bool = True,
+                 verify_sha256: bool | None = None, recipients: Sequence[tuple[KeyProvider, str | None]] = ()) -> None:
+        if keep_last is not None and keep_last < 1:
+            raise CheckpointError("keep_last must be >= 1")
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.keyring = keyring
+        self.key_id = key_id
+        self.keep_last = keep_last
+        self.audit = audit or NullAuditRecorder()
+        self.segment_size = segment_size
+        self.digest = digest
+        self.verify_sha256 = verify_sha256
+        self.recipients = tuple(recipients)
+
+    @classmethod
+    def from_env(cls, directory: str | os.PathLike[str], *, keyring: str | os.PathLike[str] | None = None,
+                 **kwargs: object) -> EncryptedCheckpointStore:
+        """A store whose KEK comes from ``keyring``/``SECURETRAIN_KEYRING`` or ``SECURETRAIN_KEK``."""
+        from securetrain.crypto.keys import provider_from_env
+
+        return cls(directory, provider_from_env(keyring), **kwargs)  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        return f"EncryptedCheckpointStore({str(self.directory)!r}, key_id={self.key_id!r})"
+
+    def path_for(self, step: int) -> Path:
+        return self.directory / f"step-{step:012d}.stenc"
+
+    def save(self, step: int, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> CheckpointInfo:
+        if not isinstance(step, int) or step < 0 or step >= 10**12:
+            raise CheckpointError(f"invalid step {step!r}")
+        path = self.path_for(step)
+        # The store's own keys are always set by the store: metadata copied from a loaded checkpoint
+        # must not carry a stale step or digest into the new one. Other keys (including the
+        # trainer's "securetrain.train.*") pass through untouched.
+        meta = {str(k): str(v) for k, v in metadata.items() if str(k) not in RESERVED_KEYS}
+        meta[META_STEP] = str(step)
+        try:
+            with atomic_writer(path) as fout:
+                hashing = _HashingWriter(fout)
+                writer, tensors_sha = write_checkpoint(
+                    hashing, tensors, meta, self.keyring, key_id=self.key_id,  # type: ignore[arg-type]
+                    segment_size=self.segment_size, digest=self.digest, recipients=self.recipients)
+                fout.flush()
+                st = os.fstat(fout.fileno())  # identity of *our* file; the rename keeps inode and mtime
+        except SecureTrainError as exc:
+            self.audit.record("checkpoint.write", path.name, outcome="failure",
+                              details={"step": step, "error": type(exc).__name__})
+            raise
+        info = CheckpointInfo(path=path, step=step, sha256=hashing.sha.hexdigest(), key_id=writer.key_id)
+        self._write_sidecar(info, st)
+        self.audit.record("checkpoint.write", path.name, details={
+            "step": step, "key_id": writer.key_id, "sha256": info.sha256, "bytes": hashing.count,
+            "tensors": len(tensors), "tensors_sha256": tensors_sha})
+        self._prune()
+        return info
+
+    def load(self, info: CheckpointInfo | None = None) -> LoadedCheckpoint:
+        """Load ``info`` (default: the latest). With ``verify_sha256=None`` (default) the file's
+        SHA-256 is checked against ``info.sha256`` only when the caller passes ``info`` (e.g. as
+        recorded in the audit log): for ``load()`` the digest comes from the unauthenticated sidecar,
+        so checking it would cost a hash pass and prove nothing. Authenticity always comes from
+        the AEAD; rollback by renaming is caught by the authenticated step."""
+        verify = self.verify_sha256 if self.verify_sha256 is not None else info is not None
+        if info is None:
+            info = self.latest()
+            if info is None:
+                raise CheckpointError(f"no checkpoints in {self.directory}", hint="train first or check the path")
+        try:
+            with open(info.path, "rb") as raw:
+                src = _HashingReader(raw) if verify else raw
+                tensors, meta, reader = read_checkpoint(src, self.keyring)  # type: ignore[arg-type]
+            if verify and src.sha.hexdigest() != info.sha256:  # type: ignore[union-attr]
+                raise IntegrityError(f"{info.path.name}: sha256 differs from the recorded {info.sha256[:16]}...",
+                                     hint="the file was replaced by a different checkpoint")
+            if meta.get(META_STEP) != str(info.step):
+                raise IntegrityError(f"{info.path.name} holds step {meta.get(META_STEP)!r}, not {info.step}",
+                                     hint="checkpoint files were renamed or swapped")
+        except FileNotFoundError:
+            raise CheckpointError(f"checkpoint file missing: {info.path}") from None
+        except SecureTrainError as exc:
+            self.audit.record("checkpoint.read", info.path.name, outcome="failure",
+                              details={"step": info.step, "error": type(exc).__name__})
+            raise
+        key_id = reader.header.key_ids[0]
+        self.audit.record("checkpoint.read", info.path.name, details={
+            "step": info.step, "key_id": key_id, "sha256": info.sha256, "tensors": len(tensors)})
+        return LoadedCheckpoint(info=CheckpointInfo(info.path, info.step, info.sha256, key_id), tensors=tensors,
+                                metadata=meta)
+
+    def list(self) -> list[CheckpointInfo]:
+        infos = []
+        for entry in sorted(self.directory.iterdir()):
+            m = _NAME.match(entry.name)
+            if m and entry.is_file():
+                infos.append(self._info(entry, int(m.group(1))))
+        return sorted(infos, key=lambda i: i.step)
+
+    def latest(self) -> CheckpointInfo | None:
+        steps = sorted(int(m.group(1)) for e in self.directory.iterdir() if (m := _NAME.match(e.name)))
+        return self._info(self.path_for(steps[-1]), steps[-1]) if steps else None
+
+    # -- sidecars -----------------------------------------------------------------------
+    def _sidecar(self, path: Path) -> Path:
+        return path.with_name(path.name + ".json")
+
+    def _write_sidecar(self, info: CheckpointInfo, st: os.stat_result) -> None:
+        doc = {"step": info.step, "sha256": info.sha256, "key_id": info.key_id, "bytes": st.st_size,
+               "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}
+        atomic_write_bytes(self._sidecar(info.path), json.dumps(doc).encode())
+
+    def _info(self, path: Path, step: int) -> CheckpointInfo:
+        st = path.stat()
+        try:
+            doc = json.loads(self._sidecar(path).read_bytes())
+            if (doc["bytes"], doc["mtime_ns"], doc["inode"], doc["step"]) == (
+                    st.st_size, st.st_mtime_ns, st.st_ino, step):
+                return CheckpointInfo(path, step, doc["sha256"], doc.get("key_id"))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        # Missing or stale (e.g. re-wrapped by key rotation): recompute from the file itself.
+        from securetrain.crypto.stream import inspect_file
+
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())  # stat the file we hash, not whatever the name points to later
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        try:
+            key_id: str | None = inspect_file(path).key_ids[0]
+        except SecureTrainError:
+            key_id = None
+        info = CheckpointInfo(path, step, h.hexdigest(), key_id)
+        try:
+            self._write_sidecar(info, st)
+        except OSError:
+            pass
+        return info
+
+    def _prune(self) -> None:
+        if self.keep_last is None:
+            return
+        infos = self.list()
+        for old in infos[: max(0, len(infos) - self.keep_last)]:
+            for p in (old.path, self._sidecar(old.path)):
+                try:
+                    p.unlink()
+                except FileNotFoundError:
+                    pass
+            self.audit.record("checkpoint.delete", old.path.name, details={"step": old.step, "sha256": old.sha256})

@@ -1,0 +1,62 @@
+"""Typed errors of the crypto capability.
+
+Every integrity failure derives from :class:`securetrain.errors.IntegrityError` so callers can fail
+closed on one type; the subclasses say *what* failed. Messages carry key ids, fingerprints, segment
+numbers and sizes only - never key bytes or plaintext.
+"""
+
+from __future__ import annotations
+
+from securetrain.errors import ConfigError, IntegrityError, SecureTrainError
+
+
+class HeaderAuthError(IntegrityError):
+    """The container header was edited (its MAC does not verify) or cannot be authenticated."""
+
+
+class HeaderFormatError(HeaderAuthError):
+    """The header is malformed: bad magic, unsupported version/algorithm, impossible field values."""
+
+
+class SegmentAuthError(IntegrityError):
+    """A payload segment failed AES-GCM authentication (edited, reordered, duplicated or cut)."""
+
+
+class TruncatedError(IntegrityError):
+    """The input ended before the final segment (or before the end of the header)."""
+
+
+class TrailingDataError(IntegrityError):
+    """Bytes follow the final segment."""
+
+
+class WrongKeyError(IntegrityError):
+    """The available key cannot open this file (unwrap failed or key commitment mismatch)."""
+
+
+class KeyNotFoundError(WrongKeyError):
+    """None of the file's key ids is available from the key provider."""
+
+
+class UnsafePayloadError(IntegrityError):
+    """The decrypted payload is not a valid safetensors layout (e.g. a pickle) and is refused."""
+
+
+class ReplayError(IntegrityError):
+    """A transport message was replayed, reordered, expired or addressed to someone else."""
+
+
+class LimitExceededError(SecureTrainError):
+    """An input exceeds a cryptographic limit (NIST SP 800-38D, segment counter, size caps)."""
+
+
+class KeyringError(ConfigError):
+    """The keyring file or key configuration is missing, unsafe or cannot be opened."""
+
+
+class KeyringPermissionError(KeyringError):
+    """The keyring file is readable by group/others; refused."""
+
+
+class MessageAuthError(IntegrityError):
+    """A transport message failed authentication (modified, wrong key, or not from the claimed sender)."""

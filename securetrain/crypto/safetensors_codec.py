@@ -1,0 +1,166 @@
+"""The safetensors byte layout, written and parsed without pickle and without the blob in memory twice.
+
+Layout: ``u64 little-endian N`` | ``N bytes of JSON`` (padded with spaces to a multiple of 8) |
+raw little-endian tensor bytes. JSON maps each name to ``{"dtype", "shape", "data_offsets"}``
+(offsets relative to the data region) plus an optional ``"__metadata__": {str: str}``. We write
+tensors in name order; the parser accepts any order but demands contiguous, non-overlapping
+offsets that cover the data region exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from securetrain.crypto.errors import UnsafePayloadError
+from securetrain.errors import SecureTrainError
+
+MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit
+
+DTYPES: dict[torch.dtype, str] = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL", torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64",
+    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
+}
+FROM_DTYPE = {v: k for k, v in DTYPES.items()}
+
+
+def _byte_view(tensor: torch.Tensor) -> memoryview:
+    flat = tensor.reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+
+
+def _prepare(tensors: Mapping[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    items = []
+    for name in sorted(tensors):
+        t = tensors[name]
+        if not isinstance(name, str) or not name or name == "__metadata__":
+            raise SecureTrainError(f"invalid tensor name {name!r}")
+        if not isinstance(t, torch.Tensor):
+            raise SecureTrainError(f"{name!r} is a {type(t).__name__}, not a tensor")
+        if t.dtype not in DTYPES:
+            raise SecureTrainError(f"tensor {name!r} has unsupported dtype {t.dtype}")
+        items.append((name, t.detach()))
+    return items
+
+
+def _cpu_contig(t: torch.Tensor) -> torch.Tensor:
+    return t.to("cpu").contiguous()
+
+
+def build_header(items: list[tuple[str, torch.Tensor]], meta: Mapping[str, str]) -> tuple[bytes, int]:
+    """The padded JSON header for ``items`` and the size of the data region."""
+    header: dict[str, Any] = {"__metadata__": dict(meta)}
+    offset = 0
+    for name, t in items:
+        nbytes = t.numel() * t.element_size()
+        header[name] = {"dtype": DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    hjson = json.dumps(header, separators=(",", ":")).encode()
+    hjson += b" " * (-len(hjson) % 8)
+    return hjson, offset
+
+
+def encode_tensors(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> bytes:
+    """Serialize to safetensors bytes (loadable by ``safetensors.torch.load``)."""
+    items = _prepare(tensors)
+    hjson, size = build_header(items, metadata or {})
+    out = bytearray(8 + len(hjson) + size)
+    out[:8] = struct.pack("<Q", len(hjson))
+    out[8:8 + len(hjson)] = hjson
+    pos = 8 + len(hjson)
+    for _, t in items:
+        view = _byte_view(_cpu_contig(t))
+        out[pos:pos + len(view)] = view
+        pos += len(view)
+    return bytes(out)
+
+
+def decode_tensors(data: bytes | bytearray | memoryview) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Parse safetensors bytes strictly into fresh tensors (copies; never aliases ``data``)."""
+    view = memoryview(data).cast("B")
+    if len(view) < 8:
+        raise UnsafePayloadError("payload is too short to be safetensors")
+    first8 = bytes(view[:8])
+    hlen = split_header(first8, len(view))
+    raw = bytes(view[8:8 + hlen])
+    if raw[:1] != b"{":
+        raise refuse(first8, "header is not a JSON object")
+    entries, meta = parse_header(raw, len(view) - 8 - hlen)
+    pos = 8 + hlen
+    tensors = {}
+    for name, dtype, shape, nbytes in entries:
+        t = torch.empty(shape, dtype=dtype)
+        if nbytes:
+            _byte_view(t)[:] = view[pos:pos + nbytes]
+        pos += nbytes
+        tensors[name] = t
+    return tensors, meta
+
+
+def refuse(first8: bytes, reason: str) -> UnsafePayloadError:
+    """The error for a payload that is not safetensors, naming pickle/torch.save when it looks like one.
+
+    Only called once safetensors parsing failed: a valid safetensors header length can itself
+    start with the bytes of a pickle protocol marker (e.g. 640 = 80 02 00..), so magic sniffing
+    alone must never reject a payload.
+    """
+    if first8[:1] == b"\x80" and 2 <= first8[1] <= 5 or first8[:4] == b"PK\x03\x04" or first8[:1] in (b"(", b"}"):
+        return UnsafePayloadError("payload is a pickle / torch.save archive; refusing to load it",
+                                  hint="only safetensors payloads are accepted (unpickling can execute code)")
+    return UnsafePayloadError(f"payload is not a safetensors layout: {reason}")
+
+
+def split_header(first8: bytes, total: int) -> int:
+    """Validate the u64 header length against the payload size; return it."""
+    (hlen,) = struct.unpack("<Q", first8)
+    if hlen < 2 or hlen > min(MAX_HEADER_BYTES, total - 8):
+        raise refuse(first8, f"header length {hlen} for a {total}-byte payload")
+    return hlen
+
+
+def parse_header(raw: bytes, data_len: int) -> tuple[list[tuple[str, torch.dtype, list[int], int]], dict[str, str]]:
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise UnsafePayloadError("payload header is not safetensors JSON") from None
+    if not isinstance(doc, dict):
+        raise UnsafePayloadError("safetensors header must be a JSON object")
+    meta = doc.pop("__metadata__", {}) or {}
+    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+        raise UnsafePayloadError("safetensors __metadata__ must map strings to strings")
+    entries = []
+    for name, spec in doc.items():
+        try:
+            dtype = FROM_DTYPE[spec["dtype"]]
+            shape = [int(d) for d in spec["shape"]]
+            begin, end = (int(x) for x in spec["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise UnsafePayloadError(f"malformed safetensors entry {name!r}") from None
+        if any(d < 0 for d in shape):
+            raise UnsafePayloadError(f"negative dimension in {name!r}")
+        numel = 1
+        for d in shape:
+            numel *= d
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        if end - begin != nbytes:
+            raise UnsafePayloadError(f"tensor {name!r}: offsets span {end - begin} bytes, shape needs {nbytes}")
+        entries.append((begin, name, dtype, shape, nbytes))
+    entries.sort(key=lambda e: (e[0], e[4]))
+    pos = 0
+    for begin, name, *_rest, nbytes in entries:
+        if begin != pos:
+            raise UnsafePayloadError(f"tensor {name!r} does not start where the previous one ended")
+        pos += nbytes
+    if pos != data_len:
+        raise UnsafePayloadError(f"tensors cover {pos} bytes but the payload has {data_len}")
+    return [(n, d, s, b) for _, n, d, s, b in entries], meta
+
+

@@ -1,0 +1,117 @@
+"""`securetrain checkpoint ...` / `securetrain keys ...` through typer's runner."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from securetrain.crypto import cli as crypto_cli
+from securetrain.crypto import stream as S
+from securetrain.crypto.errors import HeaderAuthError, KeyNotFoundError, KeyringPermissionError, SegmentAuthError
+from securetrain.crypto.keys import LocalKeyring
+
+PASS = "cli passphrase 123"
+
+
+@pytest.fixture()
+def app() -> typer.Typer:
+    root = typer.Typer()
+
+    @root.callback()
+    def _cb() -> None:  # force sub-command mode
+        pass
+
+    crypto_cli.register(root)
+    return root
+
+
+@pytest.fixture()
+def env(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("SECURETRAIN_KEYRING_PASSPHRASE", PASS)
+    monkeypatch.delenv("SECURETRAIN_KEYRING", raising=False)
+    monkeypatch.delenv("SECURETRAIN_KEK", raising=False)
+    monkeypatch.setattr("securetrain.crypto.keys.SCRYPT_DEFAULT_LOG2_N", 10)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run(app: typer.Typer, *args: str):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(app, list(args), catch_exceptions=True)
+
+
+def test_keys_and_checkpoint_workflow(app: typer.Typer, env) -> None:
+    kr = env / "keyring.json"
+    r = run(app, "keys", "init", "--keyring", str(kr), "--key-id", "k1")
+    assert r.exit_code == 0, r.output
+    assert (kr.stat().st_mode & 0o777) == 0o600
+    material = LocalKeyring.load(kr).keys()[0].material()
+    assert run(app, "keys", "init", "--keyring", str(kr)).exception is not None  # no silent overwrite
+
+    plain = env / "weights.bin"
+    data = os.urandom(3 * 65536 + 17)
+    plain.write_bytes(data)
+    r = run(app, "checkpoint", "encrypt", str(plain), "w.stenc", "-k", str(kr), "--segment-size", "65536")
+    assert r.exit_code == 0, r.output
+    r = run(app, "checkpoint", "inspect", "w.stenc", "--json")
+    assert r.exit_code == 0, r.output
+    info = json.loads(r.output)
+    assert info["segment_size"] == 65536 and info["segments"] == 4 and info["keys"][0]["key_id"] == "k1"
+    assert material.hex() not in r.output
+    assert run(app, "checkpoint", "verify", "w.stenc", "-k", str(kr)).exit_code == 0
+
+    before = (env / "w.stenc").read_bytes()
+    r = run(app, "keys", "rotate", "-k", str(kr), "--key-id", "k2", "--rewrap", str(env), "--remove-old")
+    assert r.exit_code == 0, r.output
+    after = (env / "w.stenc").read_bytes()
+    assert before[-1000:] == after[-1000:] and S.inspect_file(env / "w.stenc").key_ids == ["k2"]
+    r = run(app, "keys", "list", "-k", str(kr))
+    assert "k2" in r.output and "k1" not in r.output and material.hex() not in r.output
+
+    r = run(app, "checkpoint", "decrypt", "w.stenc", "out.bin", "-k", str(kr))
+    assert r.exit_code == 0, r.output
+    assert (env / "out.bin").read_bytes() == data
+
+
+def test_verify_and_decrypt_fail_closed(app: typer.Typer, env) -> None:
+    kr = env / "keyring.json"
+    assert run(app, "keys", "init", "-k", str(kr)).exit_code == 0
+    ring = LocalKeyring.load(kr)
+    blob = bytearray(S.encrypt_bytes(os.urandom(5000), ring, segment_size=1024))
+    blob[-100] ^= 1
+    (env / "bad.stenc").write_bytes(bytes(blob))
+    r = run(app, "checkpoint", "verify", "bad.stenc", "-k", str(kr))
+    assert isinstance(r.exception, SegmentAuthError)
+    r = run(app, "checkpoint", "decrypt", "bad.stenc", "out.bin", "-k", str(kr))
+    assert isinstance(r.exception, SegmentAuthError)
+    assert not (env / "out.bin").exists(), "no partial plaintext on failure"
+    assert not [p for p in env.iterdir() if p.name.endswith(".tmp")]
+    blob[20] ^= 1
+    (env / "bad.stenc").write_bytes(bytes(blob))
+    assert isinstance(run(app, "checkpoint", "verify", "bad.stenc", "-k", str(kr)).exception, HeaderAuthError)
+
+
+def test_cli_refuses_unsafe_keyring_and_unknown_key(app: typer.Typer, env) -> None:
+    kr = env / "keyring.json"
+    assert run(app, "keys", "init", "-k", str(kr)).exit_code == 0
+    other = env / "other.json"
+    assert run(app, "keys", "init", "-k", str(other)).exit_code == 0
+    (env / "p").write_bytes(b"x" * 10)
+    assert run(app, "checkpoint", "encrypt", "p", "c.stenc", "-k", str(kr)).exit_code == 0
+    assert isinstance(run(app, "checkpoint", "verify", "c.stenc", "-k", str(other)).exception, KeyNotFoundError)
+    os.chmod(kr, 0o644)
+    assert isinstance(run(app, "keys", "list", "-k", str(kr)).exception, KeyringPermissionError)
+
+
+def test_help_is_cheap() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, typer; from securetrain.crypto import cli; "
+            "bad = [m for m in ('torch', 'cryptography', 'prefect', 'safetensors') if m in sys.modules]; "
+            "print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -1,0 +1,441 @@
+"""The streaming AEAD container: round trips, limits, the test vector and every tamper case."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import os
+import struct
+
+import pytest
+
+from securetrain.audit.recorder import MemoryAuditRecorder
+from securetrain.crypto import stream as S
+from securetrain.crypto.errors import (
+    HeaderAuthError,
+    HeaderFormatError,
+    KeyNotFoundError,
+    LimitExceededError,
+    SegmentAuthError,
+    TrailingDataError,
+    TruncatedError,
+    WrongKeyError,
+)
+from securetrain.crypto.keys import LocalKeyring, SecretKey
+from securetrain.errors import IntegrityError
+
+SEG = 64
+TAG = 16
+
+
+class Pipe(io.RawIOBase):
+    """A non-seekable source (like a socket or pipe) that also returns short reads."""
+
+    def __init__(self, data: bytes, chunk: int = 7) -> None:
+        self._b = io.BytesIO(data)
+        self._chunk = chunk
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def readinto(self, b) -> int:  # type: ignore[no-untyped-def]
+        view = memoryview(b)[: self._chunk]
+        return self._b.readinto(view)
+
+
+@pytest.fixture(scope="module")
+def ring() -> LocalKeyring:
+    return LocalKeyring([SecretKey("kek-a", os.urandom(32))], "kek-a")
+
+
+def enc(data: bytes, ring: LocalKeyring, seg: int = SEG, **kw: object) -> bytes:
+    return S.encrypt_bytes(data, ring, segment_size=seg, **kw)
+
+
+def layout(blob: bytes) -> tuple[S.Header, list[tuple[int, int]]]:
+    """Header and the (start, end) of each ciphertext segment."""
+    h = S.read_header(io.BytesIO(blob))
+    spans, pos = [], h.header_length
+    left = h.plaintext_length
+    for i in range(h.segment_count):
+        n = min(left, h.segment_size) if i < h.segment_count - 1 else left
+        spans.append((pos, pos + n + TAG))
+        pos += n + TAG
+        left -= n
+    assert pos == len(blob)
+    return h, spans
+
+
+def flip(blob: bytes, at: int) -> bytes:
+    b = bytearray(blob)
+    b[at] ^= 0x01
+    return bytes(b)
+
+
+def collect(blob: bytes, ring: LocalKeyring, *, seekable: bool = True) -> tuple[bytes, Exception | None]:
+    """Decrypt, returning what reached the destination before any error."""
+    out = io.BytesIO()
+    src = io.BytesIO(blob) if seekable else Pipe(blob)
+    try:
+        S.decrypt_stream(src, out, ring)  # type: ignore[arg-type]
+    except IntegrityError as exc:
+        return out.getvalue(), exc
+    return out.getvalue(), None
+
+
+# -- round trips ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [0, 1, SEG - 1, SEG, SEG + 1, 3 * SEG, 3 * SEG + 5, 1000])
+def test_round_trip_sizes(ring: LocalKeyring, size: int) -> None:
+    data = os.urandom(size)
+    blob = enc(data, ring)
+    h, spans = layout(blob)
+    assert h.segment_count == max(1, -(-size // SEG))
+    assert len(blob) == h.header_length + size + TAG * h.segment_count
+    assert S.decrypt_bytes(blob, ring) == data
+    got, err = collect(blob, ring, seekable=False)
+    assert err is None and got == data
+
+
+def test_exact_multiple_has_full_final_segment(ring: LocalKeyring) -> None:
+    blob = enc(b"x" * (2 * SEG), ring)
+    _, spans = layout(blob)
+    assert [e - s for s, e in spans] == [SEG + TAG, SEG + TAG]
+
+
+def test_default_segment_is_1mib_and_large_stream_round_trips(ring: LocalKeyring, tmp_path) -> None:
+    data = os.urandom(3 * (1 << 20) + 12345)
+    src, dst, back = tmp_path / "p", tmp_path / "c", tmp_path / "b"
+    src.write_bytes(data)
+    h = S.encrypt_file(src, dst, ring)
+    assert h.segment_size == 1 << 20 and h.segment_count == 4
+    assert (dst.stat().st_mode & 0o777) == 0o600
+    audit = MemoryAuditRecorder()
+    S.decrypt_file(dst, back, ring, audit=audit)
+    assert back.read_bytes() == data
+    assert audit.events[0]["action"] == "container.decrypt" and audit.events[0]["details"]["key_id"] == "kek-a"
+    broken = tmp_path / "broken"
+    broken.write_bytes(flip(dst.read_bytes(), 500))
+    with pytest.raises(SegmentAuthError):
+        S.decrypt_file(broken, tmp_path / "never", ring, audit=audit)
+    assert not (tmp_path / "never").exists()
+    assert audit.events[-1]["outcome"] == "failure"
+
+
+def test_writer_accepts_arbitrary_write_sizes(ring: LocalKeyring) -> None:
+    data = os.urandom(10 * SEG + 3)
+    out = io.BytesIO()
+    w = S.EncryptingWriter(out, ring, len(data), segment_size=SEG)
+    pos = 0
+    for step in [1, 63, 64, 65, 200, 3, 128]:
+        w.write(memoryview(data)[pos:pos + step])
+        pos += step
+    w.write(data[pos:])
+    w.close()
+    assert S.decrypt_bytes(out.getvalue(), ring) == data
+
+
+def test_writer_refuses_wrong_length(ring: LocalKeyring) -> None:
+    w = S.EncryptingWriter(io.BytesIO(), ring, 10, segment_size=SEG)
+    w.write(b"12345")
+    with pytest.raises(TruncatedError):
+        w.close()
+    with pytest.raises(LimitExceededError):
+        S.EncryptingWriter(io.BytesIO(), ring, 3, segment_size=SEG).write(b"1234")
+
+
+def test_fresh_randomness_per_file(ring: LocalKeyring) -> None:
+    a, b = enc(b"same", ring), enc(b"same", ring)
+    ha, hb = S.read_header(io.BytesIO(a)), S.read_header(io.BytesIO(b))
+    assert ha.salt != hb.salt and ha.nonce_prefix != hb.nonce_prefix and a[-20:] != b[-20:]
+
+
+def test_associated_data_is_bound(ring: LocalKeyring) -> None:
+    blob = enc(b"payload", ring, associated_data=b"ctx-1")
+    assert S.decrypt_bytes(blob, ring, associated_data=b"ctx-1") == b"payload"
+    with pytest.raises(SegmentAuthError):
+        S.decrypt_bytes(blob, ring, associated_data=b"ctx-2")
+
+
+# -- NIST / counter limits ----------------------------------------------------------------------
+
+def test_segment_counter_overflow_raises(ring: LocalKeyring) -> None:
+    with pytest.raises(LimitExceededError, match="2\\^32"):
+        S.EncryptingWriter(io.BytesIO(), ring, (1 << 32) * 16 + 1, segment_size=16)
+    S.EncryptingWriter(io.BytesIO(), ring, (1 << 32) * 16, segment_size=16)  # exactly 2^32 segments is fine
+
+
+def test_gcm_limit_constant() -> None:
+    assert S.GCM_MAX_PLAINTEXT_BYTES == (2**39 - 256) // 8
+    assert S.MAX_SEGMENT_SIZE + 0 <= S.GCM_MAX_PLAINTEXT_BYTES
+    with pytest.raises(LimitExceededError):
+        S.EncryptingWriter(io.BytesIO(), LocalKeyring.create("k"), 1, segment_size=S.MAX_SEGMENT_SIZE + 1)
+
+
+def test_header_declaring_too_many_segments_is_refused(ring: LocalKeyring) -> None:
+    blob = bytearray(enc(b"abc", ring, seg=16))
+    struct.pack_into(">Q", blob, 14, (1 << 32) * 16 + 1)
+    with pytest.raises(HeaderFormatError):
+        S.decrypt_bytes(bytes(blob), ring)
+
+
+# -- the documented test vector --------------------------------------------------------------
+
+VECTOR_KEK = bytes(range(32))
+VECTOR_DATA_KEY = bytes([0x11]) * 32
+VECTOR_SALT = bytes(range(32, 64))
+VECTOR_PREFIX = bytes.fromhex("a0a1a2a3a4a5a6")
+VECTOR_PLAINTEXT = b"securetrain test vector: 40 bytes long!!"
+VECTOR_HEX = (
+    "895354454e430d0a0101000000100000000000000028202122232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3f"
+    "a0a1a2a3a4a5a60108746573742d6b656b01512e918b222230e20028801b521d957e5a3602bd18a3b11512cc9fb0822dd0d3496912"
+    "3da8b1dab7e8072a5be56ec9b7f4c908e8f51c7c3652915ac7127cad4707a5307ff1776fa5cc7fb4b77d791e7c013731d869788d3c"
+    "30476db1b8465750d6fafadcaca2d3c45ce69968641e3e78f448dfb5142d0951b65185cadc68f84016d99b791c3cd157f16083e98a"
+    "bdeeec3883295677041bd19e118418253540a1bb151fc856f9a2526f54f3326578a7e0a40d52b422e6e1fb66befb869f5fea48fb4e"
+    "63453ca4bb37a82f"
+)
+
+
+def _vector_ring() -> LocalKeyring:
+    return LocalKeyring([SecretKey("test-kek", VECTOR_KEK, created=0)], "test-kek")
+
+
+def test_vector_byte_for_byte() -> None:
+    out = io.BytesIO()
+    w = S.EncryptingWriter(out, _vector_ring(), len(VECTOR_PLAINTEXT), segment_size=16,
+                           _fixed_randomness=(VECTOR_DATA_KEY, VECTOR_SALT, VECTOR_PREFIX))
+    w.write(VECTOR_PLAINTEXT)
+    w.close()
+    assert out.getvalue().hex() == VECTOR_HEX
+    assert S.decrypt_bytes(bytes.fromhex(VECTOR_HEX), _vector_ring()) == VECTOR_PLAINTEXT
+
+
+def test_vector_independent_decoder() -> None:
+    """Decode the vector with nothing but the spec in docs/checkpoint-format.md and `cryptography`."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+    from cryptography.hazmat.primitives.keywrap import aes_key_unwrap
+
+    blob = bytes.fromhex(VECTOR_HEX)
+    fixed = blob[:61]
+    magic, version, alg, seg, length, salt, prefix = struct.unpack(">8sBBIQ32s7s", fixed)
+    assert (magic, version, alg, seg, length) == (b"\x89STENC\r\n", 1, 1, 16, 40)
+    pos = 61
+    count = blob[pos]
+    pos += 1
+    assert count == 1
+    klen = blob[pos]
+    key_id = blob[pos + 1:pos + 1 + klen].decode()
+    pos += 1 + klen
+    wrap_alg, fp = blob[pos], blob[pos + 1:pos + 9]
+    (wlen,) = struct.unpack(">H", blob[pos + 9:pos + 11])
+    wrapped = blob[pos + 11:pos + 11 + wlen]
+    pos += 11 + wlen
+    commitment, mac = blob[pos:pos + 32], blob[pos + 32:pos + 64]
+    body_end = pos + 32
+    pos += 64
+    assert key_id == "test-kek" and wrap_alg == 1
+    assert fp == hashlib.sha256(b"securetrain kek fingerprint v1\x00" + VECTOR_KEK).digest()[:8]
+    dk = aes_key_unwrap(VECTOR_KEK, wrapped)
+
+    def hk(label: bytes) -> bytes:
+        return HKDF(hashes.SHA256(), 32, salt, b"securetrain-stream-v1 " + label).derive(dk)
+
+    assert hk(b"commitment") == commitment
+    assert hmac.new(hk(b"header-mac"), blob[:body_end], hashlib.sha256).digest() == mac
+    aad = hashlib.sha256(fixed + struct.pack(">Q", 0)).digest()
+    aead, out, i = AESGCM(hk(b"payload")), b"", 0
+    while pos < len(blob):
+        n = min(seg, length - len(out))
+        last = len(out) + n == length
+        out += aead.decrypt(prefix + struct.pack(">IB", i, last), blob[pos:pos + n + 16], aad)
+        pos += n + 16
+        i += 1
+    assert out == VECTOR_PLAINTEXT
+
+
+# -- tampering ---------------------------------------------------------------------------------
+
+DATA = bytes(range(256)) * 1 + b"tail-bytes"  # 266 bytes -> segments of 64,64,64,64,10
+
+
+@pytest.fixture()
+def blob(ring: LocalKeyring) -> bytes:
+    return enc(DATA, ring)
+
+
+def test_every_header_byte_is_authenticated(ring: LocalKeyring, blob: bytes) -> None:
+    h, _ = layout(blob)
+    for at in range(h.header_length):
+        got, err = collect(flip(blob, at), ring)
+        assert isinstance(err, (HeaderAuthError, WrongKeyError, TruncatedError)), (at, err)
+        assert got == b"", at
+
+
+def test_header_region_errors(ring: LocalKeyring, blob: bytes) -> None:
+    h, _ = layout(blob)
+    with pytest.raises(HeaderFormatError, match="magic"):
+        S.decrypt_bytes(flip(blob, 0), ring)
+    with pytest.raises(HeaderFormatError, match="version"):
+        S.decrypt_bytes(flip(blob, 8), ring)
+    with pytest.raises(HeaderAuthError):  # segment size 64 -> 65: valid value, MAC catches it
+        S.decrypt_bytes(flip(blob, 13), ring)
+    with pytest.raises(HeaderAuthError):  # declared plaintext length
+        S.decrypt_bytes(flip(blob, 21), ring)
+    with pytest.raises(HeaderAuthError):  # nonce prefix
+        S.decrypt_bytes(flip(blob, 56), ring)
+    with pytest.raises(WrongKeyError, match="commitment"):  # salt: derived keys change
+        S.decrypt_bytes(flip(blob, 30), ring)
+    with pytest.raises(WrongKeyError):  # wrapped data key
+        S.decrypt_bytes(flip(blob, h.header_length - 64 - 5), ring)
+    with pytest.raises(WrongKeyError, match="commitment"):
+        S.decrypt_bytes(flip(blob, h.header_length - 40), ring)
+    with pytest.raises(HeaderAuthError, match="modified"):  # header MAC itself
+        S.decrypt_bytes(flip(blob, h.header_length - 1), ring)
+
+
+@pytest.mark.parametrize("seekable", [True, False])
+def test_flip_in_each_segment_body_and_tag(ring: LocalKeyring, blob: bytes, seekable: bool) -> None:
+    _, spans = layout(blob)
+    for i, (s, e) in enumerate(spans):
+        for at in (s, (s + e) // 2, e - TAG - 1, e - TAG, e - 1):  # body start/middle/end, tag start/end
+            got, err = collect(flip(blob, at), ring, seekable=seekable)
+            assert isinstance(err, SegmentAuthError), (i, at, err)
+            assert f"segment {i} " in str(err)
+            assert got == DATA[: i * SEG], "plaintext of the failing segment must never be released"
+
+
+def test_drop_last_segment(ring: LocalKeyring, blob: bytes) -> None:
+    _, spans = layout(blob)
+    cut = blob[: spans[-1][0]]
+    got, err = collect(cut, ring)
+    assert isinstance(err, TruncatedError) and got == b""
+    got, err = collect(cut, ring, seekable=False)
+    assert isinstance(err, TruncatedError)
+    assert got == DATA[: 4 * SEG]  # only fully verified segments, then the error
+
+
+def test_truncated_mid_segment_and_mid_header(ring: LocalKeyring, blob: bytes) -> None:
+    _, spans = layout(blob)
+    for cut in (spans[2][0] + 5, len(blob) - 1, 10, 100):
+        got, err = collect(blob[:cut], ring)
+        assert isinstance(err, TruncatedError), cut
+        assert got == b""
+        _, err = collect(blob[:cut], ring, seekable=False)
+        assert isinstance(err, TruncatedError), cut
+
+
+def test_empty_file_and_garbage(ring: LocalKeyring) -> None:
+    with pytest.raises(TruncatedError):
+        S.decrypt_bytes(b"", ring)
+    with pytest.raises(HeaderFormatError):
+        S.decrypt_bytes(b"PK\x03\x04" + os.urandom(200), ring)
+
+
+@pytest.mark.parametrize("seekable", [True, False])
+def test_swap_two_segments(ring: LocalKeyring, blob: bytes, seekable: bool) -> None:
+    _, sp = layout(blob)
+    swapped = blob[: sp[1][0]] + blob[sp[2][0]:sp[2][1]] + blob[sp[1][0]:sp[1][1]] + blob[sp[3][0]:]
+    got, err = collect(swapped, ring, seekable=seekable)
+    assert isinstance(err, SegmentAuthError) and "segment 1 " in str(err)
+    assert got == DATA[:SEG]
+
+
+def test_duplicate_segment(ring: LocalKeyring, blob: bytes) -> None:
+    _, sp = layout(blob)
+    seg1 = blob[sp[1][0]:sp[1][1]]
+    inserted = blob[: sp[2][0]] + seg1 + blob[sp[2][0]:]
+    got, err = collect(inserted, ring)  # seekable: extra bytes noticed before any decryption
+    assert isinstance(err, TrailingDataError) and got == b""
+    got, err = collect(inserted, ring, seekable=False)
+    assert isinstance(err, SegmentAuthError) and "segment 2 " in str(err)
+    replaced = blob[: sp[2][0]] + seg1 + blob[sp[3][0]:]  # same length: counter in the nonce catches it
+    got, err = collect(replaced, ring)
+    assert isinstance(err, SegmentAuthError) and got == DATA[: 2 * SEG]
+
+
+@pytest.mark.parametrize("seekable", [True, False])
+def test_data_after_final_segment(ring: LocalKeyring, blob: bytes, seekable: bool) -> None:
+    _, sp = layout(blob)
+    for extra in (blob[sp[0][0]:sp[0][1]], blob[sp[-1][0]:], b"\x00", os.urandom(1000)):
+        got, err = collect(blob + extra, ring, seekable=seekable)
+        assert isinstance(err, TrailingDataError), err
+        assert got == (b"" if seekable else DATA[: 4 * SEG]), "final segment released despite trailing data"
+
+
+def test_segment_from_another_file_is_rejected(ring: LocalKeyring, blob: bytes) -> None:
+    other = enc(DATA, ring)
+    _, sp = layout(blob)
+    _, so = layout(other)
+    spliced = blob[: sp[1][0]] + other[so[1][0]:so[1][1]] + blob[sp[1][1]:]
+    _, err = collect(spliced, ring)
+    assert isinstance(err, SegmentAuthError)
+
+
+def test_wrong_key_same_id(blob: bytes) -> None:
+    impostor = LocalKeyring([SecretKey("kek-a", os.urandom(32))], "kek-a")
+    got, err = collect(blob, impostor)
+    assert isinstance(err, WrongKeyError) and not isinstance(err, KeyNotFoundError) and got == b""
+
+
+def test_unknown_key_id(blob: bytes) -> None:
+    with pytest.raises(KeyNotFoundError, match="kek-a"):
+        S.decrypt_bytes(blob, LocalKeyring.create("other"))
+
+
+def test_key_commitment_rejects_substituted_data_key(ring: LocalKeyring, blob: bytes) -> None:
+    """An attacker who can wrap keys for us swaps in another data key and a matching header MAC.
+
+    The commitment (derived from the *original* data key) no longer matches: refused up front.
+    """
+    h = S.read_header(io.BytesIO(blob))
+    evil_dk = os.urandom(32)
+    stanza = S.Stanza("kek-a", 1, h.stanzas[0].fingerprint, ring.wrap("kek-a", evil_dk))
+    keys = S._derive(evil_dk, h.salt)
+    body = h.fixed + bytes([1]) + stanza.encode() + h.commitment
+    forged = body + hmac.new(keys.mac_key, body, hashlib.sha256).digest() + blob[h.header_length:]
+    got, err = collect(forged, ring)
+    assert isinstance(err, WrongKeyError) and "commitment" in str(err) and got == b""
+
+
+def test_inspect_needs_no_key_and_shows_no_secrets(ring: LocalKeyring, blob: bytes, tmp_path) -> None:
+    p = tmp_path / "c.stenc"
+    p.write_bytes(blob)
+    info = S.inspect_file(p).describe()
+    assert info["segment_size"] == SEG and info["plaintext_bytes"] == len(DATA)
+    text = repr(info)
+    h = S.read_header(io.BytesIO(blob))
+    assert h.stanzas[0].wrapped.hex() not in text and h.commitment.hex() not in text
+
+
+@pytest.mark.parametrize("chunk", [1, 7, SEG - 1, SEG, SEG + 1, 3 * SEG, 10_000])
+def test_reader_readinto_any_chunking(ring: LocalKeyring, blob: bytes, chunk: int) -> None:
+    reader = S.DecryptingReader(io.BytesIO(blob), ring)
+    out = bytearray()
+    buf = bytearray(chunk)
+    while n := reader.readinto(buf):
+        out += buf[:n]
+    assert bytes(out) == DATA and reader.finished
+
+
+def test_in_place_decrypt_wipes_caller_buffer_on_failure(ring: LocalKeyring, blob: bytes) -> None:
+    _, spans = layout(blob)
+    bad = flip(blob, spans[1][0] + 3)
+    reader = S.DecryptingReader(io.BytesIO(bad), ring)
+    buf = bytearray(b"\xaa" * (4 * SEG))
+    with pytest.raises(SegmentAuthError):
+        reader.readinto(buf)
+    assert bytes(buf[:SEG]) == DATA[:SEG]  # segment 0 verified
+    assert bytes(buf[SEG:2 * SEG]) == bytes(SEG), "unverified plaintext of segment 1 must be wiped"
+
+
+def test_key_id_with_control_characters_is_refused(ring: LocalKeyring) -> None:
+    blob = bytearray(enc(b"x", ring))
+    blob[63] = 0x1B  # first key id byte -> ESC
+    with pytest.raises(HeaderFormatError, match="key id"):
+        S.read_header(io.BytesIO(bytes(blob)))
