@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""Standalone verifier for securetrain audit-log exports.
+
+Needs only Python >= 3.11 and the ``cryptography`` package; it deliberately imports nothing from
+securetrain (and not rfc8785) so an auditor can read all of it. Usage::
+
+    python verify_audit.py EXPORT_DIR [--vkey KEY | --public-key PEM] \
+        [--trusted-checkpoint OLD.note ...] [--html report.html] [--json]
+
+Exit status: 0 verified, 1 verification failed (first bad entry named), 2 usage or I/O error.
+The format is specified in docs/audit-format.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import hashlib
+import html
+import json
+import re
+import sys
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+GENESIS = "0" * 64
+FIELDS = {"v", "seq", "ts", "actor", "hostname", "mac", "action", "resource", "outcome", "details", "prev_hash"}
+STR_FIELDS = ("ts", "actor", "hostname", "mac", "action", "resource", "outcome", "prev_hash")
+EM_DASH = "\u2014"
+
+
+class Failure(Exception):
+    def __init__(self, message: str, seq: int | None = None) -> None:
+        super().__init__(message)
+        self.seq = seq
+
+
+# ---- RFC 8785 canonical JSON, for the value types the log writes (no floats) -------------
+def _jcs_string(s: str) -> str:
+    out = ['"']
+    for ch in s:
+        o = ord(ch)
+        if ch == '"':
+            out.append('\\"')
+        elif ch == "\\":
+            out.append("\\\\")
+        elif o < 0x20:
+            out.append({8: "\\b", 9: "\\t", 10: "\\n", 12: "\\f", 13: "\\r"}.get(o, f"\\u{o:04x}"))
+        elif 0xD800 <= o <= 0xDFFF:
+            raise Failure("string contains a lone surrogate")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def jcs(value: object) -> str:
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        if abs(value) > 2**53 - 1:
+            raise Failure("integer outside the I-JSON range")
+        return str(value)
+    if isinstance(value, float):
+        raise Failure("floats are not allowed in audit entries")
+    if isinstance(value, str):
+        return _jcs_string(value)
+    if isinstance(value, list):
+        return "[" + ",".join(jcs(v) for v in value) + "]"
+    if isinstance(value, dict):
+        keys = sorted(value, key=lambda k: k.encode("utf-16-be"))  # RFC 8785: UTF-16 code units
+        return "{" + ",".join(_jcs_string(k) + ":" + jcs(value[k]) for k in keys) + "}"
+    raise Failure(f"unexpected JSON type {type(value).__name__}")
+
+
+# ---- RFC 6962 Merkle tree ---------------------------------------------------------------
+def leaf_hash(data: bytes) -> bytes:
+    return hashlib.sha256(b"\x00" + data).digest()
+
+
+def node_hash(left: bytes, right: bytes) -> bytes:
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+class Tree:
+    """Incremental root: peaks of perfect subtrees, folded right to left."""
+
+    def __init__(self) -> None:
+        self.size, self.peaks = 0, []
+
+    def append(self, leaf: bytes) -> None:
+        node, n = leaf, self.size
+        while n & 1:
+            node = node_hash(self.peaks.pop(), node)
+            n >>= 1
+        self.peaks.append(node)
+        self.size += 1
+
+    def root(self) -> bytes:
+        if not self.peaks:
+            return hashlib.sha256(b"").digest()
+        acc = self.peaks[-1]
+        for peak in reversed(self.peaks[:-1]):
+            acc = node_hash(peak, acc)
+        return acc
+
+
+# ---- signed notes / checkpoints (c2sp.org/signed-note, c2sp.org/tlog-checkpoint) ----------
+def key_id(name: str, pub: Ed25519PublicKey) -> bytes:
+    raw = pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return hashlib.sha256(name.encode() + b"\n\x01" + raw).digest()[:4]
+
+
+def open_checkpoint(note: str, pub: Ed25519PublicKey, what: str) -> tuple[str, int, bytes]:
+    if not note.endswith("\n") or "\n\n" not in note or any(ord(c) < 0x20 and c != "\n" for c in note):
+        raise Failure(f"{what}: malformed signed note")
+    split = note.rfind("\n\n")
+    text, sig_lines = note[: split + 1], note[split + 2 :].splitlines()
+    verified = False
+    for line in sig_lines:
+        parts = line.split(" ")
+        if len(parts) != 3 or parts[0] != EM_DASH:
+            raise Failure(f"{what}: malformed signature line")
+        try:
+            blob = base64.b64decode(parts[2], validate=True)
+        except binascii.Error:
+            raise Failure(f"{what}: signature is not base64") from None
+        if blob[:4] != key_id(parts[1], pub):
+            continue  # unknown key: ignored, as the spec requires
+        try:
+            pub.verify(blob[4:], text.encode())
+        except InvalidSignature:
+            raise Failure(f"{what}: signature by {parts[1]} does not verify (forged or altered)") from None
+        verified = True
+    if not verified:
+        raise Failure(f"{what}: not signed by the trusted key (re-signed log or wrong key)")
+    lines = text.split("\n")
+    if len(lines) < 4 or any(not x for x in lines[:-1]) or not re.fullmatch(r"0|[1-9][0-9]*", lines[1]):
+        raise Failure(f"{what}: checkpoint body must be origin, tree size, root hash")
+    try:
+        root = base64.b64decode(lines[2], validate=True)
+    except binascii.Error:
+        root = b""
+    if len(root) != 32:
+        raise Failure(f"{what}: checkpoint root is not a base64 SHA-256 hash")
+    return lines[0], int(lines[1]), root
+
+
+def split_notes(blob: str) -> list[str]:
+    notes, cur, in_sigs = [], [], False
+    for line in blob.splitlines(keepends=True):
+        if in_sigs and not line.startswith(EM_DASH + " "):
+            notes.append("".join(cur))
+            cur, in_sigs = [], False
+        cur.append(line)
+        if line == "\n":
+            in_sigs = True
+    if cur:
+        notes.append("".join(cur))
+    return [n for n in notes if n.strip()]
+
+
+def load_key(args: argparse.Namespace, export: Path, warnings: list[str]) -> Ed25519PublicKey:
+    if args.vkey:
+        value = Path(args.vkey).read_text().strip() if Path(args.vkey).is_file() else args.vkey.strip()
+        name, hex_id, b64 = value.split("+", 2)  # base64 may contain "+"
+        raw = base64.b64decode(b64, validate=True)
+        if len(raw) != 33 or raw[0] != 1:
+            raise Failure("verifier key is not Ed25519")
+        pub = Ed25519PublicKey.from_public_bytes(raw[1:])
+        if key_id(name, pub).hex() != hex_id:
+            raise Failure("verifier key id does not match its name and key")
+        return pub
+    path = Path(args.public_key) if args.public_key else export / "public_key.pem"
+    if not args.public_key:
+        warnings.append("using the export's own public_key.pem; pass --vkey/--public-key you obtained independently")
+    key = serialization.load_pem_public_key(path.read_bytes())
+    if not isinstance(key, Ed25519PublicKey):
+        raise Failure("public key is not Ed25519")
+    return key
+
+
+# ---- the verification run -----------------------------------------------------------------
+def verify(args: argparse.Namespace) -> dict:
+    export = Path(args.export)
+    warnings: list[str] = []
+    checks: list[str] = []
+    result = {"ok": False, "entries": 0, "root_hash": None, "error": None, "seq": None, "warnings": warnings, "checks": checks}
+    try:
+        manifest = json.loads((export / "manifest.json").read_text())
+        if manifest.get("format") != "securetrain-audit-export" or manifest.get("version") != 1:
+            raise Failure("manifest.json: unknown export format")
+        for name, want in sorted(manifest["files"].items()):
+            if "/" in name or hashlib.sha256((export / name).read_bytes()).hexdigest() != want:
+                raise Failure(f"{name}: SHA-256 does not match manifest.json")
+        checks.append("manifest file digests match")
+        pub = load_key(args, export, warnings)
+        pending = []
+        for i, note in enumerate(split_notes((export / "checkpoints.note").read_text(encoding="utf-8"))):
+            pending.append((*open_checkpoint(note, pub, f"stored checkpoint #{i}"), "stored"))
+        for path in args.trusted_checkpoint or []:
+            for note in split_notes(Path(path).read_text(encoding="utf-8")):
+                pending.append((*open_checkpoint(note, pub, f"trusted checkpoint {path}"), "trusted"))
+        checks.append(f"{len(pending)} checkpoint signatures verify (Ed25519)")
+        origins = {p[0] for p in pending}
+        if len(origins) > 1:
+            raise Failure(f"checkpoints come from different logs: {sorted(origins)}")
+        pending.sort(key=lambda p: p[1])
+        tree, prev, seq = Tree(), GENESIS, -1
+        covered = 0
+
+        def settle() -> None:
+            nonlocal covered
+            while pending and pending[0][1] == tree.size:
+                _, size, root, kind = pending.pop(0)
+                if root != tree.root():
+                    raise Failure(f"Merkle root of the first {size} entries does not match the {kind} checkpoint", size - 1 if size else None)
+                covered = max(covered, size)
+
+        settle()
+        with open(export / "entries.jsonl", "rb") as handle:
+            for seq, line in enumerate(handle):
+                raw = line[:-1] if line.endswith(b"\n") else line
+                try:
+                    obj = json.loads(raw)
+                except (ValueError, UnicodeDecodeError):
+                    raise Failure("not valid JSON", seq) from None
+                if not isinstance(obj, dict) or set(obj) != FIELDS:
+                    raise Failure(f"fields must be exactly {sorted(FIELDS)}", seq)
+                if obj["v"] != 1 or type(obj["v"]) is not int:
+                    raise Failure(f"unknown format version {obj['v']!r}", seq)
+                if type(obj["seq"]) is not int or obj["seq"] != seq:
+                    raise Failure(f"seq is {obj['seq']!r}, expected {seq} (entry deleted, inserted or reordered)", seq)
+                if any(not isinstance(obj[f], str) for f in STR_FIELDS) or not isinstance(obj["details"], dict):
+                    raise Failure("a field has the wrong type", seq)
+                try:
+                    canonical = jcs(obj).encode()
+                except Failure as exc:
+                    raise Failure(str(exc), seq) from None
+                if canonical != raw:
+                    raise Failure("bytes are not RFC 8785 canonical JSON (edited by hand?)", seq)
+                if obj["prev_hash"] != prev:
+                    raise Failure(f"prev_hash does not match the hash of entry {seq - 1} (entry {seq - 1} or {seq} was altered, or entries were removed)", seq)
+                prev = hashlib.sha256(raw).hexdigest()
+                tree.append(leaf_hash(raw))
+                settle()
+        if pending:
+            _, size, _, kind = pending[0]
+            raise Failure(f"export has {tree.size} entries but a {kind} checkpoint covers {size}: the tail was removed", tree.size)
+        checks.append(f"{tree.size} entries: canonical, densely numbered, hash chain intact")
+        checks.append(f"Merkle roots (RFC 6962) match every checkpoint; root {tree.root().hex()}")
+        if covered < tree.size:
+            warnings.append(f"{tree.size - covered} newest entries are not covered by a signed checkpoint")
+        result.update(ok=True, entries=tree.size, root_hash=tree.root().hex())
+    except Failure as exc:
+        result.update(error=str(exc), seq=exc.seq)
+    except (OSError, KeyError, ValueError) as exc:
+        result.update(error=f"cannot read export: {type(exc).__name__}: {exc}", io_error=True)
+    return result
+
+
+def write_html(result: dict, path: str) -> None:
+    status = "VERIFIED" if result["ok"] else "FAILED"
+    rows = "".join(f"<li>{html.escape(c)}</li>" for c in result["checks"])
+    warn = "".join(f"<li>{html.escape(w)}</li>" for w in result["warnings"])
+    err = "" if result["ok"] else f"<p class=bad>First problem (seq {result['seq']}): {html.escape(str(result['error']))}</p>"
+    Path(path).write_text(
+        f"<!doctype html><meta charset=utf-8><title>Audit verification: {status}</title>"
+        "<style>body{font-family:sans-serif}.bad{color:#b00}.ok{color:#070}</style>"
+        f"<h1 class={'ok' if result['ok'] else 'bad'}>Audit log {status}</h1>"
+        f"<p>Entries: {result['entries']}<br>Root: <code>{result['root_hash']}</code></p>{err}"
+        f"<h2>Checks passed</h2><ul>{rows}</ul><h2>Warnings</h2><ul>{warn}</ul>", encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Verify a securetrain audit-log export offline.")
+    parser.add_argument("export", help="directory written by 'securetrain audit export'")
+    parser.add_argument("--vkey", help="trusted verifier key (name+id+base64) or a file holding it")
+    parser.add_argument("--public-key", help="trusted Ed25519 public key (PEM)")
+    parser.add_argument("--trusted-checkpoint", action="append", help="checkpoint note you kept earlier (repeatable)")
+    parser.add_argument("--html", help="also write an HTML report here")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+    result = verify(args)
+    if args.html:
+        write_html(result, args.html)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    elif result["ok"]:
+        print(f"OK: {result['entries']} entries verified, root {result['root_hash']}")
+        for w in result["warnings"]:
+            print(f"warning: {w}")
+    else:
+        where = f"entry seq={result['seq']}: " if result["seq"] is not None else ""
+        print(f"FAILED: {where}{result['error']}", file=sys.stderr)
+    if result["ok"]:
+        return 0
+    return 2 if result.get("io_error") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""The exact bytes that are hashed for each audit entry, and the rules events must follow.
+
+An entry is hashed as the RFC 8785 (JCS) canonical JSON of :func:`entry_object` — every field
+except ``entry_hash``. ``entry_hash = SHA-256(those bytes)``; the Merkle leaf is
+``SHA-256(0x00 || those bytes)``. ``docs/audit-format.md`` is the normative description.
+
+Floats are refused at write time: JCS float formatting is the one part of RFC 8785 that is hard to
+re-implement exactly, and auditors must be able to verify with a 200-line script. Encode
+fractional values as strings or scaled integers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import rfc8785
+
+from securetrain.audit.errors import AuditEventError
+
+FORMAT_VERSION = 1
+GENESIS_HASH = "0" * 64
+
+#: Fields of the hashed object, in the order the documentation lists them (JCS sorts them anyway).
+HASHED_FIELDS = ("v", "seq", "ts", "actor", "hostname", "mac", "action", "resource", "outcome", "details", "prev_hash")
+
+MAX_DETAILS_BYTES = 16 * 1024
+MAX_DEPTH = 8
+MAX_SAFE_INT = 2**53 - 1  # I-JSON (RFC 7493) range; RFC 8785 requires it
+MAX_TEXT = 1024
+
+_ACTION_RE = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)*$")
+_OUTCOME_RE = re.compile(r"^[a-z_]{1,32}$")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# Key names that almost always hold a secret; "<word>_id", "<word>_sha256" etc. are fine.
+_SECRET_WORDS = frozenset(
+    {"password", "passwd", "passphrase", "pwd", "secret", "token", "apikey", "credential", "credentials",
+     "privatekey", "cookie", "authorization", "otp", "pin", "ssn"}
+)
+_SAFE_SUFFIXES = frozenset(
+    {"id", "ids", "sha256", "digest", "hash", "fingerprint", "count", "len", "length", "version", "type",
+     "name", "alg", "algorithm", "kind", "source", "provider", "ref", "expiry", "expires", "rotated"}
+)
+
+
+def utc_timestamp(now: datetime | None = None) -> str:
+    """RFC 3339 UTC with microseconds and ``Z``: ``2024-05-01T12:00:00.123456Z``."""
+    now = now or datetime.now(UTC)
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def mac_address() -> str:
+    """This host's MAC as ``aa:bb:cc:dd:ee:ff`` (``uuid.getnode()``; may be random if none is found)."""
+    node = uuid.getnode()
+    return ":".join(f"{(node >> shift) & 0xFF:02x}" for shift in range(40, -1, -8))
+
+
+def _is_secret_key(key: str) -> bool:
+    snake = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", key)  # sessionToken -> session_Token
+    tokens = [t for t in re.split(r"[^a-z0-9]+", snake.lower()) if t]
+    if not tokens:
+        return False
+    if tokens[-1] in _SAFE_SUFFIXES:
+        return False
+    joined = "".join(tokens)
+    return tokens[-1] == "key" or any(t in _SECRET_WORDS for t in tokens) or joined in _SECRET_WORDS
+
+
+def _check_value(value: Any, path: str, depth: int) -> Any:
+    if depth > MAX_DEPTH:
+        raise AuditEventError(f"audit details nested deeper than {MAX_DEPTH} at {path}")
+    if value is None or isinstance(value, bool | str):
+        if isinstance(value, str) and "PRIVATE KEY" in value and "-----BEGIN" in value:
+            raise AuditEventError(f"audit details {path} looks like a private key", hint="record a key id, never key material")
+        return value
+    if isinstance(value, int):
+        if abs(value) > MAX_SAFE_INT:
+            raise AuditEventError(f"audit details {path}: integer outside ±2^53-1", hint="record it as a string")
+        return int(value)  # IntEnum etc. become plain ints
+    if isinstance(value, float):
+        raise AuditEventError(
+            f"audit details {path}: floats are not allowed in audit entries",
+            hint="record a string (e.g. '0.93') or a scaled integer (e.g. basis points)",
+        )
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise AuditEventError(f"audit details {path}: keys must be strings, got {type(key).__name__}")
+            if _is_secret_key(key):
+                raise AuditEventError(
+                    f"audit details key {path}.{key} looks like a secret",
+                    hint="audit entries hold ids and digests only; record e.g. 'key_id' or 'token_sha256'",
+                )
+            out[key] = _check_value(item, f"{path}.{key}", depth + 1)
+        return out
+    if isinstance(value, list | tuple):
+        return [_check_value(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value)]
+    raise AuditEventError(f"audit details {path}: {type(value).__name__} is not JSON", hint="use str/int/bool/None/list/dict")
+
+
+def validate_details(details: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Return a plain-JSON copy of ``details`` or raise :class:`AuditEventError`."""
+    if details is None:
+        return {}
+    if not isinstance(details, Mapping):
+        raise AuditEventError(f"audit details must be a mapping, got {type(details).__name__}")
+    clean = _check_value(details, "details", 0)
+    size = len(rfc8785.dumps(clean))
+    if size > MAX_DETAILS_BYTES:
+        raise AuditEventError(f"audit details are {size} bytes, limit is {MAX_DETAILS_BYTES}", hint="record digests, not data")
+    return clean
+
+
+def _check_text(name: str, value: Any, *, limit: int = MAX_TEXT) -> str:
+    if not isinstance(value, str) or not value:
+        raise AuditEventError(f"audit {name} must be a non-empty string")
+    if len(value) > limit or _CONTROL_RE.search(value):
+        raise AuditEventError(f"audit {name} is longer than {limit} characters or contains control characters")
+    return value
+
+
+def validate_event(action: str, resource: str, outcome: str) -> tuple[str, str, str]:
+    if not isinstance(action, str) or not _ACTION_RE.match(action) or len(action) > 128:
+        raise AuditEventError(f"audit action {action!r} must be dotted lowercase, e.g. 'checkpoint.write'")
+    _check_text("resource", resource)
+    if not isinstance(outcome, str) or not _OUTCOME_RE.match(outcome):
+        raise AuditEventError(f"audit outcome {outcome!r} must be lowercase letters/underscores, e.g. 'success'")
+    return action, resource, outcome
+
+
+def entry_object(
+    *, seq: int, ts: str, actor: str, hostname: str, mac: str, action: str, resource: str, outcome: str,
+    details: Mapping[str, Any], prev_hash: str,
+) -> dict[str, Any]:
+    """The object whose canonical JSON is hashed (all fields but ``entry_hash``)."""
+    return {
+        "v": FORMAT_VERSION, "seq": seq, "ts": ts, "actor": actor, "hostname": hostname, "mac": mac,
+        "action": action, "resource": resource, "outcome": outcome, "details": dict(details), "prev_hash": prev_hash,
+    }
+
+
+def canonical_bytes(obj: Mapping[str, Any]) -> bytes:
+    """RFC 8785 canonical JSON (UTF-8)."""
+    return rfc8785.dumps(obj)
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

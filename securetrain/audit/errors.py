@@ -1,0 +1,39 @@
+"""Typed errors of the audit log.
+
+Verification failures derive from :class:`~securetrain.errors.IntegrityError` so callers that treat
+"tampering detected" generically keep working; they name the first bad entry (``seq``) and what is
+wrong with it.
+"""
+
+from __future__ import annotations
+
+from securetrain.errors import ConfigError, IntegrityError, SecureTrainError
+
+
+class AuditError(SecureTrainError):
+    """The audit log refused an operation (bad event, unusable database, missing key)."""
+
+
+class AuditEventError(AuditError, ValueError):
+    """An event cannot be recorded: non-JSON or float values, secret-shaped keys, too large."""
+
+
+class AuditConfigError(ConfigError):
+    """The audit log is misconfigured (bad URL, unreadable or unsafe key file)."""
+
+
+class AnchorError(AuditError):
+    """A checkpoint could not be published to an external anchor."""
+
+
+class AuditIntegrityError(IntegrityError):
+    """Verification failed: the log was altered, truncated, reordered or re-signed.
+
+    ``seq`` is the first bad entry (``None`` when the problem is not tied to one entry, e.g. a bad
+    checkpoint signature) and ``problem`` a short machine-friendly description.
+    """
+
+    def __init__(self, message: str, *, seq: int | None = None, problem: str = "", hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.seq = seq
+        self.problem = problem

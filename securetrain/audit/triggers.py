@@ -1,0 +1,86 @@
+"""Database-side append-only enforcement (defence in depth under the hash chain).
+
+SQLite: BEFORE UPDATE/DELETE triggers abort; a BEFORE INSERT trigger aborts unless the new row is
+exactly ``max(seq)+1`` and links to the last entry's hash, which also defeats ``INSERT OR REPLACE``
+(BEFORE INSERT triggers run before conflict resolution). ``recursive_triggers`` is enabled on every
+connection so REPLACE-deletions would fire the delete trigger too.
+
+PostgreSQL: row triggers on UPDATE/DELETE, a statement trigger on TRUNCATE, the same insert guard,
+and (see :func:`securetrain.audit.postgres.provision_postgres`) grants leaving writers INSERT+SELECT.
+"""
+
+from __future__ import annotations
+
+from securetrain.audit.canonical import GENESIS_HASH
+
+
+def sqlite_ddl() -> list[str]:
+    stmts = []
+    for table in ("audit_entries", "audit_checkpoints"):
+        for op in ("UPDATE", "DELETE"):
+            stmts.append(
+                f"CREATE TRIGGER IF NOT EXISTS {table}_no_{op.lower()} BEFORE {op} ON {table} "
+                f"BEGIN SELECT RAISE(ABORT, '{table} is append-only: {op} refused'); END"
+            )
+    stmts.append(
+        "CREATE TRIGGER IF NOT EXISTS audit_entries_insert_guard BEFORE INSERT ON audit_entries "
+        "WHEN NEW.seq IS NOT (SELECT COALESCE(MAX(seq), -1) + 1 FROM audit_entries) "
+        f"OR NEW.prev_hash IS NOT COALESCE((SELECT entry_hash FROM audit_entries ORDER BY seq DESC LIMIT 1), '{GENESIS_HASH}') "
+        "BEGIN SELECT RAISE(ABORT, 'audit_entries is append-only: seq must be max+1 and prev_hash must link'); END"
+    )
+    stmts.append(
+        "CREATE TRIGGER IF NOT EXISTS audit_checkpoints_insert_guard BEFORE INSERT ON audit_checkpoints "
+        "WHEN NEW.tree_size <= (SELECT COALESCE(MAX(tree_size), -1) FROM audit_checkpoints) "
+        "BEGIN SELECT RAISE(ABORT, 'audit_checkpoints is append-only: tree_size must grow'); END"
+    )
+    return stmts
+
+
+SQLITE_TRIGGER_NAMES = [
+    "audit_entries_no_update", "audit_entries_no_delete", "audit_checkpoints_no_update",
+    "audit_checkpoints_no_delete", "audit_entries_insert_guard", "audit_checkpoints_insert_guard",
+]
+
+
+def postgres_ddl(schema: str) -> list[str]:
+    s = f'"{schema}"'
+    stmts = [
+        f"""CREATE OR REPLACE FUNCTION {s}.audit_reject_change() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  RAISE EXCEPTION 'audit log is append-only: % on % refused', TG_OP, TG_TABLE_NAME
+    USING ERRCODE = 'insufficient_privilege';
+END $$""",
+        f"""CREATE OR REPLACE FUNCTION {s}.audit_entries_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE head_seq bigint; head_hash text;
+BEGIN
+  SELECT seq, entry_hash INTO head_seq, head_hash FROM {s}.audit_entries ORDER BY seq DESC LIMIT 1;
+  IF NOT FOUND THEN head_seq := -1; head_hash := '{GENESIS_HASH}'; END IF;
+  IF NEW.seq <> head_seq + 1 OR NEW.prev_hash <> head_hash THEN
+    RAISE EXCEPTION 'audit_entries is append-only: seq must be max+1 and prev_hash must link'
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  RETURN NEW;
+END $$""",
+        f"""CREATE OR REPLACE FUNCTION {s}.audit_checkpoints_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.tree_size <= COALESCE((SELECT MAX(tree_size) FROM {s}.audit_checkpoints), -1) THEN
+    RAISE EXCEPTION 'audit_checkpoints is append-only: tree_size must grow'
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  RETURN NEW;
+END $$""",
+    ]
+    for table in ("audit_entries", "audit_checkpoints"):
+        stmts.append(
+            f"CREATE OR REPLACE TRIGGER {table}_no_change BEFORE UPDATE OR DELETE ON {s}.{table} "
+            f"FOR EACH ROW EXECUTE FUNCTION {s}.audit_reject_change()"
+        )
+        stmts.append(
+            f"CREATE OR REPLACE TRIGGER {table}_no_truncate BEFORE TRUNCATE ON {s}.{table} "
+            f"FOR EACH STATEMENT EXECUTE FUNCTION {s}.audit_reject_change()"
+        )
+        stmts.append(
+            f"CREATE OR REPLACE TRIGGER {table}_insert_guard BEFORE INSERT ON {s}.{table} "
+            f"FOR EACH ROW EXECUTE FUNCTION {s}.{table}_guard()"
+        )
+    return stmts
