@@ -4,9 +4,10 @@ An entry is hashed as the RFC 8785 (JCS) canonical JSON of :func:`entry_object` 
 except ``entry_hash``. ``entry_hash = SHA-256(those bytes)``; the Merkle leaf is
 ``SHA-256(0x00 || those bytes)``. ``docs/audit-format.md`` is the normative description.
 
-Floats are refused at write time: JCS float formatting is the one part of RFC 8785 that is hard to
-re-implement exactly, and auditors must be able to verify with a 200-line script. Encode
-fractional values as strings or scaled integers.
+No JSON number with a fraction is ever hashed: JCS float formatting is the one part of RFC 8785
+that is hard to re-implement exactly, and auditors must be able to verify with a 200-line script.
+A finite Python float in ``details`` is therefore stored as the string ``repr(value)`` (the
+shortest decimal that round-trips, e.g. ``0.25`` -> ``"0.25"``); NaN and infinities are refused.
 """
 
 from __future__ import annotations
@@ -82,10 +83,11 @@ def _check_value(value: Any, path: str, depth: int) -> Any:
             raise AuditEventError(f"audit details {path}: integer outside ±2^53-1", hint="record it as a string")
         return int(value)  # IntEnum etc. become plain ints
     if isinstance(value, float):
-        raise AuditEventError(
-            f"audit details {path}: floats are not allowed in audit entries",
-            hint="record a string (e.g. '0.93') or a scaled integer (e.g. basis points)",
-        )
+        # Stored as its shortest round-trip decimal string (Python repr), so the hashed JSON never
+        # holds a JSON number with a fraction; non-finite values have no honest JSON form.
+        if value != value or value in (float("inf"), float("-inf")):
+            raise AuditEventError(f"audit details {path}: non-finite float {value!r}", hint="record a string such as 'nan'")
+        return repr(value)
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
         for key, item in value.items():

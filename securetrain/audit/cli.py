@@ -19,7 +19,7 @@ _DB = typer.Option(None, "--db", help="Database URL or SQLite path (default: $SE
 def _open(db: Optional[str]):  # noqa: ANN202
     from securetrain.audit.log import AuditLog
 
-    return AuditLog(db)
+    return AuditLog(db, create=False)  # reading commands never create an (empty, "valid") log
 
 
 def _read_key(public_key: Optional[Path]):  # noqa: ANN202

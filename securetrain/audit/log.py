@@ -58,9 +58,7 @@ def _normalise_url(url_or_path: str | os.PathLike[str] | None) -> str:
     raw = str(url_or_path) if url_or_path is not None else default_url()
     if "://" in raw:
         return raw
-    path = Path(raw).expanduser().resolve()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{path}"
+    return f"sqlite:///{Path(raw).expanduser().resolve()}"
 
 
 @dataclass(frozen=True)
@@ -132,6 +130,13 @@ class AuditLog:
         self.backend = self.url.split(":", 1)[0].split("+", 1)[0]
         if self.backend == "sqlite":
             self.schema = None
+            db_file = Path(self.url.split(":///", 1)[1]) if ":///" in self.url else None
+            if db_file is not None and str(db_file) != ":memory:":
+                if create:
+                    db_file.parent.mkdir(parents=True, exist_ok=True)
+                elif not db_file.is_file():
+                    # Opening would silently create an empty log that then "verifies": fail closed.
+                    raise AuditConfigError(f"no audit database at {db_file}", hint="check --db / SECURETRAIN_AUDIT_URL")
             self._write_engine = self._sqlite_engine(immediate=True, timeout=busy_timeout_s)
             self._read_engine = self._sqlite_engine(immediate=False, timeout=busy_timeout_s)
         elif self.backend in ("postgresql", "postgres"):
@@ -147,6 +152,8 @@ class AuditLog:
             raise AuditConfigError(f"unsupported audit database URL scheme {self.backend!r}", hint="use a path, sqlite:/// or postgresql+psycopg://")
         if create:
             self._ensure_schema()
+        else:
+            self._require_schema()
 
     # -- engines and schema ---------------------------------------------------------------
     def _sqlite_engine(self, *, immediate: bool, timeout: float) -> Engine:
@@ -171,6 +178,15 @@ class AuditLog:
     def _take_lock(self, conn: Connection) -> None:
         if self.backend != "sqlite":
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": self._lock_key})
+
+    def _require_schema(self) -> None:
+        try:
+            with self._read_engine.connect() as conn:
+                present = inspect(conn).has_table(E.name, schema=self.schema)
+        except OperationalError as exc:
+            raise AuditError(f"cannot open audit database ({self.backend}): {exc.orig}", hint="check the URL and that the server is up") from None
+        if not present:
+            raise AuditConfigError("the database holds no securetrain audit log", hint="check --db / SECURETRAIN_AUDIT_URL")
 
     def _ensure_schema(self) -> None:
         try:

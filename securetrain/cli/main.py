@@ -56,21 +56,13 @@ for _module in CAPABILITY_CLIS:
 
 
 def main() -> None:
-    """Console entry point: typed errors become one red line and exit code 2, not a traceback."""
-    try:
-        app(standalone_mode=False)
-    except SecureTrainError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
-        sys.exit(2)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        err_console.print("aborted")
-        sys.exit(130)
-    except Exception as exc:  # click usage errors arrive here with standalone_mode=False
-        import click
+    """Console entry point: typed errors become one red line and exit code 2, not a traceback.
 
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
+    Click/typer handle their own usage errors in standalone mode (one line, exit 2); everything
+    securetrain raises on purpose is a :class:`SecureTrainError`.
+    """
+    try:
+        app()
+    except SecureTrainError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+        sys.exit(2)

@@ -68,13 +68,21 @@ def test_entries_have_required_fields_and_chain(log: AuditLog) -> None:
 
 @pytest.mark.parametrize(
     "details",
-    [{"password": "hunter2"}, {"api_key": "x"}, {"nested": {"sessionToken": "x"}}, {"score": 0.5},
+    [{"password": "hunter2"}, {"api_key": "x"}, {"nested": {"sessionToken": "x"}}, {"score": float("nan")},
+     {"score": float("inf")},
      {"k": object()}, {"big": 2**60}, {1: "x"}, {"pem": "-----BEGIN PRIVATE KEY-----\nMII"}, {"blob": "x" * 20000}],
 )
 def test_refuses_secret_shaped_or_non_json_details(log: AuditLog, details: dict) -> None:
     with pytest.raises(AuditEventError):
         log.record("key.use", "k", details=details)
     assert log.size() == 10  # nothing was written
+
+
+def test_floats_are_stored_as_round_trip_strings(log: AuditLog) -> None:
+    e = log.record("training.stop", "run", details={"final_loss": 0.1 + 0.2, "nested": [1e-07, 2.5]})
+    assert e.details == {"final_loss": "0.30000000000000004", "nested": ["1e-07", "2.5"]}
+    assert float(e.details["final_loss"]) == 0.1 + 0.2
+    assert log.verify().ok
 
 
 def test_allows_ids_and_digests(log: AuditLog) -> None:
@@ -388,3 +396,12 @@ def test_cli_verify_show_prove(log: AuditLog, tmp_path: Path) -> None:
     raw_db(log).execute("UPDATE audit_entries SET outcome='failure' WHERE seq=2")
     r = runner.invoke(app, ["audit", "verify", "--db", db])
     assert r.exit_code == 1 and "seq=2" in r.output
+
+
+def test_opening_a_missing_log_for_reading_fails_closed(tmp_path: Path) -> None:
+    from securetrain.audit.errors import AuditConfigError
+
+    missing = tmp_path / "nowhere" / "audit.db"
+    with pytest.raises(AuditConfigError, match="no audit database"):
+        AuditLog(missing, create=False)
+    assert not missing.parent.exists()  # nothing was created that could later "verify"
