@@ -1,7 +1,124 @@
-"""Placeholder: this capability registers no commands yet."""
+"""``securetrain run CONFIG`` and ``securetrain demo``: the whole pipeline."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
 
 import typer
 
+DEMO_CONFIG = "examples/demo.yaml"
+
+
+def _load_flow():
+    """Import ``flows/secure_training.py`` from the project tree (flows are not package modules)."""
+    from securetrain.pipeline.locate import find_project_file
+
+    flows_dir = find_project_file("flows/secure_training.py").parent
+    root = str(flows_dir.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from flows.secure_training import secure_training
+
+    return secure_training
+
+
+def _print_result(result) -> None:  # noqa: ANN001 - PipelineResult
+    from rich.table import Table
+
+    from securetrain.cli.console import console
+
+    table = Table(title=f"securetrain run: {result.run_dir}", show_header=True, header_style="bold")
+    table.add_column("stage")
+    table.add_column("result")
+    table.add_column("where", overflow="fold")
+    d, t = result.deid, result.training
+    table.add_row("de-identification", f"{d.files_out}/{d.files_in} files, {d.tags_changed} tags changed, "
+                  f"{d.rejected} rejected, {d.quarantined} quarantined", str(d.output_dir))
+    last = t.checkpoints[-1] if t.checkpoints else None
+    table.add_row("training", f"{t.steps} steps on {t.device}, final loss {t.final_loss:.3g}",
+                  str(last.path.parent) if last else "-")
+    if last:
+        table.add_row("encrypted checkpoint", f"step {last.step}, key id {last.key_id}", str(last.path))
+    if result.he:
+        h = result.he
+        table.add_row("HE evaluation (CKKS)", f"{h.samples} samples, max abs err {h.max_abs_error:.1e}, "
+                      f"AUC {h.encrypted_auc} (plaintext {h.plaintext_auc})", f"N={h.poly_modulus_degree}")
+    if result.audit:
+        a = result.audit
+        verdict = "[green]verified[/]" if a.verified else "[red]FAILED[/]"
+        table.add_row("audit log", f"{a.entries} entries, standalone verifier: {verdict}", a.url)
+        table.add_row("audit export", f"root {a.root_hash[:16]}…", str(a.export_dir))
+    table.add_row("training curve", "PNG", str(result.curve_png))
+    table.add_row("run report", "HTML", str(result.report_html))
+    console.print(table)
+
+
+def _run(config_path: Path | None, *, use_prefect: bool, overrides: dict | None = None) -> None:
+    from securetrain.pipeline.config import load_pipeline_config
+    from securetrain.pipeline.results import PipelineResult
+    from securetrain.pipeline.runner import run_pipeline
+    from securetrain.pipeline.stages import PREEMPTED_EXIT_CODE, PipelinePreempted
+
+    config = load_pipeline_config(config_path, data=overrides)  # validate before starting Prefect
+    try:
+        if use_prefect:
+            os.environ.setdefault("DO_NOT_TRACK", "1")
+            os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+            # The local ephemeral server needs 15-25 s on a busy 2-core machine; Prefect waits 20.
+            os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+            flow = _load_flow()
+            result = PipelineResult.model_validate(
+                flow(config_path=str(config_path) if config_path else None, overrides=overrides)
+            )
+        else:
+            result = run_pipeline(config, show_progress=True)
+    except PipelinePreempted as exc:
+        from securetrain.cli.console import err_console
+
+        err_console.print(f"[yellow]{exc}[/]")
+        raise typer.Exit(PREEMPTED_EXIT_CODE) from None
+    _print_result(result)
+    if result.audit and not result.audit.verified:
+        raise typer.Exit(1)
+
+
+def run(
+    config: Path = typer.Argument(..., exists=True, dir_okay=False, help="Pipeline config (YAML/TOML)."),
+    no_prefect: bool = typer.Option(False, "--no-prefect", help="Run as a plain library call, without Prefect."),
+) -> None:
+    """Run the secure training pipeline (through Prefect by default)."""
+    _run(config, use_prefect=not no_prefect)
+
+
+def demo(
+    no_prefect: bool = typer.Option(False, "--no-prefect", help="Run as a plain library call, without Prefect."),
+    fresh: bool = typer.Option(True, "--fresh/--resume", help="Start from an empty runs/demo (default)."),
+) -> None:
+    """End-to-end demo on embedded defaults: synthetic DICOM, CPU, SQLite, local Prefect."""
+    import shutil
+
+    from securetrain.pipeline.locate import find_project_file
+
+    config_path = find_project_file(DEMO_CONFIG, required=False)
+    overrides = None if config_path else _embedded_demo_defaults()
+    if fresh:
+        from securetrain.pipeline.config import load_pipeline_config
+
+        run_dir = load_pipeline_config(config_path, data=overrides).run_dir
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+    _run(config_path, use_prefect=not no_prefect, overrides=overrides)
+
+
+def _embedded_demo_defaults() -> dict:
+    """The demo config when examples/demo.yaml is not around (e.g. an installed wheel)."""
+    return {"name": "demo", "secrets": {"create_demo_secrets": True},
+            "training": {"epochs": 6, "batch_size": 16, "lr": 0.01, "checkpoint_every": 10}}
+
 
 def register(app: typer.Typer) -> None:
-    return None
+    app.command("run")(run)
+    app.command("demo")(demo)

@@ -1,0 +1,1 @@
+"""Prefect flows: thin wrappers over :mod:`securetrain.pipeline`."""

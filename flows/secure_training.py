@@ -1,0 +1,140 @@
+"""The ``secure_training`` Prefect flow: the pipeline's stages as tasks.
+
+All logic lives in :mod:`securetrain.pipeline.stages`; this module only adds orchestration:
+retries where a retry is safe, the encrypted result serializer for tensors, JSON (never pickle)
+for everything else, redacted logs and run artifacts. Parameters are a config *path* and
+non-secret overrides; tasks resolve secrets themselves, so no key material enters Prefect.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from securetrain.pipeline import stages
+from securetrain.pipeline.config import PipelineConfig, load_pipeline_config
+from securetrain.pipeline.report import markdown_summary
+from securetrain.pipeline.results import AuditSummary, DeidSummary, HESummary, PipelineResult, TrainingSummary
+from securetrain.pipeline.runner import config_digest, finish_report, open_run_audit
+from securetrain.pipeline.secrets import export_passphrase_for_children, keys_dir, load_run_secrets
+from securetrain.redaction import install_redaction
+
+
+def _tensor_serializer(config: PipelineConfig):
+    from securetrain.crypto.prefect_serializer import EncryptedTensorSerializer
+    from securetrain.pipeline.secrets import KEYRING_FILE
+
+    return EncryptedTensorSerializer(keyring_path=str(keys_dir(config) / KEYRING_FILE))
+
+
+def _not_preempted(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry transient failures, but not a preemption: that process is being shut down."""
+    try:
+        state.result()
+    except stages.PipelinePreempted:
+        return False
+    except Exception:
+        return True
+    return False
+
+
+@task(name="ingest", retries=2, retry_delay_seconds=2, result_serializer="json")
+def ingest_task(config: PipelineConfig) -> str:
+    return str(stages.ingest(config))
+
+
+# De-identification writes atomically and is deterministic for a key, so it is safe to retry.
+@task(name="de-identify", retries=2, retry_delay_seconds=2, result_serializer="json")
+def deidentify_task(config: PipelineConfig, raw_manifest: str) -> DeidSummary:
+    with open_run_audit(config) as audit:
+        return stages.deidentify(config, Path(raw_manifest), load_run_secrets(config), audit)
+
+
+# Training resumes from its latest encrypted checkpoint, so a retry continues rather than restarts.
+@task(name="train", retries=1, retry_condition_fn=_not_preempted, cache_policy=NO_CACHE, result_serializer="json")
+def train_task(config: PipelineConfig, deid: DeidSummary) -> TrainingSummary:
+    logger = get_run_logger()
+    with open_run_audit(config) as audit:
+        summary = stages.train(config, deid, load_run_secrets(config), audit)
+    logger.info("trained %d steps on %s, final loss %.3g", summary.steps, summary.device, summary.final_loss)
+    return summary
+
+
+@task(name="extract-features", retries=1, cache_policy=NO_CACHE, persist_result=True)
+def extract_features_task(config: PipelineConfig) -> dict[str, Any]:
+    with open_run_audit(config) as audit:
+        return stages.extract_features(config, load_run_secrets(config), audit)
+
+
+@task(name="he-evaluate", retries=1, cache_policy=NO_CACHE, result_serializer="json")
+def he_evaluate_task(config: PipelineConfig, features: dict[str, Any]) -> HESummary:
+    with open_run_audit(config) as audit:
+        return stages.he_evaluate(config, features, audit)
+
+
+# Sealing appends a checkpoint: not retried, so a failure is visible rather than papered over.
+@task(name="seal-audit", cache_policy=NO_CACHE, result_serializer="json")
+def seal_audit_task(config: PipelineConfig, steps: int) -> AuditSummary:
+    with open_run_audit(config) as audit:
+        audit.record("pipeline.stop", f"run:{config.name}", details={"steps": steps})
+        return stages.seal_audit(config, audit)
+
+
+def publish_artifacts(result: PipelineResult) -> None:
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    create_markdown_artifact(markdown_summary(result), key="securetrain-run", description="securetrain run summary")
+    d = result.deid
+    create_table_artifact(
+        [{"files_in": d.files_in, "files_out": d.files_out, "tags_changed": d.tags_changed,
+          "rejected": d.rejected, "quarantined": d.quarantined, "policy": f"{d.policy} v{d.policy_version}"}],
+        key="securetrain-deid", description="de-identification counts",
+    )
+    create_table_artifact(
+        [{"step": step, "loss": round(loss, 6)} for step, loss in result.training.curve],
+        key="securetrain-training-curve", description="training loss per logged step",
+    )
+    create_table_artifact(
+        [{"step": c.step, "file": c.path.name, "key_id": c.key_id, "sha256": c.sha256} for c in result.training.checkpoints],
+        key="securetrain-checkpoints", description="encrypted checkpoints",
+    )
+    if result.audit:
+        a = result.audit
+        create_table_artifact(
+            [{"entries": a.entries, "root_hash": a.root_hash, "verified": a.verified, "checkpoint": str(a.checkpoint_note)}],
+            key="securetrain-audit-head", description="audit log head after sealing",
+        )
+
+
+@flow(name="secure_training", result_serializer="json", log_prints=False)
+def secure_training(config_path: str | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """ingest → de-identify → train → (HE evaluation) → seal audit log → report."""
+    install_redaction()
+    logger = get_run_logger()
+    config = load_pipeline_config(config_path, data=overrides)
+    export_passphrase_for_children(config)
+    load_run_secrets(config)  # fail fast (and create demo secrets) before any work
+    with open_run_audit(config) as audit:
+        audit.record("pipeline.start", f"run:{config.name}", details={"config_sha256": config_digest(config)})
+    raw = ingest_task(config)
+    deid = deidentify_task(config, raw)
+    logger.info("de-identified %d/%d files (%d rejected)", deid.files_out, deid.files_in, deid.rejected)
+    training = train_task(config, deid)
+    he = None
+    if config.he.enabled:
+        features = extract_features_task.with_options(result_serializer=_tensor_serializer(config))(config)
+        he = he_evaluate_task(config, features)
+    sealed = seal_audit_task(config, training.steps)
+    result = finish_report(PipelineResult(run_dir=config.run_dir, deid=deid, training=training, he=he, audit=sealed))
+    publish_artifacts(result)
+    logger.info("report: %s", result.report_html)
+    return result.model_dump(mode="json")
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(secure_training(sys.argv[1] if len(sys.argv) > 1 else None))

@@ -1,0 +1,105 @@
+"""The secrets a run needs, and where they come from.
+
+Production: the keyring passphrase arrives in ``SECURETRAIN_KEYRING_PASSPHRASE`` (or the KEK in
+``SECURETRAIN_KEK``, or Vault), the de-identification secret in ``SECURETRAIN_DEID_KEY``; nothing
+secret is ever written by the pipeline. Demo (``secrets.create_demo_secrets: true``): missing secrets
+are generated into ``<run_dir>/keys/`` with mode 0600 so the demo runs on a fresh machine — that
+folder must then be protected like any key store.
+
+Secrets never leave this object as text: ``repr`` shows only ids.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from securetrain.crypto.keys import ENV_KEYRING, ENV_PASSPHRASE, KeyProvider, LocalKeyring, provider_from_env
+from securetrain.io.atomic import atomic_write_bytes
+from securetrain.masking.dicom.errors import DeidKeyError
+from securetrain.masking.dicom.keys import ENV_KEY as ENV_DEID_KEY
+from securetrain.masking.dicom.keys import DeidKeys, parse_key_text
+from securetrain.pipeline.config import PipelineConfig
+
+KEYRING_FILE = "keyring.json"
+PASSPHRASE_FILE = "keyring.passphrase"
+DEID_KEY_FILE = "deid.key"
+
+
+@dataclass
+class RunSecrets:
+    keyring: KeyProvider
+    keyring_path: Path | None
+    deid_keys: DeidKeys
+    deid_secret: bytes = field(repr=False)
+
+    def __repr__(self) -> str:
+        kid = self.keyring.current_key_id()
+        return f"RunSecrets(kek={kid!r}, deid_key_id={self.deid_keys.key_id!r})"
+
+
+def keys_dir(config: PipelineConfig) -> Path:
+    return config.secrets.dir or (config.run_dir / "keys")
+
+
+def _read_private(path: Path) -> bytes:
+    if path.stat().st_mode & 0o077:
+        from securetrain.crypto.errors import KeyringError
+
+        raise KeyringError(f"{path} is readable by group/others", hint=f"chmod 600 {path}")
+    return path.read_bytes()
+
+
+def load_run_secrets(config: PipelineConfig) -> RunSecrets:
+    """Resolve (or, in demo mode, create) the run's KEK keyring and de-identification secret."""
+    folder = keys_dir(config)
+    demo = config.secrets.create_demo_secrets
+    if demo:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    # Key-encryption keys: env / Vault via provider_from_env, or the run's keyring file.
+    keyring_path: Path | None = None
+    passphrase_file = folder / PASSPHRASE_FILE
+    if demo and not os.environ.get(ENV_PASSPHRASE):
+        if not passphrase_file.exists():
+            atomic_write_bytes(passphrase_file, secrets.token_urlsafe(32).encode())
+        passphrase = _read_private(passphrase_file).decode().strip()
+    else:
+        passphrase = os.environ.get(ENV_PASSPHRASE)
+    if os.environ.get(ENV_KEYRING) or not demo and os.environ.get("SECURETRAIN_KEK"):
+        keyring: KeyProvider = provider_from_env()
+        keyring_path = Path(os.environ[ENV_KEYRING]) if os.environ.get(ENV_KEYRING) else None
+    else:
+        keyring_path = folder / KEYRING_FILE
+        if demo and not keyring_path.exists():
+            LocalKeyring.create().save(keyring_path, passphrase=passphrase)
+        keyring = LocalKeyring.load(keyring_path, passphrase=passphrase)
+
+    # De-identification secret (HMAC keys for UIDs, dates, pseudonyms derive from it).
+    deid_file = folder / DEID_KEY_FILE
+    if os.environ.get(ENV_DEID_KEY):
+        deid_secret = parse_key_text(os.environ[ENV_DEID_KEY].encode(), what=ENV_DEID_KEY, hex_only=True)
+    elif demo:
+        if not deid_file.exists():
+            atomic_write_bytes(deid_file, secrets.token_hex(32).encode())
+        deid_secret = parse_key_text(_read_private(deid_file), what=str(deid_file))
+    else:
+        raise DeidKeyError(
+            f"no de-identification secret: set {ENV_DEID_KEY} (64 hex chars)",
+            hint="or set secrets.create_demo_secrets: true for a throw-away demo",
+        )
+    return RunSecrets(keyring, keyring_path, DeidKeys.from_secret(deid_secret), deid_secret)
+
+
+def export_passphrase_for_children(config: PipelineConfig) -> None:
+    """Demo only: make the generated keyring passphrase visible to Prefect task processes.
+
+    The encrypted Prefect result serializer opens the keyring from the environment, never from its
+    own (persisted) fields; in production the operator sets ``SECURETRAIN_KEYRING_PASSPHRASE``.
+    """
+    if config.secrets.create_demo_secrets and not os.environ.get(ENV_PASSPHRASE):
+        passphrase_file = keys_dir(config) / PASSPHRASE_FILE
+        if passphrase_file.exists():
+            os.environ[ENV_PASSPHRASE] = _read_private(passphrase_file).decode().strip()
