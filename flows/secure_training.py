@@ -63,7 +63,9 @@ def train_task(config: PipelineConfig, deid: DeidSummary) -> TrainingSummary:
     return summary
 
 
-@task(name="extract-features", retries=1, cache_policy=NO_CACHE, persist_result=True)
+# Persisted on purpose, under a per-flow-run storage key (a retry of he-evaluate reuses it; a new
+# run recomputes): tensor results at rest are AEAD-encrypted, never pickled.
+@task(name="extract-features", retries=1, persist_result=True, result_storage_key="securetrain-features-{flow_run.id}")
 def extract_features_task(config: PipelineConfig) -> dict[str, Any]:
     with open_run_audit(config) as audit:
         return stages.extract_features(config, load_run_secrets(config), audit)

@@ -13,6 +13,8 @@ secret: only an optional keyring *path* and key id.
 from __future__ import annotations
 
 import functools
+import base64
+import binascii
 import json
 from typing import Any, Literal
 
@@ -98,11 +100,17 @@ class EncryptedTensorSerializer(Serializer):  # type: ignore[type-arg]
         tensors: dict[str, torch.Tensor] = {}
         tree = _encode(obj, tensors)
         payload = encode_tensors(tensors, {_TREE: json.dumps(tree, separators=(",", ":"))})
-        return encrypt_bytes(payload, _provider(self.keyring_path), associated_data=AAD,
-                             key_id=self.key_id)
+        sealed = encrypt_bytes(payload, _provider(self.keyring_path), associated_data=AAD, key_id=self.key_id)
+        # Prefect stores serialized results inside a JSON record, so (like its own pickle
+        # serializer) the bytes must be text: base64 of the container.
+        return base64.b64encode(sealed)
 
     def loads(self, blob: bytes) -> Any:
-        payload = decrypt_bytes(bytes(blob), _provider(self.keyring_path), associated_data=AAD)
+        try:
+            sealed = base64.b64decode(bytes(blob), validate=True)
+        except (binascii.Error, ValueError):
+            raise UnsafePayloadError("encrypted result is not base64 text") from None
+        payload = decrypt_bytes(sealed, _provider(self.keyring_path), associated_data=AAD)
         tensors, meta = decode_tensors(payload)
         try:
             tree = json.loads(meta[_TREE])

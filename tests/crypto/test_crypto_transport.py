@@ -261,6 +261,25 @@ def test_prefect_serializer_round_trip(env_kek: bytes) -> None:
     assert env_kek.hex() not in dumped and "SECURETRAIN_KEK" not in dumped
 
 
+def test_prefect_serializer_persists_through_a_prefect_result_store(env_kek: bytes, tmp_path) -> None:
+    """The real path: Prefect wraps the serialized bytes in a JSON result record on disk."""
+    from prefect.filesystems import LocalFileSystem
+    from prefect.results import ResultStore
+
+    from securetrain.crypto.prefect_serializer import EncryptedTensorSerializer
+
+    store = ResultStore(result_storage=LocalFileSystem(basepath=str(tmp_path)), serializer=EncryptedTensorSerializer())
+    secret_tensor = torch.full((64,), 1234.5678)
+    record = store.create_result_record({"features": secret_tensor}, key="features")
+    store.persist_result_record(record)
+    on_disk = (tmp_path / "features").read_bytes()
+    assert b"securetrain-encrypted" in on_disk  # the record names the serializer ...
+    assert secret_tensor.numpy().tobytes()[:16] not in on_disk  # ... but holds no plaintext tensor bytes
+    assert b"features" not in on_disk.split(b'"result"')[1]  # nor the object tree
+    back = store.read("features")
+    assert torch.equal(back.result["features"], secret_tensor)
+
+
 def test_prefect_serializer_fails_closed(env_kek: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
     from securetrain.crypto.prefect_serializer import EncryptedTensorSerializer
 
