@@ -19,15 +19,16 @@ from securetrain.pipeline.config import PipelineConfig, load_pipeline_config
 from securetrain.pipeline.report import markdown_summary
 from securetrain.pipeline.results import AuditSummary, DeidSummary, HESummary, PipelineResult, TrainingSummary
 from securetrain.pipeline.runner import config_digest, finish_report, open_run_audit
-from securetrain.pipeline.secrets import export_passphrase_for_children, keys_dir, load_run_secrets
+from securetrain.pipeline.secrets import export_passphrase_for_children, load_run_secrets
 from securetrain.redaction import install_redaction
 
 
 def _tensor_serializer(config: PipelineConfig):
+    """Encrypt under the run's KEK source: its keyring file, or (path None) the env / Vault provider."""
     from securetrain.crypto.prefect_serializer import EncryptedTensorSerializer
-    from securetrain.pipeline.secrets import KEYRING_FILE
 
-    return EncryptedTensorSerializer(keyring_path=str(keys_dir(config) / KEYRING_FILE))
+    keyring_path = load_run_secrets(config).keyring_path
+    return EncryptedTensorSerializer(keyring_path=str(keyring_path) if keyring_path else None)
 
 
 def _not_preempted(task: Any, task_run: Any, state: Any) -> bool:

@@ -1,7 +1,9 @@
 """Load pydantic models from YAML or TOML, with ``SECURETRAIN_`` environment overrides.
 
 Overrides use ``__`` as the nesting separator: ``SECURETRAIN_TRAINING__EPOCHS=3`` sets
-``training.epochs``. Values are parsed as YAML scalars, so ``3`` is an int and ``true`` a bool.
+``training.epochs``. Only names with a ``__`` are overrides, so the secret-carrying variables
+(``SECURETRAIN_DEID_KEY``, ``SECURETRAIN_KEYRING_PASSPHRASE``, …) never reach a config model.
+Values are parsed as YAML scalars, so ``3`` is an int and ``true`` a bool.
 Any validation failure becomes one :class:`~securetrain.errors.ConfigError` naming the field(s).
 """
 
@@ -48,7 +50,7 @@ def load_mapping(path: str | os.PathLike[str]) -> dict[str, Any]:
 def _env_overrides(environ: Mapping[str, str], prefix: str) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
     for key, raw in environ.items():
-        if not key.startswith(prefix):
+        if not key.startswith(prefix) or "__" not in key[len(prefix):]:
             continue
         path = [part.lower() for part in key[len(prefix):].split("__") if part]
         if not path:

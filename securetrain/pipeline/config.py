@@ -67,9 +67,9 @@ class SecretsConfig(BaseModel):
 
 class AuditConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    url: str | None = Field(None, description="SQLAlchemy URL or SQLite path; default <run_dir>/audit.db.")
+    url: str | None = Field(None, description="SQLAlchemy URL or SQLite path; default $SECURETRAIN_AUDIT_URL, else <run_dir>/audit.db.")
     anchor_file: Path | None = Field(None, description="Append-only file receiving signed checkpoints.")
-    signing_key: Path | None = Field(None, description="Ed25519 PEM key (0600); default <keys dir>/audit-signing.pem.")
+    signing_key: Path | None = Field(None, description="Ed25519 PEM key (0600); default $SECURETRAIN_AUDIT_KEY, else <keys dir>/audit-signing.pem.")
 
 
 class PipelineConfig(BaseModel):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from securetrain.pipeline import stages
 from securetrain.pipeline.config import PipelineConfig
 from securetrain.pipeline.report import plot_training_curve, write_html_report
@@ -20,9 +22,11 @@ def open_run_audit(config: PipelineConfig):
 
     run_dir = config.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    url = config.audit.url or str(run_dir / "audit.db")
+    url = config.audit.url or os.environ.get("SECURETRAIN_AUDIT_URL") or str(run_dir / "audit.db")
     anchor = config.audit.anchor_file or (run_dir / "audit-anchors.notes")
-    signing_key = config.audit.signing_key or (keys_dir(config) / "audit-signing.pem")
+    signing_key = (
+        config.audit.signing_key or os.environ.get("SECURETRAIN_AUDIT_KEY") or (keys_dir(config) / "audit-signing.pem")
+    )
     return AuditLog(url, signing_key=signing_key, origin=f"securetrain/{config.name}", anchors=[FileAnchor(anchor)])
 
 

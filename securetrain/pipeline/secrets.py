@@ -16,7 +16,15 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from securetrain.crypto.keys import ENV_KEYRING, ENV_PASSPHRASE, KeyProvider, LocalKeyring, provider_from_env
+from securetrain.crypto.keys import (
+    ENV_KEK,
+    ENV_KEYRING,
+    ENV_PASSPHRASE,
+    ENV_VAULT_KEY,
+    KeyProvider,
+    LocalKeyring,
+    provider_from_env,
+)
 from securetrain.io.atomic import atomic_write_bytes
 from securetrain.masking.dicom.errors import DeidKeyError
 from securetrain.masking.dicom.keys import ENV_KEY as ENV_DEID_KEY
@@ -68,7 +76,8 @@ def load_run_secrets(config: PipelineConfig) -> RunSecrets:
         passphrase = _read_private(passphrase_file).decode().strip()
     else:
         passphrase = os.environ.get(ENV_PASSPHRASE)
-    if os.environ.get(ENV_KEYRING) or not demo and os.environ.get("SECURETRAIN_KEK"):
+    if any(os.environ.get(v) for v in (ENV_KEYRING, ENV_VAULT_KEY, ENV_KEK)):
+        # An operator-provided key source (keyring file, Vault transit, env KEK) always wins.
         keyring: KeyProvider = provider_from_env()
         keyring_path = Path(os.environ[ENV_KEYRING]) if os.environ.get(ENV_KEYRING) else None
     else:

@@ -118,3 +118,21 @@ def test_invalid_config_names_the_field(tmp_path: Path) -> None:
         load_pipeline_config(data=small_config_data(tmp_path, data={"nope": 1}))
     with pytest.raises(ConfigError, match="policy"):
         load_pipeline_config(data=small_config_data(tmp_path, data={"policy": "policies/missing.yaml"}))
+
+
+def test_operator_key_source_wins_over_demo_keyring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from securetrain.crypto.keys import EnvKeyProvider
+    from securetrain.pipeline.secrets import load_run_secrets
+
+    monkeypatch.delenv("SECURETRAIN_KEYRING", raising=False)
+    monkeypatch.setenv("SECURETRAIN_KEK", os.urandom(32).hex())
+    monkeypatch.setenv("SECURETRAIN_KEK_ID", "ops-kek")
+    monkeypatch.setenv("SECURETRAIN_DEID_KEY", os.urandom(32).hex())
+    config = load_pipeline_config(data=small_config_data(tmp_path))  # secret env vars do not break loading
+    secrets = load_run_secrets(config)
+    assert isinstance(secrets.keyring, EnvKeyProvider) and secrets.keyring_path is None
+    assert secrets.keyring.current_key_id() == "ops-kek"
+    assert "ops-kek" in repr(secrets) and os.environ["SECURETRAIN_DEID_KEY"] not in repr(secrets)
+    assert not (config.run_dir / "keys" / "keyring.json").exists()
