@@ -16,10 +16,32 @@ audit_app = typer.Typer(help="Tamper-evident audit log: verify, inspect, export,
 _DB = typer.Option(None, "--db", help="Database URL or SQLite path (default: $SECURETRAIN_AUDIT_URL or <data dir>/audit.db).")
 
 
-def _open(db: Optional[str]):  # noqa: ANN202
+_SIGNING_KEY = typer.Option(
+    None, "--signing-key", envvar="SECURETRAIN_AUDIT_KEY",
+    help="The log's Ed25519 signing key (PEM), e.g. runs/demo/keys/audit-signing.pem "
+    "(default: $SECURETRAIN_AUDIT_KEY or <data dir>/audit_signing_key.pem).",
+)
+
+
+def _signing_key_path(signing_key: Optional[Path]) -> Path:
+    from securetrain.audit.errors import AuditConfigError
+    from securetrain.audit.log import data_dir
+
+    path = signing_key or data_dir() / "audit_signing_key.pem"
+    if not path.is_file():
+        # Never create a key here: a fresh key would "verify" nothing and sign a forged history.
+        raise AuditConfigError(
+            f"no audit signing key at {path}",
+            hint="pass --signing-key (a pipeline run keeps it in <run_dir>/keys/audit-signing.pem) or --public-key",
+        )
+    return path
+
+
+def _open(db: Optional[str], signing_key: Optional[Path] = None, *, need_key: bool = False):  # noqa: ANN202
     from securetrain.audit.log import AuditLog
 
-    return AuditLog(db, create=False)  # reading commands never create an (empty, "valid") log
+    key = _signing_key_path(signing_key) if need_key else signing_key
+    return AuditLog(db, create=False, signing_key=key)  # reading commands never create an (empty, "valid") log
 
 
 def _read_key(public_key: Optional[Path]):  # noqa: ANN202
@@ -39,6 +61,7 @@ def verify(
     export: Optional[Path] = typer.Option(None, "--export", help="Verify an export directory instead of a database."),
     checkpoint: list[Path] = typer.Option([], "--checkpoint", help="Checkpoint note you kept earlier (repeatable)."),
     public_key: Optional[Path] = typer.Option(None, "--public-key", help="Trusted public key (PEM or verifier-key file)."),
+    signing_key: Optional[Path] = _SIGNING_KEY,
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Recompute every hash, Merkle root and signature; exit 1 naming the first bad entry."""
@@ -64,7 +87,7 @@ def verify(
                 report = verify_records(records_from_jsonl(handle), public_key=key, checkpoint_notes=notes,
                                         trusted_notes=trusted, on_entry=tick)
         else:
-            with _open(db) as log:
+            with _open(db, signing_key, need_key=key is None) as log:
                 report = log.verify(trusted_checkpoints=trusted, public_key=key, on_entry=tick)
     if as_json:
         console.print_json(json.dumps(report.as_dict()))
@@ -95,11 +118,14 @@ def show(db: Optional[str] = _DB, tail: int = typer.Option(20, "--tail", "-n", h
     console.print(table)
 
 
-def export(outdir: Path = typer.Argument(..., help="Directory to write the export to."), db: Optional[str] = _DB) -> None:
+def export(
+    outdir: Path = typer.Argument(..., help="Directory to write the export to."), db: Optional[str] = _DB,
+    signing_key: Optional[Path] = _SIGNING_KEY,
+) -> None:
     """Write entries (exact hashed bytes), checkpoints, public key and manifest for offline audit."""
     from securetrain.cli.console import console
 
-    with _open(db) as log:
+    with _open(db, signing_key, need_key=True) as log:
         out = log.export(outdir)
         size = log.latest_checkpoint().tree_size  # type: ignore[union-attr]
     console.print(f"exported {size} entries to {out}; verify with: python audit/verify_audit.py {out} --vkey '<key>'")
@@ -118,15 +144,18 @@ def prove(
     typer.echo(json.dumps(proof, indent=2))
 
 
-def checkpoint(db: Optional[str] = _DB) -> None:
+def checkpoint(db: Optional[str] = _DB, signing_key: Optional[Path] = _SIGNING_KEY) -> None:
     """Sign the current tree head now and print the checkpoint note (keep a copy elsewhere)."""
-    with _open(db) as log:
+    with _open(db, signing_key, need_key=True) as log:
         typer.echo(log.checkpoint().note, nl=False)
 
 
-def pubkey(db: Optional[str] = _DB, pem: bool = typer.Option(False, "--pem", help="Print PEM instead of a verifier key.")) -> None:
+def pubkey(
+    db: Optional[str] = _DB, pem: bool = typer.Option(False, "--pem", help="Print PEM instead of a verifier key."),
+    signing_key: Optional[Path] = _SIGNING_KEY,
+) -> None:
     """Print the log's public key (verifier-key form by default)."""
-    with _open(db) as log:
+    with _open(db, signing_key, need_key=True) as log:
         typer.echo(log.public_key_pem().decode() if pem else log.verifier_key())
 
 

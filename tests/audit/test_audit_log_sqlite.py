@@ -405,3 +405,23 @@ def test_opening_a_missing_log_for_reading_fails_closed(tmp_path: Path) -> None:
     with pytest.raises(AuditConfigError, match="no audit database"):
         AuditLog(missing, create=False)
     assert not missing.parent.exists()  # nothing was created that could later "verify"
+
+
+def test_cli_never_creates_a_signing_key(log: AuditLog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from securetrain.cli.main import app
+
+    runner = CliRunner()
+    key_file = tmp_path / "data" / "audit_signing_key.pem"
+    moved = tmp_path / "elsewhere.pem"
+    key_file.rename(moved)
+    monkeypatch.delenv("SECURETRAIN_AUDIT_KEY", raising=False)
+    for args in (["audit", "verify"], ["audit", "pubkey"], ["audit", "checkpoint"], ["audit", "export", str(tmp_path / "x")]):
+        r = runner.invoke(app, [*args, "--db", log.url])
+        assert r.exit_code != 0 and "no audit signing key" in str(r.exception or r.output), args
+        assert not key_file.exists(), f"{args} created a fresh signing key"
+    r = runner.invoke(app, ["audit", "verify", "--db", log.url, "--signing-key", str(moved)])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["audit", "verify", "--db", log.url], env={"SECURETRAIN_AUDIT_KEY": str(moved)})
+    assert r.exit_code == 0, r.output
