@@ -69,12 +69,25 @@ def test_compose_services_and_no_inline_secrets() -> None:
         if image:
             assert ":" in image and not image.endswith(":latest"), f"{name}: unpinned image {image}"
         for key, value in (service.get("environment") or {}).items():
-            if re.search(r"PASSWORD|PASSPHRASE|SECRET", key):
+            if re.search(r"PASSWORD|PASSPHRASE|SECRET|DEID_KEY|_KEK$", key):
                 assert str(value).startswith("${"), f"{name}.{key} must come from the env file"
+            if "://" in str(value) and "@" in str(value):  # credentials in a URL come from the env file
+                assert re.search(r"://[^:@/]+:\$\{[A-Z_]+[^}]*\}@", str(value)), f"{name}.{key}: inline password"
     assert compose["services"]["worker"]["user"] not in {"root", "0", "0:0"}
     # Published ports bind to loopback only.
     for port in compose["services"]["prefect-server"].get("ports", []):
         assert str(port).startswith("127.0.0.1:")
+
+
+def test_worker_can_run_the_prefect_yaml_deployment() -> None:
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    env = compose["services"]["worker"]["environment"]
+    assert env["SECURETRAIN_HOME"] == "/app"
+    assert "securetrain_audit_writer" in env["SECURETRAIN_AUDIT_URL"]  # not the table owner
+    assert {"SECURETRAIN_DEID_KEY", "SECURETRAIN_KEYRING_PASSPHRASE"} <= set(env)
+    for dockerfile in DOCKERFILES:
+        text = dockerfile.read_text()
+        assert "prefect.yaml /app/prefect.yaml" in text and "examples /app/examples" in text
 
 
 def test_dockerignore_keeps_secrets_and_venv_out() -> None:
