@@ -50,8 +50,10 @@ def load_mapping(path: str | os.PathLike[str]) -> dict[str, Any]:
 def _env_overrides(environ: Mapping[str, str], prefix: str) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
     for key, raw in environ.items():
-        if not key.startswith(prefix) or "__" not in key[len(prefix):]:
+        if not key.startswith(prefix):
             continue
+        if prefix == ENV_PREFIX and "__" not in key[len(prefix):]:
+            continue  # SECURETRAIN_DEID_KEY & co. carry secrets for other components, not config
         path = [part.lower() for part in key[len(prefix):].split("__") if part]
         if not path:
             continue

@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Optional
 
 import typer
 from rich.markup import escape
 
+from securetrain.audit.cli_support import AUDIT_DB_OPTION
 from securetrain.cli.console import console, progress_bar
 
 checkpoint_app = typer.Typer(help="Encrypt, decrypt, inspect and verify AEAD checkpoint containers.",
@@ -92,14 +93,28 @@ def decrypt_cmd(
     source: Path = typer.Argument(..., exists=True, dir_okay=False),
     output: Path = typer.Argument(..., help="Plaintext file to write (only if every segment verifies)."),
     keyring: Path | None = KeyringOpt,
+    audit_db: Optional[str] = AUDIT_DB_OPTION,
 ) -> None:
     """Decrypt a container; the output appears only after the whole file authenticated."""
+    import hashlib
+
+    from securetrain.audit.cli_support import command_recorder
     from securetrain.crypto.stream import decrypt_stream
     from securetrain.io.atomic import atomic_writer
 
     provider = _provider(keyring)
-    with atomic_writer(output) as out:
-        header = _run_stream("decrypt", source, lambda src: decrypt_stream(src, out, provider))
+    with command_recorder(audit_db) as audit:
+        try:
+            with atomic_writer(output) as out:
+                header = _run_stream("decrypt", source, lambda src: decrypt_stream(src, out, provider))
+        except Exception as exc:
+            audit.record("checkpoint.decrypt", source.name, outcome="failure", details={"error": type(exc).__name__})
+            raise
+        # Decrypting a checkpoint puts model weights in plaintext on disk: always worth a record.
+        digest = hashlib.sha256(source.read_bytes()).hexdigest()
+        audit.record("checkpoint.decrypt", source.name, details={
+            "key_ids": [s.key_id for s in header.stanzas], "ciphertext_sha256": digest,
+            "plaintext_bytes": header.plaintext_length})
     console.print(f"wrote {output} ({header.plaintext_length} bytes)")
 
 
@@ -164,8 +179,10 @@ def keys_init(
     keyring: Path = KeyringReq,
     key_id: str | None = typer.Option(None, help="Id of the first KEK (default: kek-<date>-<random>)."),
     force: bool = typer.Option(False, help="Overwrite an existing keyring (its keys are lost!)."),
+    audit_db: Optional[str] = AUDIT_DB_OPTION,
 ) -> None:
     """Create a keyring (mode 0600) holding one fresh 256-bit KEK."""
+    from securetrain.audit.cli_support import command_recorder
     from securetrain.crypto.errors import KeyringError
     from securetrain.crypto.keys import LocalKeyring, keyring_lock
 
@@ -176,6 +193,9 @@ def keys_init(
         ring = LocalKeyring.create(key_id)
         ring.save(keyring, passphrase)
     key = ring.keys()[0]
+    with command_recorder(audit_db) as audit:
+        audit.record("key.create", f"keyring:{keyring.name}", details={
+            "key_id": key.key_id, "key_fingerprint": key.fingerprint, "replaced_existing": force})
     console.print(f"created {keyring} with key {key.key_id} (fingerprint {key.fingerprint})")
 
 
@@ -195,14 +215,16 @@ def keys_rotate(
     rewrap: list[Path] = typer.Option([], "--rewrap", help="Containers or directories (*.stenc) to re-wrap."),
     new_key_id: str | None = typer.Option(None, "--key-id", help="Id of the new KEK."),
     remove_old: bool = typer.Option(False, help="Drop the previous keys once every re-wrap succeeded."),
+    audit_db: Optional[str] = AUDIT_DB_OPTION,
 ) -> None:
     """Create a new current KEK and re-wrap containers' data keys (payloads are not re-encrypted)."""
+    from securetrain.audit.cli_support import command_recorder
     from securetrain.crypto.keys import LocalKeyring, keyring_lock
     from securetrain.crypto.stream import rewrap_file
 
     passphrase = _passphrase_existing()
     files = _containers(rewrap)
-    with keyring_lock(keyring):  # held throughout: no concurrent rotation can drop our new key
+    with keyring_lock(keyring), command_recorder(audit_db) as audit:  # lock held: no concurrent rotation
         ring = LocalKeyring.load(keyring, passphrase)
         old_ids = ring.key_ids()
         key = ring.rotate(new_key_id)
@@ -211,13 +233,16 @@ def keys_rotate(
         with progress_bar() as bar:
             task = bar.add_task("re-wrap", total=len(files), status="")
             for path in files:
-                rewrap_file(path, ring)
+                rewrap_file(path, ring, audit=audit)
                 bar.update(task, advance=1, status=path.name)
         if remove_old:
             for kid in old_ids:
                 ring.remove(kid)
             ring.save(keyring, passphrase)
             console.print(f"removed {len(old_ids)} old key(s)")
+        audit.record("key.rotate", f"keyring:{keyring.name}", details={
+            "new_key_id": key.key_id, "key_fingerprint": key.fingerprint, "previous_key_ids": old_ids,
+            "rewrapped": len(files), "removed_old": remove_old})
     console.print(f"re-wrapped {len(files)} file(s)")
 
 

@@ -14,12 +14,14 @@ from typing import Optional
 
 import typer
 
+from securetrain.audit.cli_support import AUDIT_DB_OPTION
+
 he_app = typer.Typer(help="Homomorphic (CKKS) evaluation on encrypted data.", no_args_is_help=True)
 
 SECRET_NAME = "secret.stctx"
 PUBLIC_NAME = "public.stctx"
 
-_AUDIT = typer.Option(None, "--audit-db", help="Record the event in this audit log (database URL or SQLite path).")
+_AUDIT = AUDIT_DB_OPTION
 
 
 def _audit(db: Optional[str]):  # noqa: ANN202

@@ -11,15 +11,26 @@ from typing import Any
 
 import typer
 
+from securetrain.audit.cli_support import AUDIT_DB_OPTION
+
 _WORKER: Any = None
 
 
 def _init_worker(policy_path: str, secret: bytes) -> None:
     global _WORKER
+    from securetrain.audit.recorder import MemoryAuditRecorder
     from securetrain.masking.dicom.engine import Deidentifier
     from securetrain.masking.dicom.policy import load_policy
 
-    _WORKER = Deidentifier(load_policy(policy_path), secret, record_changes=True)
+    # Workers cannot share the parent's database handle: they keep events in memory and hand
+    # them back with each result; the parent appends them to the audit log.
+    _WORKER = Deidentifier(load_policy(policy_path), secret, MemoryAuditRecorder(), record_changes=True)
+
+
+def _take_read_events() -> list[dict[str, Any]]:
+    events = [e for e in _WORKER.audit.events if e["action"] == "dicom.read"]
+    _WORKER.audit.events.clear()
+    return events
 
 
 def _process(task: tuple[str, str | None, bool]) -> dict[str, Any]:
@@ -31,14 +42,15 @@ def _process(task: tuple[str, str | None, bool]) -> dict[str, Any]:
     try:
         report = _WORKER.deidentify_file(src, dst, dry_run=dry_run)
     except UnreadableDicomError as exc:
-        return {"src": src, "status": "quarantined", "reason": str(exc)}
+        return {"src": src, "status": "quarantined", "reason": str(exc), "events": _take_read_events()}
     except BurnedInAnnotationError as exc:
-        return {"src": src, "status": "rejected", "reason": str(exc)}
+        return {"src": src, "status": "rejected", "reason": str(exc), "events": _take_read_events()}
     except DeidError as exc:
-        return {"src": src, "status": "rejected", "reason": str(exc)}
+        return {"src": src, "status": "rejected", "reason": str(exc), "events": _take_read_events()}
     new = {k: v for k, v in _WORKER.pseudonyms.items() if k not in before}
     changes = [(c.tag, c.keyword, c.action, "." in c.path) for c in report.changes] if dry_run else []
-    return {"src": src, "status": "ok", "tags_changed": report.tags_changed, "changes": changes, "pseudonyms": new}
+    return {"src": src, "status": "ok", "tags_changed": report.tags_changed, "changes": changes, "pseudonyms": new,
+            "events": _take_read_events()}
 
 
 def _read_key(key_file: Path | None, what: str, env: str | None) -> bytes:
@@ -64,12 +76,14 @@ def deid(
     workers: int = typer.Option(1, "--workers", "-j", min=1, help="Worker processes."),
     mapping_out: Path | None = typer.Option(None, "--mapping-out", help="Write the encrypted id->pseudonym mapping here."),
     mapping_key_file: Path | None = typer.Option(None, "--mapping-key-file", help="32-byte AES key (hex or raw) for --mapping-out."),
+    audit_db: str | None = AUDIT_DB_OPTION,
 ) -> None:
     """De-identify DICOM per PS3.15 Annex E with a policy; rich progress, summary table."""
     from concurrent.futures import ProcessPoolExecutor
 
     from rich.table import Table
 
+    from securetrain.audit.cli_support import command_recorder
     from securetrain.cli.console import console, progress_bar
     from securetrain.errors import ConfigError
     from securetrain.masking.dicom.keys import ENV_KEY, DeidKeys
@@ -135,6 +149,20 @@ def deid(
 
     for r in rejected + quarantined:
         console.print(f"[yellow]{r['status']}[/]: {Path(r['src']).name}: {r['reason']}", highlight=False)
+
+    with command_recorder(audit_db) as audit:
+        audit.record("deid.policy_applied", f"policy:{pol.name}", details={
+            "policy_name": pol.name, "policy_version": pol.policy_version, "policy_digest": pol.digest,
+            "options": sorted(pol.option_values), "key_id": DeidKeys.from_secret(secret).key_id, "dry_run": dry_run})
+        events = [e for r in results for e in r.get("events", [])]
+        for r in rejected + quarantined:
+            events.append({"action": f"deid.{'reject' if r['status'] == 'rejected' else 'quarantine'}",
+                           "resource": "input", "outcome": "refused", "details": {"reason": r["reason"][:200]}})
+        if hasattr(audit, "append_many"):
+            audit.append_many(events)  # one transaction for the whole run
+        else:
+            for e in events:
+                audit.record(e["action"], e["resource"], outcome=e["outcome"], details=e["details"])
 
     summary = Table(title=f"de-identification summary (policy {pol.name})")
     for col in ("files", "written" if not dry_run else "would write", "tags changed", "rejected", "quarantined"):

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import typer
 
+from securetrain.audit.cli_support import AUDIT_DB_OPTION
+
 KEY_ENV = "SECURETRAIN_MASK_KEY"
 
 
@@ -45,18 +47,20 @@ def mask_command(
     policy: Path = typer.Option(Path("policies/finance-pii.yaml"), "--policy", "-p", help="masking policy YAML"),
     key_file: Path | None = typer.Option(None, "--key-file", help=f"file holding the key (hex or raw); else ${KEY_ENV}"),
     report_json: Path | None = typer.Option(None, "--report-json", help="also write the report (counts only) as JSON"),
+    audit_db: str | None = AUDIT_DB_OPTION,
 ) -> None:
     """Mask PII columns of a table according to a policy (fail closed on unknown columns)."""
     import json
 
     from rich.table import Table
 
+    from securetrain.audit.cli_support import command_recorder
     from securetrain.cli.console import console, progress_bar
     from securetrain.io.atomic import atomic_write_bytes
     from securetrain.masking.tabular.masker import TabularMasker
 
-    masker = TabularMasker(policy, _load_key(key_file))
-    with progress_bar(transient=True) as bar:
+    with command_recorder(audit_db) as audit, progress_bar(transient=True) as bar:
+        masker = TabularMasker(policy, _load_key(key_file), audit=audit)
         task = bar.add_task("masking", total=None, status="reading")
 
         def tick(column: str) -> None:
