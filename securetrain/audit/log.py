@@ -117,6 +117,10 @@ class AuditLog:
         busy_timeout_s: float = 30.0,
     ) -> None:
         self.url = _normalise_url(url)
+        # Kept so a worker process can reopen the same log (see __getstate__).
+        self._reopen_args = {"actor": actor, "signing_key": signing_key, "origin": origin,
+                             "checkpoint_every": checkpoint_every, "anchors": tuple(anchors), "schema": schema,
+                             "busy_timeout_s": busy_timeout_s}
         self.actor = canon._check_text("actor", actor or os.environ.get("SECURETRAIN_ACTOR") or getpass.getuser(), limit=256)
         self.hostname = socket.gethostname() or "unknown"
         self.mac = canon.mac_address()
@@ -411,6 +415,20 @@ class AuditLog:
         from securetrain.audit.export import export_log
 
         return export_log(self, outdir, checkpoint=checkpoint)
+
+    # -- pickling: DataLoader workers and process pools reopen the log by URL -------------
+    def __getstate__(self) -> dict[str, Any]:
+        if isinstance(self._reopen_args["signing_key"], Ed25519PrivateKey):
+            raise AuditConfigError(
+                "an AuditLog holding an in-memory signing key cannot be sent to another process",
+                hint="open the log with signing_key=<path to the PEM file> instead",
+            )
+        # Database handles and locks never cross processes; the child opens its own engines, and
+        # the database lock (BEGIN IMMEDIATE / advisory lock) keeps the chain linear across them.
+        return {"url": self.url, "args": self._reopen_args}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["url"], create=False, **state["args"])  # type: ignore[misc]
 
     # -- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:

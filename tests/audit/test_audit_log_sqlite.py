@@ -425,3 +425,31 @@ def test_cli_never_creates_a_signing_key(log: AuditLog, tmp_path: Path, monkeypa
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["audit", "verify", "--db", log.url], env={"SECURETRAIN_AUDIT_KEY": str(moved)})
     assert r.exit_code == 0, r.output
+
+
+def _append_in_child(log: AuditLog, n: int) -> None:
+    for i in range(n):
+        log.record("dicom.read", f"child:{i}", details={"n": i})
+
+
+def test_a_log_sent_to_worker_processes_keeps_one_chain(log: AuditLog) -> None:
+    import multiprocessing as mp
+    import pickle
+
+    ctx = mp.get_context("spawn")  # like DataLoader workers on macOS/Windows: a real pickle round trip
+    procs = [ctx.Process(target=_append_in_child, args=(log, 5)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert log.size() == 10 + 15 and log.verify().ok
+    clone = pickle.loads(pickle.dumps(log))
+    assert clone.url == log.url and clone.size() == log.size()
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from securetrain.audit.errors import AuditConfigError
+
+    in_memory = AuditLog(log.url, signing_key=Ed25519PrivateKey.generate())
+    with pytest.raises(AuditConfigError, match="in-memory signing key"):
+        pickle.dumps(in_memory)
