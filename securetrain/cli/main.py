@@ -49,6 +49,9 @@ def _root(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log debug messages (never secrets)."),
 ) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from securetrain.redaction import install_redaction
+
+    install_redaction()  # second line of defence: nothing secret- or PHI-shaped reaches a log handler
 
 
 for _module in CAPABILITY_CLIS:

@@ -206,8 +206,12 @@ def test_config_validation_and_env(tmp_path: Path) -> None:
         load_model(TrainingConfig, data={"precision": "fp8"})
     with pytest.raises(ConfigError, match="bogus"):
         load_model(TrainingConfig, data={"bogus": 1})
-    cfg = load_model(TrainingConfig, environ={"SECURETRAIN_MAX_STEPS": "7", "SECURETRAIN_GRAD_CLIP": "null"})
+    # A section loaded on its own takes its section's variables (the names used inside a full config).
+    env = {"SECURETRAIN_TRAINING__MAX_STEPS": "7", "SECURETRAIN_TRAINING__GRAD_CLIP": "null"}
+    cfg = load_model(TrainingConfig, environ=env, env_prefix="SECURETRAIN_TRAINING__")
     assert cfg.max_steps == 7 and cfg.grad_clip is None
+    # Top-level SECURETRAIN_* names are other components' secrets, never overrides.
+    assert load_model(TrainingConfig, environ={"SECURETRAIN_MAX_STEPS": "7"}).max_steps is None
 
 
 def test_unknown_device_fails_before_training(tmp_path: Path) -> None:
