@@ -10,8 +10,8 @@ does not pay for importing torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from securetrain._lazy import lazy_exports
+
 
 _EXPORTS = {
     "BackendDescription": "backend",
@@ -34,8 +34,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

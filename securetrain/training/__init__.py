@@ -8,8 +8,8 @@ Names are imported lazily so that ``import securetrain.training.cli`` stays free
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from securetrain._lazy import lazy_exports
+
 
 _EXPORTS = {
     "MetricsHistory": "callbacks",
@@ -34,8 +34,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -5,8 +5,8 @@ Imports are lazy so ``securetrain --help`` never pays for pydicom or torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from securetrain._lazy import lazy_exports
+
 
 _EXPORTS = {
     "Deidentifier": "securetrain.masking.dicom.engine",
@@ -29,8 +29,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -6,8 +6,8 @@ does not pull in pyarrow or torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from securetrain._lazy import lazy_exports
+
 
 _EXPORTS = {
     "TabularMasker": "masker", "MaskReport": "masker", "ColumnReport": "masker",
@@ -20,8 +20,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
