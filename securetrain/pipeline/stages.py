@@ -68,6 +68,7 @@ def _checkpoint_store(config: PipelineConfig, secrets: RunSecrets, audit: AuditR
 
 
 def _dicom_dataset(config: PipelineConfig, manifest: Path, secrets: RunSecrets, audit: AuditRecorder | None):
+    from securetrain.devices import resolve_backend
     from securetrain.masking.dicom.dataset import DicomDataset
 
     return DicomDataset(
@@ -77,6 +78,7 @@ def _dicom_dataset(config: PipelineConfig, manifest: Path, secrets: RunSecrets, 
         size=config.data.image_size,
         quarantine_dir=config.run_dir / "quarantine",
         audit=audit,
+        pin_memory=resolve_backend(config.training.device).pin_memory,  # the backend's advice
     )
 
 

@@ -103,3 +103,15 @@ def test_prefect_yaml_deployment_points_at_the_flow() -> None:
         next(iter(CronSim(schedule["cron"], datetime(2026, 1, 1))))
     assert (ROOT / deployment["parameters"]["config_path"]).is_file()
     assert not any(k for k in json.dumps(spec).lower().split('"') if "passphrase=" in k or "secret=" in k)
+
+
+def test_serve_entry_point_schedules_the_flow_with_cron(monkeypatch: pytest.MonkeyPatch) -> None:
+    sys.path.insert(0, str(ROOT))
+    import flows.serve as serve
+
+    calls: dict = {}
+    monkeypatch.setattr(serve.secure_training, "serve", lambda **kw: calls.update(kw))
+    serve.main(["examples/demo.yaml", "--cron", "30 1 * * *"])
+    assert calls["cron"] == "30 1 * * *" and calls["name"] == "secure-training-nightly"
+    assert Path(calls["parameters"]["config_path"]).is_absolute()
+    assert set(calls["parameters"]) == {"config_path"}  # no secrets as deployment parameters
