@@ -13,6 +13,7 @@ from securetrain.he.errors import (
     HEError,
     HEFormatError,
     HEKeyError,
+    HEKeySourceError,
     HEModelError,
     HEParameterError,
     HEUnavailableError,
@@ -32,6 +33,9 @@ _LAZY = {
     "Evaluator": "securetrain.he.roles",
     "check_plan_fits": "securetrain.he.roles",
     "bundle_info": "securetrain.he.roles",
+    "seal_secret_context": "securetrain.he.secret_store",
+    "open_secret_context": "securetrain.he.secret_store",
+    "SECRET_CONTEXT_AD": "securetrain.he.secret_store",
     "save_sequential": "securetrain.he.model_io",
     "load_sequential": "securetrain.he.model_io",
     "evaluate_encrypted": "securetrain.he.evaluate",
@@ -39,7 +43,7 @@ _LAZY = {
 }
 
 __all__ = [
-    "HEError", "HEFormatError", "HEKeyError", "HEModelError", "HEParameterError", "HEUnavailableError",
+    "HEError", "HEFormatError", "HEKeyError", "HEKeySourceError", "HEModelError", "HEParameterError", "HEUnavailableError",
     *_LAZY,
 ]
 

@@ -22,6 +22,9 @@ SECRET_NAME = "secret.stctx"
 PUBLIC_NAME = "public.stctx"
 
 _AUDIT = AUDIT_DB_OPTION
+_KEYRING = typer.Option(None, "--keyring", "-k", envvar="SECURETRAIN_KEYRING",
+                        help="Keyring file protecting the secret context (passphrase from "
+                             "SECURETRAIN_KEYRING_PASSPHRASE); else Vault / SECURETRAIN_KEK.")
 
 
 def _audit(db: Optional[str]):  # noqa: ANN202
@@ -59,11 +62,28 @@ def _read(path: Path) -> bytes:
 
 
 def _plan_from_model(model: Path, output: str):  # noqa: ANN202
+    """(plan, SHA-256 of the model *file*). The plan's own digest is ``plan.sha256()``."""
     from securetrain.he.model_io import load_sequential
     from securetrain.he.plan import compile_plan
 
-    seq, sha = load_sequential(model)
-    return compile_plan(seq, output=output), sha  # type: ignore[arg-type]
+    seq, file_sha = load_sequential(model)
+    return compile_plan(seq, output=output), file_sha  # type: ignore[arg-type]
+
+
+def _warn(message: str) -> None:
+    from securetrain.cli.console import err_console
+
+    err_console.print(f"[bold red]WARNING:[/] {message}", highlight=False, soft_wrap=True)
+
+
+def _load_owner(context: Path, keyring: Optional[Path]):  # noqa: ANN202
+    """The DataOwner from a sealed (or, with a warning, plaintext) secret context file."""
+    from securetrain.he.roles import DataOwner
+    from securetrain.he.secret_store import open_secret_context, provider_for_secret
+
+    plain, _sealed = open_secret_context(_read(context), lambda: provider_for_secret(keyring, purpose="open"),
+                                         source=str(context), warn=_warn)
+    return DataOwner.from_secret_context(plain, source=str(context))
 
 
 def keygen(
@@ -76,14 +96,21 @@ def keygen(
     scale_bits: int = typer.Option(40, "--scale-bits", help="log2 of the CKKS scale (precision)."),
     galois_keys: bool = typer.Option(False, "--galois-keys", help="Also export rotation keys (not needed here; large)."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing context files."),
+    keyring: Optional[Path] = _KEYRING,
+    insecure_plaintext_secret: bool = typer.Option(
+        False, "--insecure-plaintext-secret",
+        help="Write the secret context UNENCRYPTED (throwaway experiments only)."),
 ) -> None:
-    """Data owner: create a CKKS context; write the secret and the public context."""
+    """Data owner: create a CKKS context; write the secret (encrypted under your KEK) and the public context."""
     from securetrain.cli.console import console
     from securetrain.he.errors import HEParameterError
     from securetrain.he.params import HEParams, choose_params
     from securetrain.he.roles import DataOwner, check_plan_fits
+    from securetrain.he.secret_store import provider_for_secret, write_secret_context
     from securetrain.io.atomic import atomic_write_bytes
 
+    # Resolve the KEK first: with no key source we fail before generating or writing anything.
+    provider = None if insecure_plaintext_secret else provider_for_secret(keyring)
     plan = _plan_from_model(model, output)[0] if model is not None else None
     if coeff_bits is not None or poly_modulus_degree is not None:
         if coeff_bits is None or poly_modulus_degree is None:
@@ -104,15 +131,21 @@ def keygen(
     with console.status("generating keys"):
         owner = DataOwner(params, galois_keys=galois_keys)
         secret, public = owner.secret_context(), owner.public_context()
-    atomic_write_bytes(secret_path, secret, mode=0o600)
+    if provider is None:
+        _warn(f"--insecure-plaintext-secret: {secret_path} holds the CKKS secret key UNENCRYPTED; anyone who "
+              "can read it can decrypt every ciphertext of this context. Use only for throwaway experiments.")
+    written = write_secret_context(secret_path, secret, provider)
     atomic_write_bytes(public_path, public, mode=0o644)
+    del secret
     console.print(f"parameters: {params.describe()}")
-    console.print(f"secret context: {secret_path} ({len(secret):,} bytes, keep private)")
+    how = "UNENCRYPTED" if provider is None else f"encrypted under key {provider.current_key_id()!r}"
+    console.print(f"secret context: {secret_path} ({written:,} bytes, {how}, keep private)")
     console.print(f"public context: {public_path} ({len(public):,} bytes, give to the evaluator)")
 
 
 def encrypt(
     context: Path = typer.Option(..., "--context", help="The data owner's secret.stctx."),
+    keyring: Optional[Path] = _KEYRING,
     features: Path = typer.Option(..., "--features", help="Features as .npy or numeric .csv (rows = samples)."),
     out: Path = typer.Option(..., "--out", help="Ciphertext bundle to write."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Samples per ciphertext (default: all slots)."),
@@ -121,10 +154,9 @@ def encrypt(
     import math
 
     from securetrain.cli.console import console, progress_bar
-    from securetrain.he.roles import DataOwner
     from securetrain.io.atomic import atomic_write_bytes
 
-    owner = DataOwner.from_secret_context(_read(context), source=str(context))
+    owner = _load_owner(context, keyring)
     x = _load_array(features, "features")
     bs = batch_size or owner.params.slots
     total = math.ceil(len(x) / bs) * (x.shape[1] if x.ndim == 2 else 1)
@@ -147,11 +179,20 @@ def evaluate(
 ) -> None:
     """Evaluator: run the model on ciphertexts; never sees plaintext or the secret key."""
     from securetrain.cli.console import console, progress_bar
+    from securetrain.he.errors import HEKeyError
     from securetrain.he.roles import Evaluator
+    from securetrain.he.secret_store import is_sealed
     from securetrain.io.atomic import atomic_write_bytes
 
-    evaluator = Evaluator(_read(context), source=str(context), threads=threads)
-    plan, model_sha = _plan_from_model(model, output)
+    ctx_bytes = _read(context)
+    if is_sealed(ctx_bytes):
+        raise HEKeyError(f"{context} is an encrypted secret context; the evaluator must only get the public context",
+                         hint="pass the public context file (`keygen` writes public.stctx)")
+    evaluator = Evaluator(ctx_bytes, source=str(context), threads=threads)
+    plan, file_sha = _plan_from_model(model, output)
+    plan_sha = plan.sha256()
+    digests = {"model_file_sha256": file_sha, "plan_sha256": plan_sha}
+    resource = f"he-model:{plan_sha[:16]}"  # same resource as `he decrypt` and evaluate_encrypted()
     data = _read(inputs)
     audit = _audit(audit_db)
     with progress_bar() as bar:
@@ -162,21 +203,25 @@ def evaluate(
                                         total=lambda n: bar.update(task, total=n))
         except Exception as exc:
             if audit is not None:
-                audit.record("he.evaluate", f"he-model:{model_sha[:16]}", outcome="failure",
-                             details={"model_file_sha256": model_sha, "error": type(exc).__name__})
+                audit.record("he.evaluate", resource, outcome="failure",
+                             details={**digests, "model_sha256": plan_sha, "error": type(exc).__name__})
             raise
     atomic_write_bytes(out, result, mode=0o644)
     if audit is not None:
-        audit.record("he.evaluate", f"he-model:{model_sha[:16]}", details={
-            "params": evaluator.params.to_dict(), "depth": plan.depth, "model_file_sha256": model_sha,
-            "model_sha256": plan.sha256(), "inputs_sha256": hashlib.sha256(data).hexdigest(),
+        audit.record("he.evaluate", resource, details={
+            "params": evaluator.params.to_dict(), "depth": plan.depth, **digests,
+            "model_sha256": plan_sha,  # alias of plan_sha256, kept for existing audit queries
+            "inputs_sha256": hashlib.sha256(data).hexdigest(),
             "outputs_sha256": hashlib.sha256(result).hexdigest(),
         })
     console.print(f"wrote {out} ({len(result):,} bytes); model depth {plan.depth} of {evaluator.params.max_depth}")
+    console.print(f"model file sha256: {file_sha}", highlight=False, soft_wrap=True)
+    console.print(f"plan sha256:       {plan_sha}", highlight=False, soft_wrap=True)
 
 
 def decrypt(
     context: Path = typer.Option(..., "--context", help="The data owner's secret.stctx."),
+    keyring: Optional[Path] = _KEYRING,
     inputs: Path = typer.Option(..., "--input", help="Encrypted scores from `he evaluate`."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write rounded scores as CSV."),
     labels: Optional[Path] = typer.Option(None, "--labels", help="Labels (.npy/.csv) to compute AUC/accuracy."),
@@ -188,15 +233,16 @@ def decrypt(
 
     from securetrain.cli.console import console
     from securetrain.he.metrics import accuracy, roc_auc
-    from securetrain.he.roles import DataOwner, bundle_info
+    from securetrain.he.roles import bundle_info
     from securetrain.io.atomic import atomic_writer
 
-    owner = DataOwner.from_secret_context(_read(context), source=str(context))
+    owner = _load_owner(context, keyring)
     data = _read(inputs)
     scores = owner.decrypt(data, decimals=decimals, source=str(inputs))
     info = bundle_info(data, str(inputs))
-    result: dict[str, object] = {"n_samples": len(scores), "output": info.get("output"),
-                                 "model_sha256": info.get("model_sha256")}
+    # The bundle's `model_sha256` header field is the plan digest (what `he plan` prints as plan sha256).
+    plan_sha = info.get("model_sha256")
+    result: dict[str, object] = {"n_samples": len(scores), "output": info.get("output"), "plan_sha256": plan_sha}
     if labels is not None:
         y = _load_array(labels, "labels").ravel()
         if len(y) != len(scores):
@@ -213,8 +259,8 @@ def decrypt(
         result["out"] = str(out)
     audit = _audit(audit_db)
     if audit is not None:
-        audit.record("he.decrypt", f"he-model:{str(info.get('model_sha256'))[:16]}", details={
-            "outputs_sha256": hashlib.sha256(data).hexdigest(), "n_samples": len(scores), "decimals": decimals,
+        audit.record("he.decrypt", f"he-model:{str(plan_sha)[:16]}", details={
+            "plan_sha256": plan_sha, "outputs_sha256": hashlib.sha256(data).hexdigest(), "n_samples": len(scores), "decimals": decimals,
             **{k: v for k, v in result.items() if k in ("auc", "accuracy")},
         })
     console.print_json(json.dumps(result, default=float))
@@ -228,13 +274,36 @@ def plan(
     from securetrain.cli.console import console
     from securetrain.he.params import choose_params
 
-    p, sha = _plan_from_model(model, output)
+    p, file_sha = _plan_from_model(model, output)
     params = choose_params(p.depth)
-    console.print(f"model {model} (sha256 {sha[:16]}…): {p.n_inputs} → {p.n_outputs}, depth {p.depth}")
+    console.print(f"model {model}: {p.n_inputs} → {p.n_outputs}, depth {p.depth}, output {p.output}")
+    console.print(f"model file sha256: {file_sha}", highlight=False, soft_wrap=True)
+    # The plan digest is what `he evaluate`/`he decrypt` and the he.evaluate audit event record.
+    console.print(f"plan sha256:       {p.sha256()}", highlight=False, soft_wrap=True)
     for a in p.approximations:
         console.print(f"  {a.activation}: degree {a.degree} on [-{a.input_range:g}, {a.input_range:g}], "
                       f"max error {a.max_abs_error:.3g}")
     console.print(f"parameters: {params.describe()}")
+
+
+def seal_secret(
+    context: Path = typer.Option(..., "--context", help="A plaintext secret.stctx (from older versions or "
+                                                       "--insecure-plaintext-secret)."),
+    keyring: Optional[Path] = _KEYRING,
+) -> None:
+    """Data owner: encrypt an existing plaintext secret context in place, under your KEK."""
+    from securetrain.cli.console import console
+    from securetrain.he.secret_store import is_sealed, provider_for_secret, write_secret_context
+
+    data = _read(context)
+    if is_sealed(data):
+        console.print(f"{context} is already encrypted")
+        return
+    provider = provider_for_secret(keyring)
+    written = write_secret_context(context, data, provider)  # validates it is a secret he-context first
+    del data
+    console.print(f"sealed {context} ({written:,} bytes) under key {provider.current_key_id()!r}; "
+                  "the old plaintext may survive on disk/backups: treat it as exposed if in doubt")
 
 
 def register(app: typer.Typer) -> None:
@@ -243,4 +312,5 @@ def register(app: typer.Typer) -> None:
     he_app.command("evaluate")(evaluate)
     he_app.command("decrypt")(decrypt)
     he_app.command("plan")(plan)
+    he_app.command("seal-secret")(seal_secret)
     app.add_typer(he_app, name="he")

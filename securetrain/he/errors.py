@@ -35,3 +35,7 @@ class HEFormatError(HEError, IntegrityError):
 class HEKeyError(HEError):
     """Wrong key material for the operation: a secret key where only a public one is allowed,
     no secret key where decryption needs one, or data encrypted under a different context."""
+
+
+class HEKeySourceError(HEError, ConfigError):
+    """No key-encryption key is configured to protect (or open) the data owner's secret context."""

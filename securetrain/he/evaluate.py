@@ -126,7 +126,8 @@ def evaluate_encrypted(
     except HEError as exc:
         if audit is not None:
             audit.record("he.evaluate", resource, outcome="failure",
-                         details={"model_sha256": model_sha, "error": type(exc).__name__})
+                         details={"plan_sha256": model_sha, "model_sha256": model_sha,
+                                  "error": type(exc).__name__})
         raise
 
     plain = plan.evaluate_plain(x)
@@ -174,7 +175,8 @@ def evaluate_encrypted(
         audit.record("he.evaluate", resource, details={
             "params": report.params,
             "depth": depth,
-            "model_sha256": model_sha,
+            "plan_sha256": model_sha,
+            "model_sha256": model_sha,  # alias of plan_sha256, kept for existing audit queries
             "inputs_sha256": report.inputs_sha256,
             "outputs_sha256": report.outputs_sha256,
             "n_samples": n,

@@ -149,7 +149,8 @@ class DataOwner:
         return self._context_file(secret=False)
 
     def secret_context(self) -> bytes:
-        """The full context including the secret key (store encrypted / owner-only)."""
+        """The full context including the secret key. Never store it as is: seal it with
+        :func:`securetrain.he.secret_store.seal_secret_context` (what ``he keygen`` writes)."""
         return self._context_file(secret=True)
 
     @classmethod

@@ -203,8 +203,12 @@ def test_missing_tenseal_gives_typed_error(monkeypatch) -> None:  # noqa: ANN001
     compile_plan(nn.Linear(3, 1))  # planning needs no tenseal
 
 
-def test_cli_end_to_end(tmp_path, data, mlp) -> None:  # noqa: ANN001
+def test_cli_end_to_end(tmp_path, data, mlp, monkeypatch) -> None:  # noqa: ANN001
     from typer.testing import CliRunner
+
+    for var in ("SECURETRAIN_KEYRING", "SECURETRAIN_VAULT_TRANSIT_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SECURETRAIN_KEK", "11" * 32)  # the secret context is sealed under this KEK
 
     from securetrain.cli.main import app
     from securetrain.he import save_sequential
