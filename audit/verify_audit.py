@@ -76,6 +76,8 @@ def jcs(value: object) -> str:
     if isinstance(value, list):
         return "[" + ",".join(jcs(v) for v in value) + "]"
     if isinstance(value, dict):
+        for k in value:
+            _jcs_string(k)  # refuse lone surrogates before sorting (UTF-16 cannot encode them)
         keys = sorted(value, key=lambda k: k.encode("utf-16-be"))  # RFC 8785: UTF-16 code units
         return "{" + ",".join(_jcs_string(k) + ":" + jcs(value[k]) for k in keys) + "}"
     raise Failure(f"unexpected JSON type {type(value).__name__}")
@@ -255,10 +257,13 @@ def verify(args: argparse.Namespace) -> dict:
         if pending:
             _, size, _, kind = pending[0]
             raise Failure(f"export has {tree.size} entries but a {kind} checkpoint covers {size}: the tail was removed", tree.size)
+        if covered < tree.size:
+            # An export always ends at a checkpoint that signs every entry in it (docs/audit-format.md),
+            # so unsigned entries were appended afterwards - or the checkpoints were removed.
+            raise Failure(f"entries {covered}..{tree.size - 1} are not covered by a signed checkpoint "
+                          "(appended after the export, or its checkpoints were removed)", covered)
         checks.append(f"{tree.size} entries: canonical, densely numbered, hash chain intact")
         checks.append(f"Merkle roots (RFC 6962) match every checkpoint; root {tree.root().hex()}")
-        if covered < tree.size:
-            warnings.append(f"{tree.size - covered} newest entries are not covered by a signed checkpoint")
         result.update(ok=True, entries=tree.size, root_hash=tree.root().hex())
     except Failure as exc:
         result.update(error=str(exc), seq=exc.seq)

@@ -37,6 +37,8 @@ MAX_TEXT = 1024
 _ACTION_RE = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)*$")
 _OUTCOME_RE = re.compile(r"^[a-z_]{1,32}$")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# Lone UTF-16 surrogates (U+D800..U+DFFF) have no UTF-8 encoding, so no canonical JSON form.
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
 # Key names that almost always hold a secret; "<word>_id", "<word>_sha256" etc. are fine.
 _SECRET_WORDS = frozenset(
     {"password", "passwd", "passphrase", "pwd", "secret", "token", "apikey", "credential", "credentials",
@@ -77,6 +79,8 @@ def _check_value(value: Any, path: str, depth: int) -> Any:
     if value is None or isinstance(value, bool | str):
         if isinstance(value, str) and "PRIVATE KEY" in value and "-----BEGIN" in value:
             raise AuditEventError(f"audit details {path} looks like a private key", hint="record a key id, never key material")
+        if isinstance(value, str) and _SURROGATE_RE.search(value):
+            raise AuditEventError(f"audit details {path} contains a lone UTF-16 surrogate (not valid Unicode text)")
         return value
     if isinstance(value, int):
         if abs(value) > MAX_SAFE_INT:
@@ -93,6 +97,8 @@ def _check_value(value: Any, path: str, depth: int) -> Any:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise AuditEventError(f"audit details {path}: keys must be strings, got {type(key).__name__}")
+            if _SURROGATE_RE.search(key):
+                raise AuditEventError(f"audit details {path}: a key contains a lone UTF-16 surrogate")
             if _is_secret_key(key):
                 raise AuditEventError(
                     f"audit details key {path}.{key} looks like a secret",
@@ -112,7 +118,7 @@ def validate_details(details: Mapping[str, Any] | None) -> dict[str, Any]:
     if not isinstance(details, Mapping):
         raise AuditEventError(f"audit details must be a mapping, got {type(details).__name__}")
     clean = _check_value(details, "details", 0)
-    size = len(rfc8785.dumps(clean))
+    size = len(canonical_bytes(clean))
     if size > MAX_DETAILS_BYTES:
         raise AuditEventError(f"audit details are {size} bytes, limit is {MAX_DETAILS_BYTES}", hint="record digests, not data")
     return clean
@@ -121,8 +127,9 @@ def validate_details(details: Mapping[str, Any] | None) -> dict[str, Any]:
 def _check_text(name: str, value: Any, *, limit: int = MAX_TEXT) -> str:
     if not isinstance(value, str) or not value:
         raise AuditEventError(f"audit {name} must be a non-empty string")
-    if len(value) > limit or _CONTROL_RE.search(value):
-        raise AuditEventError(f"audit {name} is longer than {limit} characters or contains control characters")
+    if len(value) > limit or _CONTROL_RE.search(value) or _SURROGATE_RE.search(value):
+        raise AuditEventError(f"audit {name} is longer than {limit} characters or contains control characters "
+                              "or lone surrogates")
     return value
 
 
@@ -147,8 +154,16 @@ def entry_object(
 
 
 def canonical_bytes(obj: Mapping[str, Any]) -> bytes:
-    """RFC 8785 canonical JSON (UTF-8)."""
-    return rfc8785.dumps(obj)
+    """RFC 8785 canonical JSON (UTF-8).
+
+    Raises :class:`AuditEventError` for values with no canonical form (integers outside ±(2^53-1),
+    non-finite floats, lone surrogates), so callers - including the verifier, which meets such
+    values only in tampered data - get one typed error instead of rfc8785's or the codec's.
+    """
+    try:
+        return rfc8785.dumps(obj)
+    except (rfc8785.CanonicalizationError, UnicodeError) as exc:
+        raise AuditEventError(f"value has no RFC 8785 canonical form: {type(exc).__name__}") from None
 
 
 def sha256_hex(data: bytes) -> str:

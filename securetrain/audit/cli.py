@@ -85,7 +85,7 @@ def verify(
             notes = split_notes((export / "checkpoints.note").read_text(encoding="utf-8"))
             with open(export / "entries.jsonl", "rb") as handle:
                 report = verify_records(records_from_jsonl(handle), public_key=key, checkpoint_notes=notes,
-                                        trusted_notes=trusted, on_entry=tick)
+                                        trusted_notes=trusted, on_entry=tick, require_signed=True)
         else:
             with _open(db, signing_key, need_key=key is None) as log:
                 report = log.verify(trusted_checkpoints=trusted, public_key=key, on_entry=tick)

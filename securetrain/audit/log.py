@@ -28,11 +28,19 @@ from sqlalchemy.exc import IntegrityError as SAIntegrityError
 
 from securetrain.audit import canonical as canon
 from securetrain.audit.anchors import Anchor
-from securetrain.audit.errors import AuditConfigError, AuditError
+from securetrain.audit.errors import AuditConfigError, AuditError, AuditEventError, AuditIntegrityError
 from securetrain.audit.keys import load_or_create_signing_key, public_key_pem
 from securetrain.audit.merkle import CompactRange, consistency_proof, inclusion_proof, leaf_hash, root_hash
 from securetrain.audit.models import TABLES, AuditCheckpointRow, AuditEntryRow
-from securetrain.audit.note import Checkpoint, parse_checkpoint_text, parse_note, sign_checkpoint, verifier_key
+from securetrain.audit.note import (
+    Checkpoint,
+    find_signer,
+    parse_checkpoint_text,
+    parse_note,
+    sign_checkpoint,
+    verifier_key,
+    verify_note,
+)
 from securetrain.audit.triggers import postgres_ddl, sqlite_ddl
 from securetrain.audit.verify import Record, VerifyReport, verify_records
 
@@ -131,6 +139,7 @@ class AuditLog:
         self._origin = origin
         self._lock = threading.RLock()
         self._cache = CompactRange()
+        self._cache_head = canon.GENESIS_HASH  # entry_hash of the last leaf in _cache
         self.backend = self.url.split(":", 1)[0].split("+", 1)[0]
         if self.backend == "sqlite":
             self.schema = None
@@ -347,16 +356,49 @@ class AuditLog:
                 if last is not None and last.tree_size == size:
                     o, s, r = parse_checkpoint_text(parse_note(last.note)[0])
                     return Checkpoint(o, s, r, last.note)
-                if self._cache.size > size:
-                    self._cache = CompactRange()
-                for row in self._rows(conn, self._cache.size, size):
-                    self._cache.append(leaf_hash(_entry_from_row(row)[0].hashed_bytes()))
+                self._extend_cache(conn, size, last)
                 cp = sign_checkpoint(origin, size, self._cache.root(), origin, key)
                 conn.execute(insert(C), [{"tree_size": size, "root_hash": cp.root_hash.hex(),
                                            "created_at": canon.utc_timestamp(), "note": cp.note}])
         for anchor in self.anchors:
             anchor.publish(cp)
         return cp
+
+    def _extend_cache(self, conn: Connection, size: int, last: Any) -> None:
+        """Grow the cached tree to ``size`` leaves, refusing to sign a history that was rewritten.
+
+        The signing key must not become an oracle for someone who can only write the database:
+        every new row must chain onto the cached head, and the tree must reproduce the newest
+        stored checkpoint (whose signature is checked with our own key) at its size.
+        """
+        prev_size, prev_root = 0, None
+        if last is not None:
+            prev_size = last.tree_size
+            text = verify_note(last.note, find_signer(last.note, self.public_key), self.public_key)
+            prev_root = parse_checkpoint_text(text)[2]
+            if prev_size > size:
+                raise AuditIntegrityError(f"the log has {size} entries but checkpoint {prev_size} was signed: "
+                                          "entries were deleted", seq=size, problem="truncated")
+        if self._cache.size > prev_size:  # cannot be checked against the stored checkpoint: rebuild
+            self._cache, self._cache_head = CompactRange(), canon.GENESIS_HASH
+        for row in self._rows(conn, self._cache.size, size):
+            if self._cache.size == prev_size and self._cache.root() != prev_root and prev_root is not None:
+                break
+            entry = _entry_from_row(row)[0]
+            raw = entry.hashed_bytes()
+            if row.seq != self._cache.size or entry.prev_hash != self._cache_head or canon.sha256_hex(raw) != entry.entry_hash:
+                self._cache, self._cache_head = CompactRange(), canon.GENESIS_HASH
+                raise AuditIntegrityError(f"entry seq={row.seq} does not chain onto the signed history; refusing to "
+                                          "sign a checkpoint", seq=row.seq, problem="prev_hash",
+                                          hint="the database was modified; run 'securetrain audit verify'")
+            self._cache.append(leaf_hash(raw))
+            self._cache_head = entry.entry_hash
+        if prev_root is not None and (self._cache.size < prev_size or
+                                      (self._cache.size == prev_size and self._cache.root() != prev_root)):
+            self._cache, self._cache_head = CompactRange(), canon.GENESIS_HASH
+            raise AuditIntegrityError(f"the first {prev_size} entries no longer match the signed checkpoint; "
+                                      "refusing to sign a rewritten history", seq=prev_size - 1 if prev_size else None,
+                                      problem="checkpoint-root", hint="run 'securetrain audit verify'")
 
     def inclusion_proof(self, seq: int, tree_size: int | None = None) -> dict[str, Any]:
         """RFC 6962 inclusion proof of entry ``seq`` in the tree of ``tree_size`` (default: latest checkpoint)."""
@@ -391,10 +433,13 @@ class AuditLog:
         with self._read_engine.connect() as conn:
             for row in self._rows(conn, 0, None):
                 entry, details_text = _entry_from_row(row)
-                raw = entry.hashed_bytes()
                 obj = entry.hashed_object()
-                if canon.canonical_bytes(entry.details).decode() != details_text:
-                    obj = {**obj, "details": {"__stored_details_not_canonical__": True}}
+                try:
+                    raw = entry.hashed_bytes()
+                    if canon.canonical_bytes(entry.details).decode() != details_text:
+                        obj = {**obj, "details": {"__stored_details_not_canonical__": True}}
+                except AuditEventError:  # a tampered row with no canonical form: let the verifier name it
+                    raw, obj = b"", {**obj, "details": {"__stored_details_not_canonical__": True}}
                 yield Record(raw, obj, stored_hash=row.entry_hash, stored_seq=row.seq)
 
     def verify(

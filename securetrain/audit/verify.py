@@ -17,7 +17,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from securetrain.audit.canonical import FORMAT_VERSION, GENESIS_HASH, HASHED_FIELDS, canonical_bytes, sha256_hex
-from securetrain.audit.errors import AuditIntegrityError
+from securetrain.audit.errors import AuditEventError, AuditIntegrityError
 from securetrain.audit.merkle import CompactRange, leaf_hash
 from securetrain.audit.note import Checkpoint, find_signer, parse_checkpoint_text, verify_note
 
@@ -98,8 +98,13 @@ def verify_records(
     checkpoint_notes: Iterable[str] = (),
     trusted_notes: Iterable[str] = (),
     on_entry: Callable[[int], None] | None = None,
+    require_signed: bool = False,
 ) -> VerifyReport:
-    """Verify a stream of entries against checkpoints. Never raises for integrity problems."""
+    """Verify a stream of entries against checkpoints. Never raises for integrity problems.
+
+    ``require_signed=True`` (exports: they always end at a checkpoint) fails when entries follow the
+    newest checkpoint; otherwise (a live database) they are reported as a warning.
+    """
     cr = CompactRange()
     prev = GENESIS_HASH
     try:
@@ -137,7 +142,12 @@ def verify_records(
             check_object(rec.obj, seq)
             if rec.obj["seq"] != expected:
                 raise _fail(expected, "seq", f"entry claims seq {rec.obj['seq']}, expected {expected}")
-            if canonical_bytes(rec.obj) != rec.raw:
+            try:
+                canonical = canonical_bytes(rec.obj)
+            except AuditEventError:  # e.g. an integer beyond 2^53 or a lone surrogate: tampered data
+                raise _fail(seq, "canonical", "entry holds a value with no RFC 8785 canonical form "
+                                              "(integer outside ±(2^53-1) or lone surrogate)") from None
+            if canonical != rec.raw:
                 raise _fail(seq, "canonical", "entry bytes are not RFC 8785 canonical JSON")
             if rec.obj["prev_hash"] != prev:
                 raise _fail(seq, "prev_hash", "prev_hash does not match the previous entry's hash "
@@ -151,6 +161,10 @@ def verify_records(
             check_pending()
             if on_entry is not None:
                 on_entry(cr.size)
+        covered = max([c.tree_size for c, _ in own + trusted], default=0)
+        if require_signed and not pending and covered < cr.size:
+            raise _fail(covered, "unsigned", f"entries {covered}..{cr.size - 1} are not covered by a signed "
+                                             "checkpoint (appended after the export, or its checkpoints were removed)")
         if pending:
             cp, is_trusted = pending[0]
             raise _fail(cr.size, "truncated", f"log has {cr.size} entries but a {'trusted' if is_trusted else 'stored'} "

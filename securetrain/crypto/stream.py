@@ -368,9 +368,22 @@ class EncryptingWriter:
         self._fill = 0
         self._written = 0
         self._closed = False
+        # Set by any failure. The segment that failed may already be partly in ``dst`` under nonce
+        # i; encrypting a retry under the same nonce would void GCM, so the writer stays unusable.
+        self._failed = False
         # The segment index is the nonce counter: serialize writers so it can never be reused.
         self._lock = threading.Lock()
         dst.write(raw)
+
+    def _guarded(self, fn, *args):  # type: ignore[no-untyped-def]
+        with self._lock:
+            if self._failed:
+                raise ValueError("EncryptingWriter failed earlier; its output is incomplete and must be discarded")
+            try:
+                return fn(*args)
+            except BaseException:
+                self._failed = True
+                raise
 
     def _need(self) -> int:
         return self._last_len if self._index == self._n - 1 else self._seg
@@ -384,8 +397,7 @@ class EncryptingWriter:
         self._index += 1
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
-        with self._lock:
-            return self._write(data)
+        return self._guarded(self._write, data)  # type: ignore[no-any-return]
 
     def _write(self, data: bytes | bytearray | memoryview) -> int:
         if self._closed:
@@ -412,8 +424,7 @@ class EncryptingWriter:
 
     def fill_from(self, src: BinaryIO) -> None:
         """Encrypt everything remaining in ``src`` (``readinto`` into the segment buffer, no copies)."""
-        with self._lock:
-            self._fill_from(src)
+        self._guarded(self._fill_from, src)
 
     def _fill_from(self, src: BinaryIO) -> None:
         while self._index < self._n:
@@ -429,8 +440,9 @@ class EncryptingWriter:
             raise LimitExceededError(f"source has more than the declared {self._length} bytes")
 
     def close(self) -> None:
-        with self._lock:
-            self._close()
+        if self._closed:
+            return
+        self._guarded(self._close)
 
     def _close(self) -> None:
         if self._closed:

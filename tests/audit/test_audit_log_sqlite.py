@@ -345,13 +345,18 @@ def test_standalone_verifier_trusted_checkpoint_and_wrong_key(log: AuditLog, tmp
     out = log.export(tmp_path / "exp")
     assert run_verifier(out, "--vkey", log.verifier_key(), "--trusted-checkpoint", str(held)).returncode == 0
     # Tail removed together with the export's own checkpoints: only the held note notices.
-    _tamper_line(out, 6, lambda ls, s: ls[:s])
     for f in ("checkpoints.note",):
         notes = [n for n in split_notes((out / f).read_text()) if n.split("\n")[1] in ("4",)]
         (out / f).write_text("".join(notes))
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["files"]["checkpoints.note"] = canonical.sha256_hex((out / "checkpoints.note").read_bytes())
     (out / "manifest.json").write_text(json.dumps(manifest))
+    # Cut between checkpoints: the unsigned entries 4..5 give it away even without a held note.
+    _tamper_line(out, 6, lambda ls, s: ls[:s])
+    r = run_verifier(out, "--vkey", log.verifier_key())
+    assert r.returncode == 1 and "not covered by a signed checkpoint" in r.stderr
+    # Cut exactly at a stored checkpoint: self-consistent, so only the held note notices.
+    _tamper_line(out, 4, lambda ls, s: ls[:s])
     assert run_verifier(out, "--vkey", log.verifier_key()).returncode == 0
     r = run_verifier(out, "--vkey", log.verifier_key(), "--trusted-checkpoint", str(held))
     assert r.returncode == 1 and "tail was removed" in r.stderr
@@ -453,3 +458,123 @@ def test_a_log_sent_to_worker_processes_keeps_one_chain(log: AuditLog) -> None:
     in_memory = AuditLog(log.url, signing_key=Ed25519PrivateKey.generate())
     with pytest.raises(AuditConfigError, match="in-memory signing key"):
         pickle.dumps(in_memory)
+
+
+# -- review findings: unsigned tails, uncanonicalisable values ------------------------------------
+def _append_forged_entry(out: Path) -> None:
+    """An attacker appends a self-consistent, correctly chained entry that no checkpoint signs."""
+    import rfc8785
+
+    lines = (out / "entries.jsonl").read_bytes().splitlines()
+    obj = json.loads(lines[-1])
+    obj.update(seq=len(lines), prev_hash=canonical.sha256_hex(lines[-1]), actor="mallory", resource="dataset:phi")
+    data = b"".join(line + b"\n" for line in lines) + rfc8785.dumps(obj) + b"\n"
+    (out / "entries.jsonl").write_bytes(data)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["files"]["entries.jsonl"] = canonical.sha256_hex(data)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _cli_verify_export(out: Path, *args: str):  # noqa: ANN202
+    from typer.testing import CliRunner
+
+    from securetrain.cli.main import app
+
+    return CliRunner().invoke(app, ["audit", "verify", "--export", str(out), *args])
+
+
+def test_export_with_an_unsigned_appended_entry_fails(log: AuditLog, tmp_path: Path) -> None:
+    out = log.export(tmp_path / "exp")
+    _append_forged_entry(out)
+    r = run_verifier(out, "--vkey", log.verifier_key())
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "seq=10" in r.stderr and "not covered by a signed checkpoint" in r.stderr
+    res = _cli_verify_export(out)
+    assert res.exit_code == 1 and "not covered by a signed checkpoint" in res.output, res.output
+
+
+def test_export_rebuilt_without_any_checkpoint_fails(log: AuditLog, tmp_path: Path) -> None:
+    # A wholesale forged export: entries rebuilt and every checkpoint dropped. Nothing is signed,
+    # so "verified" (exit 0) would be a lie even with the auditor's own --vkey.
+    out = log.export(tmp_path / "exp")
+    _tamper_line(out, 9, lambda ls, s: ls[:s])
+    _append_forged_entry(out)
+    (out / "checkpoints.note").write_text("")
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["files"]["checkpoints.note"] = canonical.sha256_hex(b"")
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    r = run_verifier(out, "--vkey", log.verifier_key())
+    assert r.returncode == 1 and "not covered by a signed checkpoint" in r.stderr, (r.stdout, r.stderr)
+    assert _cli_verify_export(out).exit_code == 1
+
+
+def test_empty_export_verifies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SECURETRAIN_DATA_DIR", str(tmp_path / "data"))
+    lg = AuditLog(tmp_path / "empty.db", actor="alice")
+    out = lg.export(tmp_path / "exp")
+    r = run_verifier(out, "--vkey", lg.verifier_key())
+    assert r.returncode == 0 and "OK: 0 entries" in r.stdout, (r.stdout, r.stderr)
+    assert _cli_verify_export(out).exit_code == 0
+    lg.close()
+
+
+@pytest.mark.parametrize(
+    "bad", [b'"rows":9007199254740992', b'"\\udc00":1,"rows":5', b'"rows":"\\ud800"', b'"rows":-9007199254740992'])
+def test_uncanonicalisable_values_are_reported_as_tampering(log: AuditLog, tmp_path: Path, bad: bytes) -> None:
+    from securetrain.audit.verify import records_from_jsonl, verify_records
+
+    out = log.export(tmp_path / "exp")
+    _tamper_line(out, 5, lambda ls, s: ls[:s] + [ls[s].replace(b'"rows":5', bad)] + ls[s + 1:])
+    r = run_verifier(out, "--vkey", log.verifier_key())
+    assert r.returncode == 1 and "seq=5" in r.stderr, (r.stdout, r.stderr)  # a verdict, not "unreadable input"
+    with open(out / "entries.jsonl", "rb") as handle:
+        report = verify_records(records_from_jsonl(handle), public_key=log.public_key,
+                                checkpoint_notes=split_notes((out / "checkpoints.note").read_text()))
+    assert not report.ok and report.error is not None and report.error.seq == 5
+
+
+def test_database_edit_with_uncanonicalisable_details_is_reported(log: AuditLog) -> None:
+    raw_db(log).execute("""UPDATE audit_entries SET details='{"rows":9007199254740993}' WHERE seq=3""")
+    report = log.verify()  # must return a verdict, not raise rfc8785's IntegerDomainError
+    assert not report.ok and report.error is not None and report.error.seq == 3
+
+
+@pytest.mark.parametrize(
+    ("resource", "details"),
+    [("dataset:\ud800", None), ("r", {"name": "x\udfff"}), ("r", {"\udc00": 1}), ("r", {"a": ["\ud83d"]})])
+def test_lone_surrogates_are_refused_with_a_typed_error(log: AuditLog, resource: str, details: dict | None) -> None:
+    with pytest.raises(AuditEventError):
+        log.record("dataset.read", resource, details=details)
+    assert log.size() == 10
+
+
+def test_writer_refuses_to_sign_a_history_rewritten_in_the_database(log: AuditLog, tmp_path: Path) -> None:
+    # A database-only attacker (no signing key) rewrites entry 2 and re-chains everything after it,
+    # then waits for the writer's next checkpoint to sign the forgery.
+    signed = [c.tree_size for c in log.checkpoints()]
+    assert signed == [4, 8]
+    conn = raw_db(log)
+    prev = canonical.GENESIS_HASH
+    for e in list(log.entries()):
+        resource = "dataset:innocent" if e.seq == 2 else e.resource
+        obj = canonical.entry_object(seq=e.seq, ts=e.ts, actor=e.actor, hostname=e.hostname, mac=e.mac, action=e.action,
+                                     resource=resource, outcome=e.outcome, details=e.details, prev_hash=prev)
+        digest = canonical.sha256_hex(canonical.canonical_bytes(obj))
+        conn.execute("UPDATE audit_entries SET resource=?, prev_hash=?, entry_hash=? WHERE seq=?",
+                     (resource, prev, digest, e.seq))
+        prev = digest
+    conn.close()
+    key_file = tmp_path / "writer.pem"
+    from cryptography.hazmat.primitives import serialization
+
+    key_file.write_bytes(log.signing_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                       serialization.NoEncryption()))
+    os.chmod(key_file, 0o600)
+    fresh = AuditLog(log.url, actor="alice", signing_key=key_file, checkpoint_every=4)  # a new process: no cache
+    fresh.record("dataset.read", "dataset:10")
+    with pytest.raises(AuditIntegrityError):
+        fresh.checkpoint()
+    with pytest.raises(AuditIntegrityError):
+        log.checkpoint()  # the long-running writer notices too (its cached tree disagrees)
+    assert [c.tree_size for c in fresh.checkpoints()] == signed  # nothing new was signed
+    fresh.close()

@@ -439,3 +439,38 @@ def test_key_id_with_control_characters_is_refused(ring: LocalKeyring) -> None:
     blob[63] = 0x1B  # first key id byte -> ESC
     with pytest.raises(HeaderFormatError, match="key id"):
         S.read_header(io.BytesIO(bytes(blob)))
+
+
+class _FlakySink(io.RawIOBase):
+    """A non-blocking socket-like sink: the first segment write is accepted only partly."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.writes = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:  # type: ignore[no-untyped-def]
+        self.writes += 1
+        if self.writes == 2:  # header went through; the first segment is cut after 10 bytes
+            self.data += bytes(b)[:10]
+            raise BlockingIOError(11, "would block", 10)
+        self.data += bytes(b)
+        return len(b)
+
+
+def test_writer_is_unusable_after_a_failed_write(ring: LocalKeyring) -> None:
+    # Retrying after a failed write would encrypt new plaintext under the same (key, nonce) as the
+    # ciphertext already partly sent: GCM then leaks the XOR of the plaintexts and its auth key.
+    sink = _FlakySink()
+    w = S.EncryptingWriter(sink, ring, 2 * SEG, segment_size=SEG)
+    with pytest.raises(BlockingIOError):
+        w.write(b"A" * SEG)
+    sent = len(sink.data)
+    for retry in (lambda: w.write(b"B" * SEG), lambda: w.write(b"A" * SEG), lambda: w.fill_from(io.BytesIO(b"C" * SEG))):
+        with pytest.raises(ValueError, match="failed"):
+            retry()
+    with pytest.raises(ValueError, match="failed"):
+        w.close()
+    assert len(sink.data) == sent  # nothing more was encrypted or emitted
