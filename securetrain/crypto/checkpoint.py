@@ -35,6 +35,7 @@ from securetrain.crypto.safetensors_codec import (
 from securetrain.crypto.stream import DEFAULT_SEGMENT_SIZE, DecryptingReader, EncryptingWriter, _readinto_full
 from securetrain.errors import SecureTrainError
 from securetrain.io.atomic import atomic_write_bytes, atomic_writer
+from securetrain.io.tapped import TappedReader
 from securetrain.training.checkpoint_store import CheckpointInfo, LoadedCheckpoint
 
 FORMAT_TAG = "securetrain-checkpoint-v1"
@@ -127,32 +128,6 @@ class _HashingWriter:
         return self.raw.write(data)
 
 
-class _HashingReader:
-    def __init__(self, raw: BinaryIO) -> None:
-        self.raw = raw
-        self.sha = hashlib.sha256()
-
-    def readinto(self, view: memoryview) -> int:
-        n = self.raw.readinto(view)  # type: ignore[attr-defined]
-        if n:
-            self.sha.update(view[:n])
-        return n or 0
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.raw.read(n)
-        self.sha.update(data)
-        return data
-
-    def seekable(self) -> bool:
-        return self.raw.seekable()
-
-    def tell(self) -> int:
-        return self.raw.tell()
-
-    def seek(self, *args: int) -> int:
-        return self.raw.seek(*args)
-
-
 _NAME = re.compile(r"^step-(\d{12})\.stenc$")
 
 
@@ -237,9 +212,10 @@ class EncryptedCheckpointStore:
                 raise CheckpointError(f"no checkpoints in {self.directory}", hint="train first or check the path")
         try:
             with open(info.path, "rb") as raw:
-                src = _HashingReader(raw) if verify else raw
+                sha = hashlib.sha256()
+                src = TappedReader(raw, sha.update) if verify else raw
                 tensors, meta, reader = read_checkpoint(src, self.keyring)  # type: ignore[arg-type]
-            if verify and src.sha.hexdigest() != info.sha256:  # type: ignore[union-attr]
+            if verify and sha.hexdigest() != info.sha256:
                 raise IntegrityError(f"{info.path.name}: sha256 differs from the recorded {info.sha256[:16]}...",
                                      hint="the file was replaced by a different checkpoint")
             if meta.get(META_STEP) != str(info.step):

@@ -16,6 +16,7 @@ from rich.markup import escape
 
 from securetrain.audit.cli_support import AUDIT_DB_OPTION
 from securetrain.cli.console import console, progress_bar
+from securetrain.io.tapped import TappedReader
 
 checkpoint_app = typer.Typer(help="Encrypt, decrypt, inspect and verify AEAD checkpoint containers.",
                              no_args_is_help=True)
@@ -24,32 +25,6 @@ keys_app = typer.Typer(help="Manage the local keyring of key-encryption keys (KE
 KeyringOpt = typer.Option(None, "--keyring", "-k", envvar="SECURETRAIN_KEYRING",
                           help="Keyring file (passphrase from SECURETRAIN_KEYRING_PASSPHRASE); "
                                "without it SECURETRAIN_KEK is used.")
-
-
-class _Progress:
-    """File wrapper that advances a progress task as bytes are read."""
-
-    def __init__(self, raw: BinaryIO, advance: Any) -> None:
-        self.raw, self.advance = raw, advance
-
-    def readinto(self, view: memoryview) -> int:
-        n = self.raw.readinto(view)  # type: ignore[attr-defined]
-        self.advance(n or 0)
-        return n or 0
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.raw.read(n)
-        self.advance(len(data))
-        return data
-
-    def seekable(self) -> bool:
-        return self.raw.seekable()
-
-    def tell(self) -> int:
-        return self.raw.tell()
-
-    def seek(self, *args: int) -> int:
-        return self.raw.seek(*args)
 
 
 def _provider(keyring: Path | None) -> Any:
@@ -64,7 +39,7 @@ def _run_stream(label: str, path: Path, body: Any) -> Any:
     size = path.stat().st_size
     with progress_bar() as bar, open(path, "rb") as raw:
         task = bar.add_task(label, total=size, status="")
-        result = body(_Progress(raw, lambda n: bar.advance(task, n)))
+        result = body(TappedReader(raw, lambda chunk: bar.advance(task, len(chunk))))
         bar.update(task, completed=size, status="ok")
     return result
 

@@ -102,16 +102,8 @@ def ingest(config: PipelineConfig) -> Path:
         return source
     from securetrain.masking.dicom.synthetic import generate_study_set
 
-    s = config.data.synthetic
-    return generate_study_set(
-        config.run_dir / "raw",
-        n_patients=s.n_patients,
-        studies_per_patient=s.studies_per_patient,
-        images_per_series=s.images_per_series,
-        image_size=s.image_size,
-        seed=s.seed,
-        include_burned_in=s.include_burned_in,
-    )
+    # SyntheticStudyConfig mirrors generate_study_set's keyword arguments one to one.
+    return generate_study_set(config.run_dir / "raw", **config.data.synthetic.model_dump())
 
 
 def deidentify(
