@@ -145,7 +145,10 @@ class TensorOpener:
         self.peers = dict(peers)
         self.max_age_s = max_age_s
         self._max_sessions = max_sessions
-        self._sessions: OrderedDict[tuple[str, bytes], tuple[AESGCM, int]] = OrderedDict()
+        self._sessions: OrderedDict[tuple[str, bytes], tuple[AESGCM, int, int]] = OrderedDict()
+        # Per sender, the newest timestamp of any session we forgot: a message of an unknown
+        # session that is not newer could be a replay from an evicted one, so it is refused.
+        self._evicted_floor_ms: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def open(self, message: bytes | bytearray | memoryview) -> dict[str, torch.Tensor]:
@@ -183,10 +186,14 @@ class TensorOpener:
             last = current[1] if current is not None else 0
             if counter <= last:
                 raise ReplayError(f"message {counter} from {sender!r} replayed or out of order (last was {last})")
-            self._sessions[key] = (aead, counter)
+            if current is None and ts_ms <= self._evicted_floor_ms.get(sender, -1):
+                raise ReplayError(f"message {counter} from {sender!r} belongs to an unknown session that is not newer "
+                                  "than a forgotten one (possible replay)", hint="the sender should open a new session")
+            self._sessions[key] = (aead, counter, max(ts_ms, current[2] if current is not None else ts_ms))
             self._sessions.move_to_end(key)
             while len(self._sessions) > self._max_sessions:
-                self._sessions.popitem(last=False)
+                (old_sender, _), (_, _, old_ts) = self._sessions.popitem(last=False)
+                self._evicted_floor_ms[old_sender] = max(old_ts, self._evicted_floor_ms.get(old_sender, -1))
         return decode_tensors(payload)
 
 

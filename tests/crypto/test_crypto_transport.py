@@ -50,6 +50,24 @@ def test_round_trip_and_metadata(parties) -> None:
     assert b"grad" not in msg[60:], "tensor names travel encrypted"
 
 
+def test_replay_of_an_evicted_session_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer opening many sessions must not make the receiver forget another peer's replay state."""
+    alice, bob, mallory = (T.TransportIdentity.generate(n) for n in ("alice", "bob", "mallory"))
+    opener = T.TensorOpener(bob, {"alice": alice.public_bytes(), "mallory": mallory.public_bytes()}, max_sessions=2)
+    now = [1_000_000.0]
+    monkeypatch.setattr(T.time, "time", lambda: now[0])
+    captured = T.TensorSealer(alice, "bob", bob.public_bytes()).seal(tensors(1))
+    opener.open(captured)
+    for _ in range(3):  # evicts alice's session
+        now[0] += 1
+        opener.open(T.TensorSealer(mallory, "bob", bob.public_bytes()).seal(tensors(2)))
+    with pytest.raises(ReplayError, match="possible replay"):
+        opener.open(captured)
+    now[0] += 1  # a genuinely new session from alice is still accepted
+    assert torch.equal(opener.open(T.TensorSealer(alice, "bob", bob.public_bytes()).seal(tensors(3)))["grad"],
+                       tensors(3)["grad"])
+
+
 def test_replay_and_reorder_rejected(parties) -> None:
     _, _, sealer, opener = parties
     m1, m2, m3 = (sealer.seal(tensors(i)) for i in range(3))
