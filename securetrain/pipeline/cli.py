@@ -25,6 +25,10 @@ def _load_flow():
     return secure_training
 
 
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
 def _print_result(result) -> None:  # noqa: ANN001 - PipelineResult
     from rich.table import Table
 
@@ -45,7 +49,7 @@ def _print_result(result) -> None:  # noqa: ANN001 - PipelineResult
     if result.he:
         h = result.he
         table.add_row("HE evaluation (CKKS)", f"{h.samples} samples, max abs err {h.max_abs_error:.1e}, "
-                      f"AUC {h.encrypted_auc} (plaintext {h.plaintext_auc})", f"N={h.poly_modulus_degree}")
+                      f"AUC {_fmt(h.encrypted_auc)} (plaintext {_fmt(h.plaintext_auc)})", f"N={h.poly_modulus_degree}")
     if result.audit:
         a = result.audit
         verdict = "[green]verified[/]" if a.verified else "[red]FAILED[/]"

@@ -32,6 +32,7 @@ class SyntheticStudyConfig(BaseModel):
     image_size: PositiveInt = 32
     seed: int = Field(0, ge=0)
     include_burned_in: bool = True  # exercise the reject path in every demo
+    blob_contrast: float = Field(1800.0, gt=0, description="Label-1 blob peak over noise sigma 60; lower is harder.")
 
 
 class DataConfig(BaseModel):

@@ -37,6 +37,10 @@ def plot_training_curve(training: TrainingSummary, path: Path) -> Path:
     return path
 
 
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
 def _table(rows: list[tuple[str, object]]) -> str:
     body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
     return f"<table>{body}</table>"
@@ -59,7 +63,7 @@ def markdown_summary(result: PipelineResult) -> str:
         h = result.he
         lines.append(
             f"| HE evaluation | {h.samples} samples, max abs error {h.max_abs_error:.2e}, "
-            f"AUC plain {h.plaintext_auc} / encrypted {h.encrypted_auc}, {h.ms_per_sample:.2f} ms/sample |"
+            f"AUC plain {_num(h.plaintext_auc)} / encrypted {_num(h.encrypted_auc)}, {h.ms_per_sample:.2f} ms/sample |"
         )
     if result.audit:
         a = result.audit
@@ -114,8 +118,8 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
                 [
                     ("samples × features", f"{h.samples} × {h.features}"),
                     ("max abs error vs plaintext", f"{h.max_abs_error:.3e}"),
-                    ("AUC plaintext / encrypted", f"{h.plaintext_auc} / {h.encrypted_auc}"),
-                    ("accuracy plaintext / encrypted", f"{h.plaintext_accuracy} / {h.encrypted_accuracy}"),
+                    ("AUC plaintext / encrypted", f"{_num(h.plaintext_auc)} / {_num(h.encrypted_auc)}"),
+                    ("accuracy plaintext / encrypted", f"{_num(h.plaintext_accuracy)} / {_num(h.encrypted_accuracy)}"),
                     ("time", f"{h.ms_per_sample:.3f} ms/sample"),
                     ("poly modulus degree", h.poly_modulus_degree),
                     ("public context size", f"{h.public_context_bytes:,} bytes"),

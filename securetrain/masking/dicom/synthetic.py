@@ -169,14 +169,19 @@ def _time(rnd: random.Random) -> str:
     return f"{rnd.randint(7, 19):02d}{rnd.randint(0, 59):02d}{rnd.randint(0, 59):02d}.{rnd.randint(0, 999999):06d}"
 
 
-def _pixels(rng: np.random.Generator, size: int, label: int, *, burned_in: bool) -> np.ndarray:
-    """uint16 image (12 bits stored); label 1 adds a bright blob at a random location."""
+def _pixels(
+    rng: np.random.Generator, size: int, label: int, *, burned_in: bool, contrast: float = 1800.0
+) -> np.ndarray:
+    """uint16 image (12 bits stored); label 1 adds a blob of peak ``contrast`` at a random location.
+
+    The background noise has sigma 60, so the default contrast is trivially visible; a few hundred
+    makes a learning problem worth a CNN."""
     img = rng.normal(800.0, 60.0, size=(size, size))
     if label:
         radius = max(1.5, size / 10)
         cy, cx = rng.uniform(radius, size - radius, size=2)
         yy, xx = np.mgrid[0:size, 0:size]
-        img += 1800.0 * np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * radius**2))
+        img += contrast * np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * radius**2))
     if burned_in:
         # Simulated burned-in text: a saturated strip of "glyphs" along the top rows.
         rows = max(2, size // 12)
@@ -205,6 +210,7 @@ def _build(
     label: int,
     image_size: int,
     burned_in: bool,
+    contrast: float = 1800.0,
     study_date: str,
     study_time: str,
     accession: str,
@@ -347,7 +353,7 @@ def _build(
     block.add_new(0x05, "SQ", DicomSequence([inner]))  # depth 1
 
     # Image pixel module.
-    pixels = _pixels(rng, image_size, label, burned_in=burned_in)
+    pixels = _pixels(rng, image_size, label, burned_in=burned_in, contrast=contrast)
     ds.SamplesPerPixel = 1
     ds.PhotometricInterpretation = "MONOCHROME2"
     ds.Rows = ds.Columns = image_size
@@ -481,6 +487,7 @@ def generate_study_set(
     seed: int = 0,
     modalities: Sequence[str] = ("CT", "MR"),
     include_burned_in: bool = False,
+    blob_contrast: float = 1800.0,
 ) -> Path:
     """Write a synthetic study set under ``out_dir``; return the path of ``manifest.csv``.
 
@@ -489,6 +496,7 @@ def generate_study_set(
     With ``include_burned_in`` each patient also gets one US and one SC image with
     ``BurnedInAnnotation=YES`` and simulated text pixels (a de-id pipeline should refuse or scrub them).
     ``phi.json`` next to the manifest lists the PHI planted per file (``files``) and in total (``all``).
+    ``blob_contrast`` is the peak of the label-1 blob over noise of sigma 60 (lower = harder).
     Same arguments -> byte-identical files.
     """
     if n_patients < 1 or studies_per_patient < 1 or images_per_series < 1:
@@ -534,7 +542,7 @@ def generate_study_set(
                 label = int(rnd.random() < 0.5)
                 ds = _build(
                     seed=seed, patient=patient, study_index=s, modality=modality, image_index=i,
-                    n_images=n_images, label=label, image_size=image_size, burned_in=burned,
+                    n_images=n_images, label=label, image_size=image_size, burned_in=burned, contrast=blob_contrast,
                     study_date=study_date, study_time=study_time, accession=accession, study_id=study_id,
                     rnd=rnd, rng=rng,
                 )
