@@ -93,7 +93,6 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
                 ("device", t.device),
                 ("steps / epochs", f"{t.steps} / {t.epochs_completed}"),
                 ("final loss", f"{t.final_loss:.5f}"),
-                ("accuracy (training set)", "-" if t.accuracy is None else f"{t.accuracy:.3f}"),
                 ("throughput", f"{t.samples_per_second:.1f} samples/s"),
             ]
         ),

@@ -35,7 +35,6 @@ class TrainingSummary(BaseModel):
     steps: int
     epochs_completed: int
     final_loss: float
-    accuracy: float | None = None
     samples_per_second: float
     curve: list[tuple[int, float]] = Field(default_factory=list)  # (step, loss)
     checkpoints: list[CheckpointSummary] = Field(default_factory=list)

@@ -239,8 +239,8 @@ def extract_features(
 ) -> dict[str, torch.Tensor]:
     """Data-owner side: CNN trunk features of the held-out patients, plus the logistic head.
 
-    Returns tensors only (``features``, ``labels``, ``head_weight``, ``head_bias``,
-    ``plaintext_accuracy``) so Prefect can store the result with the encrypted serializer.
+    Returns tensors only (``features``, ``labels``, ``head_weight``, ``head_bias``) so Prefect can
+    store the result with the encrypted serializer.
     """
     from securetrain.pipeline.models import logistic_head
 
@@ -249,12 +249,10 @@ def extract_features(
     dataset = _dicom_dataset(config, manifest, secrets, audit)
     if len(dataset) == 0:
         raise SecureTrainError("the evaluation split is empty", hint="use more patients or raise data.eval_fraction")
-    features, labels, correct = [], [], 0
+    features, labels = [], []
     with torch.inference_mode():
         for batch in dataset.dataloader(batch_size=64):
-            trunk = model.trunk(batch["pixels"])
-            correct += int((model.head(trunk).argmax(dim=1) == batch["label"]).sum())
-            features.append(trunk)
+            features.append(model.trunk(batch["pixels"]))
             labels.append(batch["label"])
     head = logistic_head(model)[0]
     return {
@@ -262,7 +260,6 @@ def extract_features(
         "labels": torch.cat(labels),
         "head_weight": head.weight.detach().clone(),
         "head_bias": head.bias.detach().clone(),
-        "plaintext_accuracy": torch.tensor(correct / len(dataset), dtype=torch.float64),
     }
 
 
@@ -298,20 +295,27 @@ def he_evaluate(
 
 def seal_audit(config: PipelineConfig, audit_log: Any) -> AuditSummary:
     """Sign a checkpoint of the log, export it, and verify the export with the standalone verifier."""
+    note_path = config.run_dir / "audit-checkpoint.note"  # the head an auditor keeps from the last run
     checkpoint = audit_log.checkpoint()
     export_dir = Path(audit_log.export(config.run_dir / "audit-export"))
+    # Verify against the key we hold (not the export's own copy) and, when a previous run left one,
+    # against its checkpoint: the log must have grown append-only since.
+    public_key = config.run_dir / "audit-public-key.pem"
+    atomic_write_bytes(public_key, audit_log.public_key_pem(), mode=0o644)
     verifier = find_project_file("audit/verify_audit.py", required=False)
     if verifier is not None:
         # -I: isolated mode, so the verifier cannot accidentally import securetrain.
-        proc = subprocess.run(
-            [sys.executable, "-I", str(verifier), str(export_dir)], capture_output=True, text=True, timeout=300
-        )
+        command = [sys.executable, "-I", str(verifier), str(export_dir), "--public-key", str(public_key)]
+        if note_path.is_file():
+            command += ["--trusted-checkpoint", str(note_path)]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
         verified, output = proc.returncode == 0, (proc.stdout + proc.stderr).strip()
     else:
-        audit_log.verify()
-        verified, output = True, "standalone verifier not found; verified with securetrain.audit"
-    note_path = config.run_dir / "audit-checkpoint.note"
-    atomic_write_bytes(note_path, checkpoint.note.encode(), mode=0o644)
+        trusted = [note_path.read_text()] if note_path.is_file() else []
+        report = audit_log.verify(trusted_checkpoints=trusted)
+        verified, output = report.ok, "standalone verifier not found; verified with securetrain.audit"
+    if verified:  # never replace the held checkpoint with the head of a log that failed verification
+        atomic_write_bytes(note_path, checkpoint.note.encode(), mode=0o644)
     return AuditSummary(
         url=str(audit_log.url),
         entries=checkpoint.tree_size,

@@ -136,3 +136,33 @@ def test_operator_key_source_wins_over_demo_keyring(tmp_path: Path, monkeypatch:
     assert secrets.keyring.current_key_id() == "ops-kek"
     assert "ops-kek" in repr(secrets) and os.environ["SECURETRAIN_DEID_KEY"] not in repr(secrets)
     assert not (config.run_dir / "keys" / "keyring.json").exists()
+
+
+def test_sealing_again_checks_the_log_against_the_held_checkpoint(library_run, tmp_path: Path) -> None:
+    import shutil
+
+    from securetrain.pipeline.runner import open_run_audit
+    from securetrain.pipeline.stages import seal_audit
+
+    original, result = library_run
+    config = original.model_copy(deep=True)
+    config.output_dir = tmp_path
+    shutil.copytree(original.run_dir, config.run_dir)
+    held_path = config.run_dir / "audit-checkpoint.note"
+    held = held_path.read_text()
+    with open_run_audit(config) as log:
+        log.record("pipeline.start", "run:again")
+        sealed = seal_audit(config, log)
+        assert sealed.verified, sealed.verifier_output
+        assert "export's own public_key" not in sealed.verifier_output  # verified against the key we hold
+        assert sealed.entries > result.audit.entries and held_path.read_text() != held
+        # A held checkpoint the log is not consistent with (here: a forged size) fails the seal,
+        # and the held checkpoint is kept rather than replaced by the suspicious head.
+        lines = held_path.read_text().split("\n")
+        lines[1] = str(int(lines[1]) + 1000)
+        forged = "\n".join(lines)
+        held_path.write_text(forged)
+        log.record("pipeline.start", "run:third")
+        failed = seal_audit(config, log)
+    assert not failed.verified
+    assert held_path.read_text() == forged
