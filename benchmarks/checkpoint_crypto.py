@@ -19,8 +19,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from _timing import best_of  # benchmarks/ is on sys.path when run as a script
 
 SEG = 1 << 20
 
@@ -31,15 +32,6 @@ class Sink(io.RawIOBase):
 
     def write(self, b) -> int:  # type: ignore[no-untyped-def]
         return len(b)
-
-
-def best_of(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def throughput(size: int, repeat: int) -> None:
@@ -130,6 +122,7 @@ import json, os, resource, sys, torch
 import safetensors.torch
 from securetrain.crypto.keys import LocalKeyring, SecretKey
 from securetrain.crypto.checkpoint import EncryptedCheckpointStore
+
 mode, size, tmp = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 ring = LocalKeyring([SecretKey("bench", bytes(32))], "bench")
 store = EncryptedCheckpointStore(os.path.join(tmp, "enc"), ring)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,16 +18,9 @@ from securetrain.masking.tabular.masker import TabularMasker
 from securetrain.masking.tabular.synthetic import write_finance_file
 from securetrain.masking.tabular.tableio import detect_format, parse_table, read_bytes, write_table
 
+from _timing import best_of  # benchmarks/ is on sys.path when run as a script
+
 POLICY = Path(__file__).resolve().parents[1] / "policies" / "finance-pii.yaml"
-
-
-def _best(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def main() -> None:
@@ -50,8 +42,8 @@ def main() -> None:
                 write_table(table, dst)
                 return table
 
-            t_plain = _best(plain, repeats)
-            t_mask = _best(lambda: masker.mask_file(src, dst), repeats)
+            t_plain = best_of(plain, repeats)
+            t_mask = best_of(lambda: masker.mask_file(src, dst), repeats)
             print(f"{suffix[1:]:8s} rows={rows:,}  plain read+write {rows / t_plain:12,.0f} rows/s  "
                   f"masked {rows / t_mask:12,.0f} rows/s  ratio mask/plain = {t_mask / t_plain:.2f}x")
 
