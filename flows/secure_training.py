@@ -19,7 +19,7 @@ from securetrain.pipeline.config import PipelineConfig, load_pipeline_config
 from securetrain.pipeline.report import markdown_summary
 from securetrain.pipeline.results import AuditSummary, DeidSummary, HESummary, PipelineResult, TrainingSummary
 from securetrain.pipeline.runner import config_digest, finish_report, open_run_audit
-from securetrain.pipeline.secrets import export_passphrase_for_children, load_run_secrets
+from securetrain.pipeline.secrets import export_passphrase_for_children, load_run_secrets, run_keyring_path
 from securetrain.redaction import install_redaction
 
 
@@ -27,7 +27,7 @@ def _tensor_serializer(config: PipelineConfig):
     """Encrypt under the run's KEK source: its keyring file, or (path None) the env / Vault provider."""
     from securetrain.crypto.prefect_serializer import EncryptedTensorSerializer
 
-    keyring_path = load_run_secrets(config).keyring_path
+    keyring_path = run_keyring_path(config)  # a path only: no need to decrypt the keyring here
     return EncryptedTensorSerializer(keyring_path=str(keyring_path) if keyring_path else None)
 
 

@@ -60,6 +60,15 @@ def _read_private(path: Path) -> bytes:
     return path.read_bytes()
 
 
+def run_keyring_path(config: PipelineConfig) -> Path | None:
+    """Where the run's KEK keyring lives; ``None`` when an env KEK or Vault holds the KEK."""
+    if os.environ.get(ENV_KEYRING):
+        return Path(os.environ[ENV_KEYRING])
+    if os.environ.get(ENV_VAULT_KEY) or os.environ.get(ENV_KEK):
+        return None
+    return keys_dir(config) / KEYRING_FILE
+
+
 def load_run_secrets(config: PipelineConfig) -> RunSecrets:
     """Resolve (or, in demo mode, create) the run's KEK keyring and de-identification secret."""
     folder = keys_dir(config)
@@ -68,7 +77,6 @@ def load_run_secrets(config: PipelineConfig) -> RunSecrets:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     # Key-encryption keys: env / Vault via provider_from_env, or the run's keyring file.
-    keyring_path: Path | None = None
     passphrase_file = folder / PASSPHRASE_FILE
     if demo and not os.environ.get(ENV_PASSPHRASE):
         if not passphrase_file.exists():
@@ -76,12 +84,11 @@ def load_run_secrets(config: PipelineConfig) -> RunSecrets:
         passphrase = _read_private(passphrase_file).decode().strip()
     else:
         passphrase = os.environ.get(ENV_PASSPHRASE)
-    if any(os.environ.get(v) for v in (ENV_KEYRING, ENV_VAULT_KEY, ENV_KEK)):
+    keyring_path = run_keyring_path(config)
+    if keyring_path is None or os.environ.get(ENV_KEYRING):
         # An operator-provided key source (keyring file, Vault transit, env KEK) always wins.
         keyring: KeyProvider = provider_from_env()
-        keyring_path = Path(os.environ[ENV_KEYRING]) if os.environ.get(ENV_KEYRING) else None
     else:
-        keyring_path = folder / KEYRING_FILE
         if demo and not keyring_path.exists():
             LocalKeyring.create().save(keyring_path, passphrase=passphrase)
         keyring = LocalKeyring.load(keyring_path, passphrase=passphrase)
