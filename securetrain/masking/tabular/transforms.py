@@ -10,7 +10,9 @@ replaced by a fixed marker such as ``[INVALID_PAN]`` or the rule asks for an err
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,40 +69,154 @@ def as_string(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 
 _B32 = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz234567", dtype=np.uint8)
-_B32_WEIGHTS = np.array([16, 8, 4, 2, 1], dtype=np.uint8)
+_B32_SHIFTS = np.arange(35, -1, -5, dtype=np.uint64)  # 8 characters per 40-bit group, high bits first
+_MAC_BYTES = 32
 
 
 def _b32_prefix(macs: bytes, n: int, length: int) -> pa.Array:
     """First ``length`` lower-case RFC 4648 base32 characters of each 32-byte MAC, vectorised
-    (identical to ``base64.b32encode(mac).lower()[:length]``, which is pure Python and slow)."""
-    bits = np.unpackbits(np.frombuffer(macs, dtype=np.uint8).reshape(n, 32), axis=1)[:, : 5 * length]
-    chars = _B32[(bits.reshape(n, length, 5) * _B32_WEIGHTS).sum(axis=2)]
+    (identical to ``base64.b32encode(mac).lower()[:length]``, which is pure Python and slow).
+
+    Base32 maps each 5-byte group to 8 characters, so the MACs are cut into 40-bit integers and
+    each integer into eight 5-bit indices with shifts (zero-padded past the 32 MAC bytes, which
+    only the unused tail of a 52nd character would touch)."""
+    if n == 0:
+        return pa.array([], pa.string())
+    groups = -(-length // 8)
+    raw = np.zeros((n, 5 * groups), dtype=np.uint64)
+    used = min(5 * groups, _MAC_BYTES)
+    raw[:, :used] = np.frombuffer(macs, dtype=np.uint8).reshape(n, _MAC_BYTES)[:, :used]
+    raw = raw.reshape(n, groups, 5)
+    value = (raw[..., 0] << 32) | (raw[..., 1] << 24) | (raw[..., 2] << 16) | (raw[..., 3] << 8) | raw[..., 4]
+    idx = (value[..., None] >> _B32_SHIFTS) & np.uint64(31)
+    chars = np.ascontiguousarray(_B32[idx.reshape(n, 8 * groups)[:, :length]])
     return pa.Array.from_buffers(pa.binary(length), n, [None, pa.py_buffer(chars.tobytes())]).cast(pa.string())
+
+
+class _HmacSha256:
+    """HMAC-SHA256 (RFC 2104) for many short messages under one key, byte-identical to
+    ``hmac.digest(key, msg, "sha256")``.
+
+    ``hmac.digest`` re-derives the padded key and sets up an OpenSSL MAC context on every call,
+    which costs more than hashing a short message. Here the inner and outer pads are absorbed once
+    and each message only copies those two hash states, so one MAC is two SHA-256 compressions
+    plus a few C calls (about 3x faster for identifiers).
+    """
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) > 64:  # RFC 2104: keys longer than the block size are hashed first
+            key = hashlib.sha256(key).digest()
+        block = key.ljust(64, b"\x00")
+        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
+        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
+
+    def many(self, messages: Iterable[bytes]) -> bytes:
+        """Concatenated 32-byte MACs of ``messages``, in order."""
+        inner_copy, outer_copy = self._inner.copy, self._outer.copy
+        out = bytearray()
+        for msg in messages:
+            inner = inner_copy()
+            inner.update(msg)
+            outer = outer_copy()
+            outer.update(inner.digest())
+            out += outer.digest()
+        return bytes(out)
+
+
+def _finish_tokens(macs: bytes, n: int, *, prefix: str, length: int) -> pa.Array:
+    toks = _b32_prefix(macs, n, length)
+    if prefix:
+        toks = pc.binary_join_element_wise(pa.scalar(prefix), toks, "")
+    return toks
 
 
 def tokens_for(values: list[str | None], token_key: bytes, *, domain: str, prefix: str, length: int) -> pa.Array:
     """Tokens for a list of values (nulls stay null)."""
     dom = domain.encode("utf-8") + b"\x00"
-    digest = hmac.digest
-    macs = b"".join(
-        digest(token_key, dom + (v.encode("utf-8") if v is not None else b""), "sha256") for v in values
-    )
-    toks = _b32_prefix(macs, len(values), length)
-    if prefix:
-        toks = pc.binary_join_element_wise(pa.scalar(prefix), toks, "")
+    macs = _HmacSha256(token_key).many(dom + (v.encode("utf-8") if v is not None else b"") for v in values)
+    toks = _finish_tokens(macs, len(values), prefix=prefix, length=length)
     nulls = pa.array([v is None for v in values], pa.bool_())
     return pc.if_else(nulls, pa.scalar(None, pa.string()), toks)
+
+
+def tokens_for_array(values: pa.Array, token_key: bytes, *, domain: str, prefix: str, length: int) -> pa.Array:
+    """Tokens for a string array without nulls (e.g. a dictionary), one HMAC per element.
+
+    The messages ``utf8(domain) || 0x00 || utf8(value)`` are built by pyarrow and handed to the
+    MAC as ``bytes`` directly, so no Python string is created per value.
+    """
+    if values.null_count:
+        raise ValueError("tokens_for_array needs an array without nulls")
+    dom = pa.scalar(domain.encode("utf-8") + b"\x00", pa.binary())
+    messages = pc.binary_join_element_wise(dom, values.cast(pa.binary()), pa.scalar(b"", pa.binary()))
+    macs = _HmacSha256(token_key).many(messages.to_pylist())
+    return _finish_tokens(macs, len(values), prefix=prefix, length=length)
 
 
 def tokenize(arr: pa.Array, token_key: bytes, *, domain: str, prefix: str, length: int, stats: ColumnStats | None = None) -> pa.Array:
     """Deterministic pseudonyms: prefix + base32(HMAC-SHA256(k_tok, domain || 0x00 || value))[:length]."""
     arr = as_string(arr)
+    # Nulls become null indices (not dictionary entries), so take() keeps them null.
     enc = pc.dictionary_encode(arr)
-    dictionary = enc.dictionary.to_pylist()
     if stats is not None:
-        stats.distinct = len(dictionary)
-    toks = tokens_for(dictionary, token_key, domain=domain, prefix=prefix, length=length)
+        stats.distinct = len(enc.dictionary)
+    toks = tokens_for_array(enc.dictionary, token_key, domain=domain, prefix=prefix, length=length)
     return pc.take(toks, enc.indices)
+
+
+def _offsets_and_data(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Zero-copy numpy views of a string array's value offsets (n+1, rebased to 0) and UTF-8 bytes."""
+    n = len(arr)
+    _, offs_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(offs_buf, dtype=np.int32, count=n + 1, offset=arr.offset * 4).astype(np.int64)
+    start, end = int(offsets[0]), int(offsets[-1])
+    data = (np.frombuffer(data_buf, dtype=np.uint8, count=end - start, offset=start)
+            if data_buf is not None and end > start else np.zeros(0, dtype=np.uint8))
+    return offsets - start, data
+
+
+def keep_bytes(arr: pa.Array, keep: np.ndarray) -> pa.Array:
+    """``arr`` with only the bytes whose value is marked in the 256-entry table ``keep``.
+
+    Used with ASCII-only tables (digits; everything but ' ' and '-'), so multi-byte UTF-8
+    sequences are kept or dropped whole. Vectorised replacement for
+    ``replace_substring_regex(arr, "[^0-9]", "")`` and the like (an order of magnitude faster).
+    Nulls stay null.
+    """
+    arr = as_string(arr)
+    offsets, data = _offsets_and_data(arr)
+    mask = keep[data]
+    cum = np.zeros(len(data) + 1, dtype=np.int64)
+    np.cumsum(mask, out=cum[1:])
+    new_offsets = cum[offsets].astype(np.int32)
+    out = pa.Array.from_buffers(pa.string(), len(arr),
+                                [None, pa.py_buffer(new_offsets), pa.py_buffer(data[mask].tobytes())])
+    if arr.null_count:
+        out = pc.if_else(pc.is_null(arr), pa.scalar(None, pa.string()), out)
+    return out
+
+
+def count_bytes(arr: pa.Array, which: np.ndarray) -> np.ndarray:
+    """Per row, how many bytes are marked in the 256-entry table ``which`` (nulls count 0)."""
+    arr = as_string(arr)
+    offsets, data = _offsets_and_data(arr)
+    cum = np.zeros(len(data) + 1, dtype=np.int64)
+    np.cumsum(which[data], out=cum[1:])
+    counts = cum[offsets[1:]] - cum[offsets[:-1]]
+    if arr.null_count:
+        counts[~_bool_np(pc.is_valid(arr))] = 0
+    return counts
+
+
+def byte_table(chars: bytes, *, invert: bool = False) -> np.ndarray:
+    table = np.zeros(256, dtype=bool)
+    table[np.frombuffer(chars, dtype=np.uint8)] = True
+    return ~table if invert else table
+
+
+DIGITS = byte_table(b"0123456789")
+NOT_SPACE_OR_DASH = byte_table(b" -", invert=True)
+RE2_SPACE = byte_table(b"\t\n\f\r ")  # what RE2's \s matches
 
 
 def normalize(arr: pa.Array, how: str) -> pa.Array:
@@ -141,7 +257,7 @@ def pan(arr: pa.Array, token_key: bytes, *, mode: str, validate_luhn: bool, pref
         domain: str, stats: ColumnStats) -> tuple[pa.Array, int]:
     """Card numbers: keep last 4 (PCI DSS allows it), tokenise, or both. Returns (out, n_invalid)."""
     s = as_string(arr)
-    digits = pc.replace_substring_regex(pc.utf8_trim_whitespace(s), r"[ \-]", "")
+    digits = keep_bytes(pc.utf8_trim_whitespace(s), NOT_SPACE_OR_DASH)
     shape_ok = _bool_np(pc.match_substring_regex(digits, r"^\d{12,19}$"))
     valid = shape_ok & (luhn_valid(pc.if_else(pa.array(shape_ok), digits, pa.scalar(None, pa.string())))
                         if validate_luhn else shape_ok)
@@ -161,21 +277,35 @@ def email(arr: pa.Array, token_key: bytes, *, keep_domain: bool, prefix: str, le
           stats: ColumnStats) -> tuple[pa.Array, int]:
     """tok@domain: the token is the HMAC of the whole lower-cased address (so john@a and john@b differ)."""
     s = pc.utf8_lower(pc.utf8_trim_whitespace(as_string(arr)))
-    parts = pc.extract_regex(s, r"^(?P<local>[^@\s]+)@(?P<domain>[^@\s]+\.[^@\s]+)$")
-    valid = _bool_np(pc.is_valid(parts))
+    # Valid = ^[^@\s]+@[^@\s]+\.[^@\s]+$ (RE2 \s). A capture-free match runs as a DFA; the domain
+    # is then the second '@'-separated part, which is exact for valid rows.
+    valid = _bool_np(pc.match_substring_regex(s, EMAIL_SHAPE))
     present = ~_bool_np(pc.is_null(s))
     tok = tokenize(s, token_key, domain=domain, prefix=prefix, length=length, stats=stats)
     if keep_domain:
-        tok = pc.binary_join_element_wise(tok, pc.struct_field(parts, "domain"), "@")
+        tok = pc.binary_join_element_wise(tok, _after_first_at(s, valid), "@")
     out = pc.if_else(pa.array(valid), tok, pa.scalar(INVALID_EMAIL))
     return pc.if_else(pc.is_null(s), pa.scalar(None, pa.string()), out), int((present & ~valid).sum())
+
+
+EMAIL_SHAPE = r"^[^@\s]+@[^@\s]+\.[^@\s]+$"
+
+
+def _after_first_at(s: pa.Array, valid: np.ndarray) -> pa.Array:
+    """The text after the first '@' where ``valid`` (null elsewhere)."""
+    parts = pc.split_pattern(s, "@", max_splits=1)
+    n_parts = pc.fill_null(pc.list_value_length(parts), 0).to_numpy(zero_copy_only=False)
+    ok = valid & (n_parts == 2)
+    starts = parts.offsets.to_numpy()[:-1].astype(np.int64)  # absolute positions in parts.values
+    idx = pa.array(np.where(ok, starts + 1, 0), mask=~ok)
+    return pc.take(parts.values, idx) if len(parts.values) else pa.nulls(len(s), pa.string())
 
 
 def phone(arr: pa.Array, token_key: bytes, *, keep_last: int, prefix: str, length: int, domain: str,
           stats: ColumnStats) -> tuple[pa.Array, int]:
     """Tokenise the digits (formatting-insensitive); optionally append the last N digits."""
     s = as_string(arr)
-    digits = pc.replace_substring_regex(s, r"[^0-9]", "")
+    digits = keep_bytes(s, DIGITS)
     nd = pc.utf8_length(digits)
     valid = _bool_np(pc.and_(pc.greater_equal(nd, 7), pc.less_equal(nd, 15)))
     present = ~_bool_np(pc.is_null(s))
@@ -198,7 +328,11 @@ def generalize_date(arr: pa.Array | pa.ChunkedArray, *, granularity: str, date_f
         raise TypeError(f"expected a date, timestamp or string column, got {arr.type}")
     if pa.types.is_timestamp(arr.type) and arr.type.tz is not None:
         arr = arr.cast(pa.timestamp(arr.type.unit))  # calendar month of the stored UTC instant
-    return pc.strftime(arr, format="%Y-%m" if granularity == "month" else "%Y")
+    # Format each distinct month/year once: floor to the period, dictionary-encode, format, take.
+    # strftime per row is the slow part (~0.5 us a value) and there are only a few hundred periods.
+    enc = pc.dictionary_encode(pc.floor_temporal(arr, 1, granularity))
+    labels = pc.strftime(enc.dictionary, format="%Y-%m" if granularity == "month" else "%Y")
+    return pc.take(labels, enc.indices)
 
 
 def _edge_label(x: float) -> str:
