@@ -302,25 +302,34 @@ class RowSource:
     column: str
     values: pa.Array  # string, one per row
     marker: str
+    # Also scrub the single words of multi-word values (names: "Smith" alone). Only for name-like
+    # columns: the words of a dropped free-text column ("call", "back") are not identifiers.
+    parts: bool = False
 
 
 def _np_strings(arr: pa.Array) -> np.ndarray:
     return np.asarray(pc.fill_null(arr, "").to_numpy(zero_copy_only=False)).astype(np.dtypes.StringDType())
 
 
-MAX_VOCABULARY = 5000
+MAX_CATEGORIES = 2000
+MAX_SUBSTRINGS = 100_000
 
 
-def _vocabulary_filter(lower_text: pa.Array) -> str | None:
-    """An RE2 alternation of the distinct words (>= 2 characters) of a low-cardinality text column,
-    or None when the column is real free text (then every row is checked)."""
-    words = pc.unique(pc.list_flatten(pc.split_pattern_regex(pc.unique(lower_text.drop_null()), r"\W+")))
-    words = words.filter(pc.greater_equal(pc.utf8_length(words), 2))
-    if len(words) > MAX_VOCABULARY:
+def _aligned_substrings(lower_text: pa.Array, min_length: int) -> set[str] | None:
+    """For a low-cardinality column (categories), every substring of its distinct values that a
+    needle could match on word boundaries (starts after a non-word character, ends before one).
+    None when the column is real free text (then every row is checked against its own values)."""
+    distinct = pc.unique(lower_text.drop_null())
+    if len(distinct) > MAX_CATEGORIES:
         return None
-    if len(words) == 0:
-        return ""
-    return "(?:" + "|".join(re.escape(w) for w in words.to_pylist()) + ")"
+    out: set[str] = set()
+    for text in distinct.to_pylist():
+        starts = [i for i in range(len(text)) if i == 0 or not _is_word_char(text[i - 1])]
+        ends = [j for j in range(1, len(text) + 1) if j == len(text) or not _is_word_char(text[j])]
+        out.update(text[i:j] for i in starts for j in ends if j - i >= min_length)
+        if len(out) > MAX_SUBSTRINGS:
+            return None
+    return out
 
 
 def scrub_row_values(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSource], *, min_length: int,
@@ -328,48 +337,53 @@ def scrub_row_values(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSour
     """Replace, case-insensitively and on word boundaries, each source value (and, with ``parts``,
     each of its words of at least ``min_length`` characters) found in the same row's ``text``.
 
-    Vectorised prefilters: for a low-cardinality column (categories), a source value can only hit
-    if it contains one of the column's few words (one RE2 pass per source); otherwise
-    ``numpy.strings.find`` compares every row with its own values in C. Only rows with a hit are
-    rewritten in Python. Returns (array, rows changed).
+    Vectorised prefilters: for a low-cardinality column (categories) a source value can only hit
+    if it equals one of the column's few boundary-aligned substrings (a hash lookup per row,
+    ``pc.is_in``); for free text ``numpy.strings.find`` compares every row with its own values in
+    C. Only rows with a confirmed hit are rewritten in Python. Returns (array, rows changed).
     """
     s = as_string(text)
     n = len(s)
     if n == 0 or not sources:
         return s, 0
     lower_text = pc.utf8_lower(s)
-    vocabulary = _vocabulary_filter(lower_text)
-    if vocabulary == "":
+    aligned = _aligned_substrings(lower_text, min_length)
+    if aligned is not None and not aligned:
         return s, 0
+    value_set = pa.array(sorted(aligned), pa.string()) if aligned is not None else None
     has_text = _bool(pc.is_valid(s))
+    all_rows = np.arange(n)
     lower_np: np.ndarray | None = None
     per_row: dict[int, list[tuple[str, str]]] = {}
     for src in sources:
         raw = as_string(src.values)
-        # One RE2 pass over the raw values (categories: does the value share a word with the
-        # column at all?); trimming, lower-casing and lengths only for the rows that do.
-        rows_ok = has_text & (_bool(pc.match_substring_regex(raw, vocabulary, ignore_case=True))
-                              if vocabulary is not None else _bool(pc.is_valid(raw)))
-        rows = np.nonzero(rows_ok)[0]
-        if not len(rows):
-            continue
-        lower_vals = pc.utf8_lower(pc.utf8_trim_whitespace(raw.take(pa.array(rows))))
-        long_enough = _bool(pc.greater_equal(pc.utf8_length(lower_vals), min_length))
-        if lower_np is None:
-            lower_np = _np_strings(lower_text)
-        candidates: list[tuple[np.ndarray, pa.Array]] = [(rows[long_enough], lower_vals.filter(pa.array(long_enough)))]
-        if parts:
-            words = pc.utf8_split_whitespace(lower_vals)
-            lengths = pc.fill_null(pc.list_value_length(words), 0).to_numpy(zero_copy_only=False)
-            multi = lengths > 1
-            if multi.any():
-                flat = pc.list_flatten(words.filter(pa.array(multi)))
-                parent = np.repeat(rows[multi], lengths[multi])
+        if value_set is not None:
+            # Categories: two cheap kernels per source (lower-case, hash lookup in the small set);
+            # trimming and lengths only for the few rows that pass.
+            whole = has_text & _bool(pc.is_in(pc.utf8_lower(raw), value_set=value_set))
+            if not whole.any() and not (parts and src.parts):
+                continue
+            lower_vals = pc.utf8_lower(pc.utf8_trim_whitespace(raw))
+        else:
+            lower_vals = pc.utf8_lower(pc.utf8_trim_whitespace(raw))
+            whole = has_text & _bool(pc.greater_equal(pc.utf8_length(lower_vals), min_length))
+        candidates: list[tuple[np.ndarray, pa.Array]] = [(all_rows[whole], lower_vals.filter(pa.array(whole)))]
+        if parts and src.parts:
+            spaced = has_text & _bool(pc.match_substring_regex(lower_vals, r"\S\s+\S"))
+            if spaced.any():
+                words = pc.utf8_split_whitespace(lower_vals.filter(pa.array(spaced)))
+                lengths = pc.list_value_length(words).to_numpy(zero_copy_only=False)
+                flat = pc.list_flatten(words)
+                parent = np.repeat(all_rows[spaced], lengths)
                 ok = _bool(pc.greater_equal(pc.utf8_length(flat), min_length))
+                if value_set is not None:
+                    ok &= _bool(pc.is_in(flat, value_set=value_set))
                 candidates.append((parent[ok], flat.filter(pa.array(ok))))
         for row_idx, needles in candidates:
             if not len(row_idx):
                 continue
+            if lower_np is None:
+                lower_np = _np_strings(lower_text)
             found = np.strings.find(lower_np[row_idx], _np_strings(needles)) >= 0
             for r, needle in zip(row_idx[found].tolist(), needles.filter(pa.array(found)).to_pylist()):
                 per_row.setdefault(r, []).append((needle, src.marker))
@@ -385,10 +399,35 @@ def scrub_row_values(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSour
     return pa.array(values, pa.string()), changed
 
 
+def _is_word_char(ch: str) -> bool:
+    return ch.isalnum() or ch == "_"
+
+
 def _replace_words(text: str, needles: list[tuple[str, str]]) -> str:
-    # Longest first, so a full name is replaced before its parts.
-    needles = sorted(set(needles), key=lambda nm: -len(nm[0]))
-    for needle, marker in needles:
-        pattern = re.compile(r"(?<!\w)" + re.escape(needle) + r"(?!\w)", re.IGNORECASE)
-        text = pattern.sub(lambda _m, mk=marker: mk, text)
-    return text
+    """Replace each (lower-case) needle found case-insensitively on word boundaries by its marker.
+    Plain ``str.find`` on a lower-cased copy (compiling a regex per row would dominate the cost)."""
+    lower = text.lower()
+    if len(lower) != len(text):  # a case mapping changed the length: positions would not line up
+        for needle, marker in sorted(set(needles), key=lambda nm: -len(nm[0])):
+            pattern = re.compile(r"(?<!\w)" + re.escape(needle) + r"(?!\w)", re.IGNORECASE)
+            text = pattern.sub(lambda _m, mk=marker: mk, text)
+        return text
+    spans: list[tuple[int, int, str]] = []
+    # Longest first, so a full name wins over its parts.
+    for needle, marker in sorted(set(needles), key=lambda nm: (-len(nm[0]), nm[0])):
+        start = 0
+        while (i := lower.find(needle, start)) >= 0:
+            j = i + len(needle)
+            start = i + 1
+            if (i > 0 and _is_word_char(lower[i - 1])) or (j < len(lower) and _is_word_char(lower[j])):
+                continue
+            if all(j <= a or i >= b for a, b, _ in spans):
+                spans.append((i, j, marker))
+    if not spans:
+        return text
+    out, pos = [], 0
+    for i, j, marker in sorted(spans):
+        out += [text[pos:i], marker]
+        pos = j
+    out.append(text[pos:])
+    return "".join(out)

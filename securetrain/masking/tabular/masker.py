@@ -293,11 +293,13 @@ class TabularMasker:
             if isinstance(rule, _IDENTIFIER_RULES):
                 view = T.scannable(table.column(name))
                 if view is not None:
-                    sources.append(D.RowSource(column=name, values=view, marker=f"[{name.upper()}]"))
+                    names_like = not _is_integer(table.column(name).type) and _mostly_names(view)
+                    sources.append(D.RowSource(column=name, values=view, marker=f"[{name.upper()}]",
+                                               parts=names_like))
         known: list[str] = []
         if "person" in cfg.detectors:
             for src in sources:
-                if _is_integer(table.column(src.column).type) or not _mostly_names(src.values):
+                if not src.parts:
                     continue
                 distinct = pc.unique(pc.utf8_trim_whitespace(src.values).drop_null())
                 known += distinct.filter(pc.match_substring_regex(distinct, _NAME_SHAPE)).to_pylist()
