@@ -26,16 +26,6 @@ INVALID_PAN = "[INVALID_PAN]"
 INVALID_EMAIL = "[INVALID_EMAIL]"
 INVALID_PHONE = "[INVALID_PHONE]"
 
-# RE2 patterns (pyarrow). Order matters for value redaction: longer/more specific shapes first.
-DETECTOR_PATTERNS: dict[str, str] = {
-    "email": r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}",
-    "iban": r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b",
-    "pan": r"\b(?:\d[ \-]?){12,18}\d\b",
-    "ssn": r"\b\d{3}-\d{2}-\d{4}\b",
-    "phone": r"(?:\+\d{1,3}[ .\-]?)?(?:\(\d{3}\)|\b\d{3})[ .\-]\d{3}[ .\-]\d{4}\b|\+\d{1,3}(?:[ .\-]\d{2,4}){2,5}\b",
-}
-
-
 @dataclass
 class ColumnStats:
     """Counts for the report; never values."""
@@ -366,39 +356,3 @@ def scannable(arr: pa.Array | pa.ChunkedArray) -> pa.Array | None:
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t):
         return as_string(arr)
     return None
-
-
-def detect(s: pa.Array, detectors: list[str], *, integer: bool) -> dict[str, np.ndarray]:
-    """Per detector, a boolean mask of cells with a PII-shaped value.
-
-    PAN hits must also pass Luhn (on the first match in the cell), which keeps order numbers and
-    other long digit runs from tripping it. Integer columns are only checked for whole-value PANs.
-    """
-    hits: dict[str, np.ndarray] = {}
-    for name in detectors:
-        if integer:
-            if name != "pan":
-                continue
-            shaped = _bool_np(pc.match_substring_regex(s, r"^\d{13,19}$"))
-            hits[name] = shaped & luhn_valid(pc.if_else(pa.array(shaped), s, pa.scalar(None, pa.string())))
-            continue
-        shaped = _bool_np(pc.match_substring_regex(s, DETECTOR_PATTERNS[name]))
-        if name == "pan" and shaped.any():
-            first = pc.struct_field(pc.extract_regex(s, f"(?P<m>{DETECTOR_PATTERNS['pan']})"), "m")
-            digits = pc.replace_substring_regex(first, r"[ \-]", "")
-            digits = pc.if_else(pa.array(shaped), digits, pa.scalar(None, pa.string()))
-            shaped &= luhn_valid(digits)
-        hits[name] = shaped
-    return hits
-
-
-def redact_matches(s: pa.Array, detectors: list[str], *, integer: bool) -> pa.Array:
-    """Replace every PII-shaped substring with [EMAIL]/[IBAN]/[PAN]/[SSN]/[PHONE]."""
-    if integer:
-        mask = detect(s, ["pan"], integer=True).get("pan", np.zeros(len(s), bool))
-        return pc.if_else(pa.array(mask), pa.scalar("[PAN]"), s)
-    for name in DETECTOR_PATTERNS:  # fixed order: specific shapes before generic digit runs
-        if name in detectors:
-            s = pc.replace_substring_regex(s, DETECTOR_PATTERNS[name], f"[{name.upper()}]")
-    return s
-
