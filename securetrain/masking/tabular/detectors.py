@@ -332,6 +332,32 @@ def _aligned_substrings(lower_text: pa.Array, min_length: int) -> set[str] | Non
     return out
 
 
+def _part_candidates(lower_vals: pa.Array, has_text: np.ndarray, min_length: int,
+                     value_set: pa.Array | None) -> tuple[np.ndarray, pa.Array]:
+    """(row, word) pairs for the words of multi-word values, worked out once per distinct value
+    (a name column has far fewer distinct values than rows) and expanded to rows with numpy."""
+    enc = pc.dictionary_encode(lower_vals)
+    words = pc.utf8_split_whitespace(enc.dictionary)
+    lengths = pc.fill_null(pc.list_value_length(words), 0).to_numpy(zero_copy_only=False)
+    flat = pc.list_flatten(words)
+    owner = np.repeat(np.arange(len(lengths)), lengths)  # distinct value of each word, ascending
+    ok = (lengths[owner] > 1) & _bool(pc.greater_equal(pc.utf8_length(flat), min_length))
+    if value_set is not None and ok.any():
+        ok &= _bool(pc.is_in(flat, value_set=value_set))
+    if not ok.any():
+        return np.zeros(0, dtype=np.int64), pa.array([], pa.string())
+    per_value = np.bincount(owner[ok], minlength=len(lengths))
+    first = np.concatenate(([0], np.cumsum(per_value)[:-1]))
+    indices = pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    rows = np.nonzero((indices >= 0) & has_text)[0]
+    rows = rows[per_value[indices[rows]] > 0]
+    counts = per_value[indices[rows]]
+    rows_rep = np.repeat(rows, counts)
+    within = np.arange(len(rows_rep)) - np.repeat(np.cumsum(counts) - counts, counts)
+    ok_words = flat.filter(pa.array(ok))
+    return rows_rep, ok_words.take(pa.array(np.repeat(first[indices[rows]], counts) + within))
+
+
 def scrub_row_values(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSource], *, min_length: int,
                      parts: bool) -> tuple[pa.Array, int]:
     """Replace, case-insensitively and on word boundaries, each source value (and, with ``parts``,
@@ -369,16 +395,7 @@ def scrub_row_values(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSour
             whole = has_text & _bool(pc.greater_equal(pc.utf8_length(lower_vals), min_length))
         candidates: list[tuple[np.ndarray, pa.Array]] = [(all_rows[whole], lower_vals.filter(pa.array(whole)))]
         if parts and src.parts:
-            spaced = has_text & _bool(pc.match_substring_regex(lower_vals, r"\S\s+\S"))
-            if spaced.any():
-                words = pc.utf8_split_whitespace(lower_vals.filter(pa.array(spaced)))
-                lengths = pc.list_value_length(words).to_numpy(zero_copy_only=False)
-                flat = pc.list_flatten(words)
-                parent = np.repeat(all_rows[spaced], lengths)
-                ok = _bool(pc.greater_equal(pc.utf8_length(flat), min_length))
-                if value_set is not None:
-                    ok &= _bool(pc.is_in(flat, value_set=value_set))
-                candidates.append((parent[ok], flat.filter(pa.array(ok))))
+            candidates.append(_part_candidates(lower_vals, has_text, min_length, value_set))
         for row_idx, needles in candidates:
             if not len(row_idx):
                 continue

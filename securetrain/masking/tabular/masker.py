@@ -63,7 +63,7 @@ _NAME_SHAPE = r"^\p{L}[\p{L}'’.\-]*(?:\s+\p{L}[\p{L}'’.\-]*)+$"
 def _mostly_names(values: pa.Array, sample: int = 1000) -> bool:
     """Whether a column holds personal names (judged on its first non-null values, so an id or
     e-mail column costs nothing): only such columns feed the list of known names."""
-    head = values.drop_null().slice(0, sample)
+    head = values.slice(0, 4 * sample).drop_null().slice(0, sample)
     if not len(head):
         return False
     return pc.sum(pc.match_substring_regex(pc.utf8_trim_whitespace(head), _NAME_SHAPE)).as_py() * 2 > len(head)
