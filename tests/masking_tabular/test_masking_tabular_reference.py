@@ -104,7 +104,7 @@ def test_transforms_equal_reference_on_random_data(seed: int) -> None:
     table = pa.concat_tables([table.slice(0, 700), table.slice(700, 1).slice(0, 1), table.slice(701)])
     policy = load_policy(data={"policy_version": "1", "columns": [
         {"name": "tok", "action": "tokenize", "normalize": "none", "domain": "d1", "prefix": "", "length": 51},
-        {"name": "tok_sl", "action": "tokenize", "normalize": "strip_lower", "length": 13},
+        {"name": "tok_sl", "action": "tokenize", "normalize": "strip_lower", "length": 13, "prefix": "pré-"},
         {"name": "pan_l4", "action": "pan"},
         {"name": "pan_t", "action": "pan", "mode": "tokenize"},
         {"name": "pan_tl", "action": "pan", "mode": "tokenize_last4"},
@@ -115,7 +115,7 @@ def test_transforms_equal_reference_on_random_data(seed: int) -> None:
     assert out.column("tok").to_pylist() == [
         ref_tokenize(v, normalize="none", domain="d1", prefix="", length=51) for v in values]
     assert out.column("tok_sl").to_pylist() == [
-        ref_tokenize(v, normalize="strip_lower", domain="default", prefix="tok_", length=13) for v in values]
+        ref_tokenize(v, normalize="strip_lower", domain="default", prefix="pré-", length=13) for v in values]
     assert out.column("pan_l4").to_pylist() == [ref_pan(v, mode="last4") for v in values]
     assert out.column("pan_t").to_pylist() == [ref_pan(v, mode="tokenize") for v in values]
     assert out.column("pan_tl").to_pylist() == [ref_pan(v, mode="tokenize_last4") for v in values]

@@ -63,13 +63,15 @@ _B32_SHIFTS = np.arange(35, -1, -5, dtype=np.uint64)  # 8 characters per 40-bit 
 _MAC_BYTES = 32
 
 
-def _b32_prefix(macs: bytes, n: int, length: int) -> pa.Array:
-    """First ``length`` lower-case RFC 4648 base32 characters of each 32-byte MAC, vectorised
-    (identical to ``base64.b32encode(mac).lower()[:length]``, which is pure Python and slow).
+def _b32_prefix(macs: bytes, n: int, length: int, prefix: bytes = b"") -> pa.Array:
+    """``prefix`` + the first ``length`` lower-case RFC 4648 base32 characters of each 32-byte MAC,
+    vectorised (identical to ``prefix + base64.b32encode(mac).lower()[:length]``, which is pure
+    Python and slow).
 
     Base32 maps each 5-byte group to 8 characters, so the MACs are cut into 40-bit integers and
     each integer into eight 5-bit indices with shifts (zero-padded past the 32 MAC bytes, which
-    only the unused tail of a 52nd character would touch)."""
+    only the unused tail of a 52nd character would touch). The prefix is written into the same
+    fixed-width buffer, so no string concatenation pass follows."""
     if n == 0:
         return pa.array([], pa.string())
     groups = -(-length // 8)
@@ -79,8 +81,11 @@ def _b32_prefix(macs: bytes, n: int, length: int) -> pa.Array:
     raw = raw.reshape(n, groups, 5)
     value = (raw[..., 0] << 32) | (raw[..., 1] << 24) | (raw[..., 2] << 16) | (raw[..., 3] << 8) | raw[..., 4]
     idx = (value[..., None] >> _B32_SHIFTS) & np.uint64(31)
-    chars = np.ascontiguousarray(_B32[idx.reshape(n, 8 * groups)[:, :length]])
-    return pa.Array.from_buffers(pa.binary(length), n, [None, pa.py_buffer(chars.tobytes())]).cast(pa.string())
+    width = len(prefix) + length
+    chars = np.empty((n, width), dtype=np.uint8)
+    chars[:, :len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
+    chars[:, len(prefix):] = _B32[idx.reshape(n, 8 * groups)[:, :length]]
+    return pa.Array.from_buffers(pa.binary(width), n, [None, pa.py_buffer(chars.tobytes())]).cast(pa.string())
 
 
 class _HmacSha256:
@@ -114,10 +119,7 @@ class _HmacSha256:
 
 
 def _finish_tokens(macs: bytes, n: int, *, prefix: str, length: int) -> pa.Array:
-    toks = _b32_prefix(macs, n, length)
-    if prefix:
-        toks = pc.binary_join_element_wise(pa.scalar(prefix), toks, "")
-    return toks
+    return _b32_prefix(macs, n, length, prefix.encode("utf-8"))
 
 
 def tokens_for(values: list[str | None], token_key: bytes, *, domain: str, prefix: str, length: int) -> pa.Array:
