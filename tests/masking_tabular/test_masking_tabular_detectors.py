@@ -184,3 +184,27 @@ def test_cli_mask_with_shipped_policy_and_audit_db_verifies(tmp_path: Path, monk
     actions = applied[0].details["actions"]
     assert {"column": "ssn", "action": "redact"} in actions
     assert [a["column"] for a in actions] == generate_finance_table(1).column_names
+
+
+def test_detector_only_runs_where_its_prefilter_matched() -> None:
+    from securetrain.masking.tabular.detectors import TextScanner
+
+    scanner = TextScanner(["pan", "phone", "person"])
+    masks, redacted = scanner.scan(pa.array(["order 1234567812345678", "qty 3", None]))
+    assert masks == {} and redacted is None
+    assert scanner._person is None  # Presidio was never needed, so never loaded
+
+
+def test_chunked_columns_with_nulls_are_scanned_and_scrubbed_per_row() -> None:
+    policy = load_policy(data={"policy_version": "t", "columns": [
+        {"name": "name", "action": "drop"}, {"name": "memo", "action": "keep"}],
+        "detectors": {"on_detect": "redact_values"}})
+    a = pa.table({"name": ["Zed Quorra", None, "Ann Lee"], "memo": ["hi Zed Quorra", "x", None]})
+    b = pa.table({"name": ["Ann Lee", "Bo Li"], "memo": ["card 4111 1111 1111 1111 for ann lee", "ZED QUORRA"]})
+    t = pa.concat_tables([a, b])
+    assert t.column("memo").num_chunks == 2
+    out = TabularMasker(policy, KEY).mask_table(t)
+    # Row 4's "ZED QUORRA" is not that row's name, but a known name of the table -> [PERSON].
+    assert out.column("memo").to_pylist() == [
+        "hi [NAME]", "x", None, "card [PAN] for [NAME]", "[PERSON]"]
+    assert out.column_names == ["memo"]

@@ -181,6 +181,15 @@ def _resolve(findings: Iterable[Finding]) -> list[Finding]:
     return sorted(chosen, key=lambda f: f.start)
 
 
+def _apply_findings(text: str, findings: list[Finding]) -> str:
+    out, pos = [], 0
+    for f in findings:
+        out += [text[pos:f.start], f"[{f.kind.upper()}]"]
+        pos = f.end
+    out.append(text[pos:])
+    return "".join(out)
+
+
 def _known_name_prefilter(names: Sequence[str]) -> str | None:
     if not names:
         return None
@@ -199,9 +208,13 @@ class TextScanner:
         self._person: _PersonAnalyzer | None = None
 
     # -- per text (candidates only) -------------------------------------------------------------
-    def findings(self, text: str) -> list[Finding]:
+    def findings(self, text: str, detectors: Iterable[str] | None = None) -> list[Finding]:
+        """Validated, non-overlapping findings in ``text`` (of ``detectors``, default all)."""
+        wanted = set(self.detectors if detectors is None else detectors)
         found: list[Finding] = []
         for name in self.detectors:
+            if name not in wanted:
+                continue
             if name == "email":
                 found += [Finding(m.start(), m.end(), "email") for m in _EMAIL_PY.finditer(text)]
             elif name == "ssn":
@@ -218,34 +231,29 @@ class TextScanner:
                 found += self._person.findings(text)
         return _resolve(found)
 
-    def redact_text(self, text: str) -> str:
-        out, pos = [], 0
-        for f in self.findings(text):
-            out.append(text[pos:f.start])
-            out.append(f"[{f.kind.upper()}]")
-            pos = f.end
-        out.append(text[pos:])
-        return "".join(out)
+    def redact_text(self, text: str, detectors: Iterable[str] | None = None) -> str:
+        return _apply_findings(text, self.findings(text, detectors))
 
     # -- whole arrays ---------------------------------------------------------------------------
-    def _candidates(self, values: pa.Array) -> np.ndarray:
-        """Which (distinct) values need the per-text validation."""
-        cand = np.zeros(len(values), dtype=bool)
+    def _candidates(self, values: pa.Array) -> dict[str, np.ndarray]:
+        """Per detector, which (distinct) values need its per-text validation."""
+        cand: dict[str, np.ndarray] = {}
         for name in self.detectors:
             if name == "email":
-                cand |= _bool(pc.match_substring_regex(values, EMAIL_RE2))
+                cand[name] = _bool(pc.match_substring_regex(values, EMAIL_RE2))
             elif name == "ssn":
-                cand |= _bool(pc.match_substring_regex(values, SSN_RE2))
+                cand[name] = _bool(pc.match_substring_regex(values, SSN_RE2))
             elif name == "person":
-                cand |= _bool(pc.match_substring_regex(values, _PERSON_PREFILTER_RE2))
+                hit = _bool(pc.match_substring_regex(values, _PERSON_PREFILTER_RE2))
                 known = _known_name_prefilter(self.known_names)
                 if known is not None:
                     try:
-                        cand |= _bool(pc.match_substring_regex(values, known))
+                        hit |= _bool(pc.match_substring_regex(values, known))
                     except pa.ArrowException:  # RE2 memory limit for a huge alternation: check all
-                        cand[:] = True
+                        hit[:] = True
+                cand[name] = hit
             else:
-                cand |= _bool(pc.match_substring_regex(values, _PREFILTER_RE2[name]))
+                cand[name] = _bool(pc.match_substring_regex(values, _PREFILTER_RE2[name]))
         return cand
 
     def scan(self, arr: pa.Array | pa.ChunkedArray) -> tuple[dict[str, np.ndarray], pa.Array | None]:
@@ -254,18 +262,24 @@ class TextScanner:
         s = as_string(arr)
         enc = pc.dictionary_encode(s)
         values = enc.dictionary
-        cand = np.nonzero(self._candidates(values))[0]
+        per_detector = self._candidates(values)
+        any_cand = np.zeros(len(values), dtype=bool)
+        for mask in per_detector.values():
+            any_cand |= mask
+        cand = np.nonzero(any_cand)[0]
         hits = {name: np.zeros(len(values), dtype=bool) for name in self.detectors}
         redacted: list[str] | None = None
         if len(cand):
             texts = values.take(pa.array(cand)).to_pylist()
             replaced = values.to_pylist()
             for i, text in zip(cand.tolist(), texts):
-                found = self.findings(text)
+                # Only the detectors whose prefilter selected this value validate it (so a digit
+                # run never loads Presidio, and a name never runs the phone matcher).
+                found = self.findings(text, [n for n, m in per_detector.items() if m[i]])
                 for f in found:
                     hits[f.kind][i] = True
                 if found:
-                    replaced[i] = self.redact_text(text)
+                    replaced[i] = _apply_findings(text, found)
                     redacted = replaced
         indices = pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False)
         present = indices >= 0
@@ -430,16 +444,19 @@ def _replace_words(text: str, needles: list[tuple[str, str]]) -> str:
             text = pattern.sub(lambda _m, mk=marker: mk, text)
         return text
     spans: list[tuple[int, int, str]] = []
+    end = len(lower)
     # Longest first, so a full name wins over its parts.
     for needle, marker in sorted(set(needles), key=lambda nm: (-len(nm[0]), nm[0])):
-        start = 0
-        while (i := lower.find(needle, start)) >= 0:
-            j = i + len(needle)
-            start = i + 1
-            if (i > 0 and _is_word_char(lower[i - 1])) or (j < len(lower) and _is_word_char(lower[j])):
-                continue
-            if all(j <= a or i >= b for a, b, _ in spans):
+        size = len(needle)
+        i = lower.find(needle)
+        while i >= 0:
+            j = i + size
+            before = lower[i - 1] if i else " "
+            after = lower[j] if j < end else " "
+            if not (before.isalnum() or before == "_" or after.isalnum() or after == "_") and \
+                    all(j <= a or i >= b for a, b, _ in spans):
                 spans.append((i, j, marker))
+            i = lower.find(needle, i + 1)
     if not spans:
         return text
     out, pos = [], 0
