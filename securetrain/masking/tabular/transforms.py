@@ -105,6 +105,14 @@ class _HmacSha256:
         self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
         self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
 
+    def with_prefix(self, prefix: bytes) -> _HmacSha256:
+        """The same key with ``prefix`` already absorbed: ``many(m)`` then MACs ``prefix || m``."""
+        other = object.__new__(_HmacSha256)
+        other._inner = self._inner.copy()
+        other._inner.update(prefix)
+        other._outer = self._outer
+        return other
+
     def many(self, messages: Iterable[bytes]) -> bytes:
         """Concatenated 32-byte MACs of ``messages``, in order."""
         inner_copy, outer_copy = self._inner.copy, self._outer.copy
@@ -134,14 +142,15 @@ def tokens_for(values: list[str | None], token_key: bytes, *, domain: str, prefi
 def tokens_for_array(values: pa.Array, token_key: bytes, *, domain: str, prefix: str, length: int) -> pa.Array:
     """Tokens for a string array without nulls (e.g. a dictionary), one HMAC per element.
 
-    The messages ``utf8(domain) || 0x00 || utf8(value)`` are built by pyarrow and handed to the
-    MAC as ``bytes`` directly, so no Python string is created per value.
+    The MAC input is ``utf8(domain) || 0x00 || utf8(value)``; values reach the MAC as ``bytes``
+    straight from pyarrow, so no Python string is created per value.
     """
     if values.null_count:
         raise ValueError("tokens_for_array needs an array without nulls")
-    dom = pa.scalar(domain.encode("utf-8") + b"\x00", pa.binary())
-    messages = pc.binary_join_element_wise(dom, values.cast(pa.binary()), pa.scalar(b"", pa.binary()))
-    macs = _HmacSha256(token_key).many(messages.to_pylist())
+    # The domain separator is absorbed into the HMAC's inner state once per column, so each value
+    # is hashed straight from pyarrow's bytes objects (no per-value concatenation).
+    mac = _HmacSha256(token_key).with_prefix(domain.encode("utf-8") + b"\x00")
+    macs = mac.many(values.cast(pa.binary()).to_pylist())
     return _finish_tokens(macs, len(values), prefix=prefix, length=length)
 
 
