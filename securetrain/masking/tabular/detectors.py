@@ -46,8 +46,9 @@ _PREFILTER_RE2 = {
     "phone": r"\d(?:[ \-.()/]{0,2}\d){5,}",
 }
 _TITLES = r"Mr|Mrs|Ms|Miss|Mx|Dr|Prof|Sir|Dame|Herr|Frau|Fr|Hr"
-_NAME_CONTEXT = (r"to|from|for|by|payee|beneficiary|recipient|customer|client|name|holder|sender|"
-                 r"an|von|für")
+# Words after which two capitalised words are most likely a person ("transfer to Jane Doe").
+# "for"/"by" are left out: "paid by Visa Debit" would be a person far too often.
+_NAME_CONTEXT = r"to|from|payee|beneficiary|recipient|customer|client|name|holder|sender|an|von"
 _PERSON_PREFILTER_RE2 = (
     rf"\b(?:{_TITLES})\b\.?\s+\p{{Lu}}"
     rf"|(?i:\b(?:{_NAME_CONTEXT})\b:?)\s+\p{{Lu}}\p{{Ll}}+[ \-]\p{{Lu}}"
@@ -154,7 +155,7 @@ class _PersonAnalyzer:
         registry.add_recognizer(PatternRecognizer(
             supported_entity="PERSON", name="securetrain_person_patterns",
             patterns=[Pattern(name, rx, score) for name, rx, score in _PERSON_PATTERNS],
-            global_regex_flags=regex.DOTALL | regex.MULTILINE | regex.VERSION1,
+            global_regex_flags=regex.DOTALL | regex.MULTILINE,
         ))
         if known_names:
             # Names seen in the table's own identifier columns, anywhere in the text, any case.
