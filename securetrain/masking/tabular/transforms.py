@@ -197,18 +197,6 @@ def keep_bytes(arr: pa.Array, keep: np.ndarray) -> pa.Array:
     return out
 
 
-def count_bytes(arr: pa.Array, which: np.ndarray) -> np.ndarray:
-    """Per row, how many bytes are marked in the 256-entry table ``which`` (nulls count 0)."""
-    arr = as_string(arr)
-    offsets, data = _offsets_and_data(arr)
-    cum = np.zeros(len(data) + 1, dtype=np.int64)
-    np.cumsum(which[data], out=cum[1:])
-    counts = cum[offsets[1:]] - cum[offsets[:-1]]
-    if arr.null_count:
-        counts[~_bool_np(pc.is_valid(arr))] = 0
-    return counts
-
-
 def byte_table(chars: bytes, *, invert: bool = False) -> np.ndarray:
     table = np.zeros(256, dtype=bool)
     table[np.frombuffer(chars, dtype=np.uint8)] = True
@@ -217,7 +205,6 @@ def byte_table(chars: bytes, *, invert: bool = False) -> np.ndarray:
 
 DIGITS = byte_table(b"0123456789")
 NOT_SPACE_OR_DASH = byte_table(b" -", invert=True)
-RE2_SPACE = byte_table(b"\t\n\f\r ")  # what RE2's \s matches
 
 
 def normalize(arr: pa.Array, how: str) -> pa.Array:
