@@ -208,3 +208,13 @@ def test_chunked_columns_with_nulls_are_scanned_and_scrubbed_per_row() -> None:
     assert out.column("memo").to_pylist() == [
         "hi [NAME]", "x", None, "card [PAN] for [NAME]", "[PERSON]"]
     assert out.column_names == ["memo"]
+
+
+def test_integer_columns_only_flag_whole_card_numbers() -> None:
+    t = pa.table({"id": ["a", "b", "c", "d"],
+                  "ref": pa.array([4111111111111111, 4111111111111112, -4111111111111111, None], pa.int64()),
+                  "small": pa.array([1, 2, 3, 4], pa.int8())})
+    out, report = _masker("redact_values").mask_table_with_report(t)
+    assert out.column("ref").to_pylist() == ["[PAN]", "4111111111111112", "-4111111111111111", None]
+    assert out.column("small").to_pylist() == [1, 2, 3, 4]
+    assert {c.column: c.detections for c in report.columns}["ref"] == {"pan": 1}

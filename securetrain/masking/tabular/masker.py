@@ -284,8 +284,8 @@ class TabularMasker:
         cfg = self.policy.detectors
         scanned = [c for c, r in plan.items()
                    if (isinstance(r, KeepRule) and r.scan) or (isinstance(r, DefaultAction) and r.action == "keep")]
-        scanned = [c for c in scanned if T.scannable(table.column(c)) is not None
-                   and not _is_integer(table.column(c).type)]
+        scanned = [c for c in scanned if not _is_integer(table.column(c).type)
+                   and T.scannable(table.column(c)) is not None]
         if not cfg.enabled or not scanned:
             return _ScanContext()
         sources: list[D.RowSource] = []
@@ -310,16 +310,17 @@ class TabularMasker:
         cfg = self.policy.detectors
         if not cfg.enabled:
             return column
-        s = T.scannable(column)
-        if s is None:
-            return column
         if _is_integer(column.type):
-            # Integer columns: only whole-value card numbers are possible.
+            # Integer columns: only whole-value card numbers are possible (a numeric test first,
+            # so no string view is made of an ordinary integer column).
             mask = D.integer_pan_mask(column) if "pan" in cfg.detectors else np.zeros(len(column), bool)
             hits, redacted = ({"pan": mask} if mask.any() else {}), None
             if hits and cfg.on_detect == "redact_values":
-                redacted = pc.if_else(pa.array(mask), pa.scalar("[PAN]"), s)
+                redacted = pc.if_else(pa.array(mask), pa.scalar("[PAN]"), T.as_string(column))
         else:
+            s = T.scannable(column)
+            if s is None:
+                return column
             if context.sources:
                 scrubbed, n_scrubbed = D.scrub_row_values(
                     s, context.sources, min_length=cfg.row_value_min_length, parts=cfg.row_value_parts)
