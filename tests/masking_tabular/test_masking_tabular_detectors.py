@@ -218,3 +218,21 @@ def test_integer_columns_only_flag_whole_card_numbers() -> None:
     assert out.column("ref").to_pylist() == ["[PAN]", "4111111111111112", "-4111111111111111", None]
     assert out.column("small").to_pylist() == [1, 2, 3, 4]
     assert {c.column: c.detections for c in report.columns}["ref"] == {"pan": 1}
+
+
+def test_odd_text_columns_empty_null_large_dictionary_and_case_mapping() -> None:
+    policy = load_policy(data={"policy_version": "t", "columns": [
+        {"name": "name", "action": "tokenize"}, {"name": "cid", "action": "drop"}],
+        "default": {"action": "keep"}, "detectors": {"on_detect": "redact_values"}})
+    m = TabularMasker(policy, KEY)
+    empty = pa.table({"name": pa.array([], pa.string()), "cid": pa.array([], pa.int64()), "txt": pa.array([], pa.string())})
+    assert m.mask_table(empty).column("txt").to_pylist() == []
+    nulls = pa.table({"name": [None, None], "cid": [None, None], "txt": pa.array([None, None], pa.string())})
+    assert m.mask_table(nulls).column("txt").to_pylist() == [None, None]
+    # 'İ' lower-cases to two code points: the scrub must still find the name, in any case.
+    large = pa.table({"name": ["İsmail Öztürk", "Ann Lee"], "cid": [123456, 7],
+                      "txt": pa.array(["pay İSMAİL ÖZTÜRK id 123456", "ann lee 7"], pa.large_string())})
+    assert m.mask_table(large).column("txt").to_pylist() == ["pay [NAME] id [CID]", "[NAME] 7"]
+    dictionary = pa.table({"name": ["Zed Quorra"] * 3, "cid": [1, 2, 3],
+                           "txt": pa.array(["hello zed quorra", "x", "call +44 20 7946 0958"]).dictionary_encode()})
+    assert m.mask_table(dictionary).column("txt").to_pylist() == ["hello [NAME]", "x", "call [PHONE]"]
