@@ -57,8 +57,8 @@ def mlp(data) -> nn.Module:  # noqa: ANN001
 def test_logistic_regression_matches_plaintext(data, logistic) -> None:  # noqa: ANN001
     x, y = data
     audit = MemoryAuditRecorder()
-    r = evaluate_encrypted(logistic, x, y, audit=audit)
-    assert r.depth == 1 and r.params["poly_modulus_degree"] == 8192
+    r = evaluate_encrypted(logistic, x, y, audit=audit, packing="off")
+    assert r.depth == 1 and r.params["poly_modulus_degree"] == 8192 and not r.packed
     assert r.max_abs_error <= 1e-4 and r.max_abs_error_vs_exact <= 1e-4
     assert round(r.auc_encrypted, 3) == round(r.auc_plaintext, 3) == round(r.auc_exact, 3)
     assert r.auc_encrypted > 0.98  # a real model, so agreement is not trivially 0.5 == 0.5
@@ -84,13 +84,14 @@ def test_mlp_with_poly_activation_matches_plaintext(data, mlp) -> None:  # noqa:
 
 def test_probabilities_with_approximated_sigmoid(data, logistic) -> None:  # noqa: ANN001
     x, y = data
-    r = evaluate_encrypted(logistic, x[:200], y[:200], output="probabilities",
-                           approximations={"sigmoid": (3, 40.0)})
-    assert r.depth == 3
-    assert r.max_abs_error <= 1e-4  # vs the same approximated model in plaintext
-    assert r.approximation_error_vs_exact is not None and r.approximation_error_vs_exact > 1e-3
-    assert round(r.auc_encrypted, 3) == round(r.auc_plaintext, 3)
-    assert r.activation_out_of_range == {"step1:sigmoid": pytest.approx(0.0, abs=0.05)}
+    r = evaluate_encrypted(logistic, x[:200], y[:200], output="probabilities", probabilities_at="encrypted",
+                           approximations={"sigmoid": (3, 64.0)})
+    assert r.depth == 3 and r.probabilities_at == "encrypted"
+    assert r.max_abs_error_vs_plan <= 1e-4  # CKKS noise vs the same approximated model in plaintext
+    # ... but the error that is reported (and audited) is against the exact sigmoid, and it is large.
+    assert r.max_abs_error == r.max_abs_error_vs_exact == pytest.approx(r.approximation_error_vs_exact, abs=1e-4)
+    assert r.max_abs_error > 1e-2
+    assert r.activation_out_of_range == {"<output sigmoid>": 0.0} and r.out_of_interval_fraction == 0.0
 
 
 def test_evaluator_side_cannot_decrypt(data) -> None:  # noqa: ANN001
