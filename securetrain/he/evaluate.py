@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
 import warnings
 from collections.abc import Mapping
@@ -209,7 +210,8 @@ def evaluate_encrypted(
         out_of_range = _named(plan, paths, list(cal.out_of_interval))
         _check_intervals(plan, paths, cal, out_of_interval, max_out_of_interval)
         p = params if params is not None else choose_params(plan.depth, scale_bits=None, integer_bits=None,
-                                                            value_bound=cal.value_bound)
+                                                            value_bound=cal.value_bound,
+                                                            min_scale_bits=min_scale_bits_for(decimals))
         depth = check_plan_fits(plan, p, value_bound=cal.value_bound)  # fail before encrypting anything
         single_affine = len(plan.steps) == 1 and isinstance(plan.steps[0], LinearStep)
         can_pack = single_affine and batch_size is None and len(x) <= p.slots // 2 and plan.n_inputs > 1
@@ -324,6 +326,18 @@ def evaluate_encrypted(
             "accuracy_plaintext": acc_p,
         })
     return report
+
+
+#: Measured CKKS error ≈ NOISE_CONSTANT · 2^-scale_bits (fresh encryption + one plaintext product,
+#: N=4096..16384; e.g. 3.6e-6 at scale 2^32).
+NOISE_CONSTANT = 2.0**14
+
+
+def min_scale_bits_for(decimals: int) -> int:
+    """Smallest scale whose CKKS noise stays 4× below half the release rounding step 10^-decimals,
+    clamped to [30, 40] (the search range of choose_params)."""
+    need = math.ceil(math.log2(NOISE_CONSTANT * 2 * 10.0**decimals)) + 2
+    return max(30, min(40, need))
 
 
 def bundle_blocks(bundle: bytes) -> int:

@@ -461,15 +461,11 @@ def check_plan_fits(plan: HEPlan, params: HEParams, input_abs_max: float | None 
         )
 
     def refuse(bound: float, level: int, basis: str) -> HEParameterError:
-        from securetrain.he.params import integer_bits_for
-
         return HEParameterError(
             f"intermediate values may reach {bound:.3g} at level {level}, beyond the "
             f"{params.modulus_bits_at(level) - params.scale_bits - 1:.0f}-bit headroom ({basis}): the decryption "
             "would wrap around",
-            hint=f"use choose_params({depth}, integer_bits={integer_bits_for(bound)}) (or choose_params({depth}, "
-                 f"scale_bits=None, integer_bits=None, value_bound={bound:.3g}) to search ring size and scale), or "
-                 "standardise/clip the features",
+            hint=_headroom_hint(plan, depth, bound),
         )
 
     if value_bound is not None:
@@ -487,3 +483,20 @@ def check_plan_fits(plan: HEPlan, params: HEParams, input_abs_max: float | None 
                                                 "with a plaintext pass to tighten it")
         max_abs_bound(plan, float(input_abs_max), check)
     return depth
+
+
+def _headroom_hint(plan: HEPlan, depth: int, bound: float) -> str:
+    """A parameter call that choose_params accepts *and* that holds ``bound`` (tried, not guessed)."""
+    from securetrain.he.params import choose_params, integer_bits_for
+
+    bits = integer_bits_for(bound)
+    for call, kwargs in ((f"choose_params({depth}, integer_bits={bits})", {"integer_bits": bits}),
+                         (f"choose_params({depth}, scale_bits=None, integer_bits={bits})",
+                          {"scale_bits": None, "integer_bits": bits})):
+        try:
+            check_plan_fits(plan, choose_params(depth, **kwargs), value_bound=bound)  # type: ignore[arg-type]
+        except HEParameterError:
+            continue
+        return f"use {call}, or calibrate on representative data (evaluate_encrypted does) to tighten the bound"
+    return ("standardise/clip the features or shrink the weights: no secure parameter set holds values of "
+            f"{bound:.3g} at depth {depth}")

@@ -53,8 +53,9 @@ def split_for_he(model: Any, *, exact: bool = True) -> tuple[Any, Any]:
     The tail is the longest suffix of the model that HE evaluates: with ``exact=True`` (default)
     only layers computed exactly (Linear, BatchNorm1d, PolyActivation/Square, no-ops) plus a
     trailing Sigmoid/Softmax/LogSoftmax (the data owner applies it after decryption); with
-    ``exact=False`` also polynomial-approximated activations (ReLU, Tanh, …). Leading no-ops
-    (Flatten, Dropout) stay in the trunk, so trunk outputs are what the head consumes. The trunk
+    ``exact=False`` also polynomial-approximated activations (ReLU, Tanh, …) between linear layers.
+    The tail starts at a Linear (or BatchNorm1d): leading no-ops (Flatten, Dropout) and activations
+    stay in the trunk, where the data owner computes them exactly. The trunk
     shares the model's parameters; the tail is an ``nn.Sequential`` of the model's own modules.
 
     Works for ``nn.Sequential`` and any model whose ``forward`` is a straight chain (traced with
@@ -86,8 +87,8 @@ def split_for_he(model: Any, *, exact: bool = True) -> tuple[Any, Any]:
         elif layer.kind not in allowed:
             break
         start -= 1
-    while start < len(chain) and chain[start][1].kind == "noop":
-        start += 1  # Flatten & co. belong to the trunk: its output is the head's input
+    while start < len(chain) and chain[start][1].kind not in ("linear", "batchnorm"):
+        start += 1  # Flatten & co., and activations the data owner computes exactly, belong to the trunk
     tail_layers: list[Layer] = [layer for _, layer in chain[start:]]
     if not any(layer.kind == "linear" for layer in tail_layers):
         last = chain[-1][1].describe() if chain else "nothing"
