@@ -329,7 +329,7 @@ class Evaluator:
         return check_plan_fits(plan, self.params, input_abs_max, value_bound=value_bound)
 
     def _evaluate_packed(self, plan: HEPlan, inputs: bytes, h: dict[str, Any], frames: tuple[bytes, ...],
-                         source: str) -> bytes:
+                         source: str, final_activation: str | None) -> bytes:
         """One affine step on feature-packed inputs: output k = Σ_g ct_g ⊙ w_k,g + b_k·[block 0], where
         w_k,g repeats W[k, g·blocks+i] over block i. No rotation: the data owner sums the blocks."""
         ts = require_tenseal()
@@ -370,14 +370,19 @@ class Evaluator:
             "batch_size": n,
             "output": plan.output,
             "output_factors": [o.factor for o in outs],
+            "final_activation": final_activation,
             "model_sha256": plan.sha256(),
             "inputs_sha256": hashlib.sha256(inputs).hexdigest(),
             "params": self.params.to_dict(),
         }
         return container.encode(CIPHERTEXTS_KIND, fields, [o.payload.serialize() for o in outs])
 
-    def evaluate(self, plan: HEPlan, inputs: bytes, *, source: str = "ciphertexts",
+    def evaluate(self, plan: HEPlan, inputs: bytes, *, source: str = "ciphertexts", final_activation: str | None = None,
                  progress: Progress | None = None, total: Callable[[int], None] | None = None) -> bytes:
+        """Run ``plan`` on an inputs bundle. ``final_activation`` ("sigmoid"/"softmax") is recorded in
+        the outputs header for the data owner to apply, exactly, after decryption."""
+        if final_activation not in (None, "sigmoid", "softmax"):
+            raise HEModelError(f"final_activation must be sigmoid or softmax, got {final_activation!r}")
         ts = require_tenseal()
         h, frames = _parse_bundle(inputs, self.context_id, source)
         if h.get("role") != "inputs":
@@ -386,7 +391,7 @@ class Evaluator:
             raise HEModelError(f"the model expects {plan.n_inputs} features, {source} has {h['n_columns']}")
         self.check_plan(plan, h.get("input_abs_max"), value_bound=h.get("value_bound"))
         if h["layout"] == "feature-packed":
-            return self._evaluate_packed(plan, inputs, h, frames, source)
+            return self._evaluate_packed(plan, inputs, h, frames, source, final_activation)
         if not self._ctx.has_relin_keys() and _needs_relin(plan):
             raise HEKeyError("the public context has no relinearisation keys; this model multiplies ciphertexts")
         cols = h["n_columns"]
@@ -422,6 +427,7 @@ class Evaluator:
             "batch_size": h["batch_size"],
             "output": plan.output,
             "output_factors": factors,
+            "final_activation": final_activation,
             "model_sha256": plan.sha256(),
             "inputs_sha256": hashlib.sha256(inputs).hexdigest(),
             "params": self.params.to_dict(),

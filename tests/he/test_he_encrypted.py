@@ -239,3 +239,42 @@ def test_cli_end_to_end(tmp_path, data, mlp, monkeypatch) -> None:  # noqa: ANN0
     expected = compile_plan(mlp).evaluate_plain(x[:300])[:, 0]
     np.testing.assert_allclose(scores, expected, atol=1e-4)
     assert '"auc"' in r.output
+
+
+def test_cli_probabilities_are_exact_at_decryption_and_calibration_is_recorded(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """`--output probabilities` used to evaluate a polynomial sigmoid on [-8, 8]: logits of ±28
+    came back as "probabilities" from -2.5 to 32.7. Now the data owner applies the exact sigmoid."""
+    from typer.testing import CliRunner
+
+    from securetrain.cli.main import app
+    from securetrain.he import save_sequential
+    from securetrain.he.roles import bundle_info
+
+    monkeypatch.setenv("SECURETRAIN_KEK", "22" * 32)
+    rng = np.random.default_rng(9)
+    x = rng.normal(size=(200, 5))
+    model = nn.Sequential(nn.Linear(5, 1), nn.Sigmoid())
+    with torch.no_grad():
+        model[0].weight.copy_(torch.tensor([[9.0, -7.0, 5.0, 3.0, -4.0]]))
+    logits = x @ model[0].weight.detach().double().numpy().T + float(model[0].bias.detach())
+    assert np.abs(logits).max() > 20  # far outside the polynomial's interval
+    y = (logits[:, 0] > 0).astype(int)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    save_sequential(model, tmp_path / "m.safetensors")
+    run = CliRunner().invoke
+    keys = tmp_path / "keys"
+    assert run(app, ["he", "keygen", "--out-dir", str(keys), "--model", str(tmp_path / "m.safetensors")]).exit_code == 0
+    r = run(app, ["he", "encrypt", "--context", str(keys / "secret.stctx"), "--features", str(tmp_path / "x.npy"),
+                  "--out", str(tmp_path / "in.stcts"), "--calibrate-model", str(tmp_path / "m.safetensors")])
+    assert r.exit_code == 0, r.output
+    assert bundle_info((tmp_path / "in.stcts").read_bytes())["value_bound"] >= np.abs(logits).max()
+    r = run(app, ["he", "evaluate", "--context", str(keys / "public.stctx"), "--model", str(tmp_path / "m.safetensors"),
+                  "--input", str(tmp_path / "in.stcts"), "--out", str(tmp_path / "out.stcts"), "--output", "probabilities"])
+    assert r.exit_code == 0, r.output
+    r = run(app, ["he", "decrypt", "--context", str(keys / "secret.stctx"), "--input", str(tmp_path / "out.stcts"),
+                  "--labels", str(tmp_path / "y.npy"), "--out", str(tmp_path / "p.csv")])
+    assert r.exit_code == 0, r.output
+    probs = np.loadtxt(tmp_path / "p.csv", delimiter=",")
+    np.testing.assert_allclose(probs, 1 / (1 + np.exp(-logits[:, 0])), atol=2e-5)
+    assert '"probabilities"' in r.output and '"accuracy": 1.0' in r.output
