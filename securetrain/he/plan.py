@@ -298,7 +298,7 @@ def exact_logits(model: Any, features: np.ndarray) -> tuple[np.ndarray, str | No
 
     from securetrain.he.layers import split_final, trace_graph, traced_root, truncated
 
-    model = copy.deepcopy(model).double().eval()  # never mutate the caller's model
+    model = copy.deepcopy(model).cpu().double().eval()  # never mutate the caller's model
     graph, chain = trace_graph(model)
     _, final = split_final([layer for _, layer in chain])
     # Stop at the node feeding the trailing final activation (noops after it change no values).
