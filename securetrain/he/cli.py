@@ -81,7 +81,7 @@ def _plan_from_model(model: Path, output: str):  # noqa: ANN202
     plan, final, _ = compile_model(seq, output="probabilities" if output == "encrypted-probabilities" else "logits")
     owner_final = None
     if output == "probabilities":
-        owner_final = "sigmoid" if plan.n_outputs == 1 else "softmax"
+        owner_final = "sigmoid" if final == "sigmoid" or plan.n_outputs == 1 else "softmax"
     return plan, file_sha, owner_final
 
 

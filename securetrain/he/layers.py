@@ -67,7 +67,7 @@ def _classify_module(path: str, m: Any) -> Layer:
     if isinstance(m, PolyActivation):
         return Layer(path, t, "poly", m)
     if isinstance(m, nn.Softmax | nn.LogSoftmax):
-        if m.dim not in (-1, 1):
+        if m.dim not in (-1, 1, None):  # None: PyTorch's implicit choice, dim 1 for (batch, classes)
             raise unsupported(path, t, f"softmax over dim {m.dim} is not over the classes")
         return Layer(path, t, "final", m, "softmax" if isinstance(m, nn.Softmax) else "log_softmax")
     if t in _MODULE_ACTIVATIONS and isinstance(m, getattr(nn, t)):

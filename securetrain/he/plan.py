@@ -315,10 +315,11 @@ def exact_logits(model: Any, features: np.ndarray) -> tuple[np.ndarray, str | No
 
 
 def apply_final(logits: np.ndarray, final: str | None) -> np.ndarray:
-    """The data owner's exact final non-linearity: sigmoid for one output column, else softmax."""
+    """The data owner's exact final non-linearity: the model's own sigmoid (per column) or softmax
+    (log_softmax gives probabilities too); without one, sigmoid for one column, else softmax."""
     z = np.asarray(logits, dtype=np.float64)
-    if z.shape[1] == 1 and final in (None, "sigmoid"):
-        return 1.0 / (1.0 + np.exp(-z))
+    if final == "sigmoid" or (final is None and z.shape[1] == 1):  # sigmoid per column (multi-label too)
+        return 0.5 * (1.0 + np.tanh(0.5 * z))  # = 1/(1+e^-z) without overflow warnings
     z = z - z.max(axis=1, keepdims=True)
     e = np.exp(z)
     return e / e.sum(axis=1, keepdims=True)
