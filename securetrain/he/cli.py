@@ -164,6 +164,8 @@ def encrypt(
     features: Path = typer.Option(..., "--features", help="Features as .npy or numeric .csv (rows = samples)."),
     out: Path = typer.Option(..., "--out", help="Ciphertext bundle to write."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Samples per ciphertext (default: all slots)."),
+    pack: bool = typer.Option(False, "--pack", help="Few samples (≤ half the slots): pack several features per "
+                                                     "ciphertext; only for models that are one linear layer."),
     calibrate_model: Optional[Path] = typer.Option(
         None, "--calibrate-model",
         help="Model file: run it in plaintext on these features and record the calibrated value bound, so the "
@@ -191,7 +193,7 @@ def encrypt(
     with progress_bar() as bar:
         task = bar.add_task("encrypting", total=total, status="")
         bundle = owner.encrypt(x, batch_size=batch_size, progress=lambda k: bar.advance(task, k),
-                               value_bound=value_bound)
+                               value_bound=value_bound, pack=pack)
     atomic_write_bytes(out, bundle, mode=0o644)
     console.print(f"wrote {out}: {len(x)} samples × {x.shape[1]} features, {len(bundle):,} bytes "
                   f"(sha256 {hashlib.sha256(bundle).hexdigest()[:16]}…)")

@@ -266,9 +266,10 @@ def test_cli_probabilities_are_exact_at_decryption_and_calibration_is_recorded(t
     keys = tmp_path / "keys"
     assert run(app, ["he", "keygen", "--out-dir", str(keys), "--model", str(tmp_path / "m.safetensors")]).exit_code == 0
     r = run(app, ["he", "encrypt", "--context", str(keys / "secret.stctx"), "--features", str(tmp_path / "x.npy"),
-                  "--out", str(tmp_path / "in.stcts"), "--calibrate-model", str(tmp_path / "m.safetensors")])
+                  "--out", str(tmp_path / "in.stcts"), "--calibrate-model", str(tmp_path / "m.safetensors"), "--pack"])
     assert r.exit_code == 0, r.output
-    assert bundle_info((tmp_path / "in.stcts").read_bytes())["value_bound"] >= np.abs(logits).max()
+    info = bundle_info((tmp_path / "in.stcts").read_bytes())
+    assert info["value_bound"] >= np.abs(logits).max() and info["layout"] == "feature-packed" and info["blocks"] == 5
     r = run(app, ["he", "evaluate", "--context", str(keys / "public.stctx"), "--model", str(tmp_path / "m.safetensors"),
                   "--input", str(tmp_path / "in.stcts"), "--out", str(tmp_path / "out.stcts"), "--output", "probabilities"])
     assert r.exit_code == 0, r.output
