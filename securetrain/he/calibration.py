@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from securetrain.he.errors import HEModelError
 from securetrain.he.plan import HEPlan, PolyStep
 from securetrain.he.strategy import Node, Ops, _NumpyBackend, run_plan
 
@@ -53,7 +54,9 @@ def calibrate(plan: HEPlan, features: np.ndarray, *, margin: float = DEFAULT_MAR
     """Plaintext pass of ``plan`` on ``features`` (n_samples, n_inputs)."""
     x = np.asarray(features, dtype=np.float64)
     if x.ndim != 2 or x.shape[1] != plan.n_inputs or len(x) == 0:
-        raise ValueError(f"calibration features must have shape (n>0, {plan.n_inputs}), got {x.shape}")
+        raise HEModelError(f"calibration features must have shape (n>0, {plan.n_inputs}), got {x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise HEModelError("calibration features contain NaN or inf")
     worst = float(np.max(np.abs(x)))
 
     def visit(node: Node) -> None:
@@ -73,5 +76,6 @@ def calibrate(plan: HEPlan, features: np.ndarray, *, margin: float = DEFAULT_MAR
         else:
             h = h @ s.weight.T + s.bias
     if not math.isfinite(worst):
-        raise ValueError("the model produces non-finite values on the calibration set")
+        raise HEModelError("the model produces non-finite values on the calibration set",
+                           hint="standardise the features or use smaller approximation ranges")
     return Calibration(len(x), worst, pow2_ceil(margin * worst), tuple(pre_max), tuple(outside))

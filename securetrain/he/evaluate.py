@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from securetrain.audit.recorder import AuditRecorder
+from securetrain.he.approximations import ACTIVATIONS
 from securetrain.he.calibration import Calibration, approximated_steps, calibrate, pow2_ceil
 from securetrain.he.errors import HEError, HEModelError, HEParameterError
 from securetrain.he.metrics import accuracy, macro_auc
@@ -180,7 +181,8 @@ def evaluate_encrypted(
         raise HEModelError("out_of_interval must be refuse|warn and packing auto|on|off")
     encrypted_probs = output == "probabilities" and probabilities_at == "encrypted"
     plan_output: OutputKind = "probabilities" if encrypted_probs else "logits"
-    user_approx = {k: v for k, v in (approximations or {}).items()}
+    # activation names are case-insensitive ("ReLU" = "relu"); layer paths are not
+    user_approx = {(k.lower() if k.lower() in ACTIVATIONS else k): v for k, v in (approximations or {}).items()}
     raw_x = _array(features)
     y = None if labels is None else _array(labels, None).reshape(-1)
     resource = "he-model:unknown"

@@ -199,3 +199,17 @@ def test_packed_small_batch_matches_unpacked_and_is_checked() -> None:
         forged = container.encode("he-ciphertexts", fields | lie, c.frames)
         with pytest.raises(HEFormatError):
             ev.evaluate(compile_plan(model), forged)
+
+
+def test_hidden_relu_ranges_are_calibrated_unless_fixed(_no_keygen_after_refusal) -> None:  # noqa: ANN001
+    x, y = _blobs(200, 6, 2, seed=8, spread=1.0)
+    x = x * 3.0  # pre-activations well beyond the default ReLU interval [-4, 4]
+    model = _train(nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 1)), x, y, steps=200, binary=True)
+    with pytest.raises(HEModelError, match=r"approximated relu at '1'.*outside its fitted interval \[-4, 4\]"):
+        evaluate_encrypted(model, x, y, approximations={"ReLU": (2, 4.0)})  # a caller-fixed R is not widened
+    assert _no_keygen_after_refusal == []
+    r = evaluate_encrypted(model, x, y)
+    assert r.approximation_ranges["1"] >= 8.0 and r.activation_out_of_range == {"1": 0.0}
+    assert r.max_abs_error_vs_plan <= 1e-4  # CKKS is exact w.r.t. the polynomial ...
+    assert r.approximation_error_vs_exact > 1e-3  # ... and the polynomial's own error is reported honestly
+    assert r.max_abs_error == pytest.approx(r.approximation_error_vs_exact, abs=1e-4)
