@@ -109,6 +109,10 @@ def keygen(
     poly_modulus_degree: Optional[int] = typer.Option(None, "--poly-modulus-degree", help="Explicit N (with --coeff-bits)."),
     coeff_bits: Optional[str] = typer.Option(None, "--coeff-bits", help="Explicit prime bit sizes, e.g. 60,40,40,60."),
     scale_bits: int = typer.Option(40, "--scale-bits", help="log2 of the CKKS scale (precision)."),
+    calibrate_features: Optional[Path] = typer.Option(
+        None, "--calibrate-features",
+        help="With --model: features (.npy/.csv) to run the model on in plaintext; the parameters are then searched "
+             "(ring size and scale) for the calibrated value bound instead of the fixed 2^40 scale / 20 integer bits."),
     galois_keys: bool = typer.Option(False, "--galois-keys", help="Also export rotation keys (not needed here; large)."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing context files."),
     keyring: Optional[Path] = _KEYRING,
@@ -135,6 +139,20 @@ def keygen(
         except ValueError as exc:
             raise HEParameterError(f"--coeff-bits must be comma-separated integers, got {coeff_bits!r}") from exc
         params = HEParams(poly_modulus_degree, bits, scale_bits)
+    elif calibrate_features is not None:
+        from securetrain.he.calibration import calibrate
+        from securetrain.he.errors import HEModelError
+        from securetrain.he.evaluate import min_scale_bits_for
+
+        if plan is None:
+            raise HEModelError("--calibrate-features needs --model")
+        cx = _load_array(calibrate_features, "features")
+        if cx.ndim != 2 or cx.shape[1] != plan.n_inputs:
+            raise HEModelError(f"the model takes {plan.n_inputs} features, {calibrate_features} has shape {cx.shape}")
+        bound = calibrate(plan, cx).value_bound
+        params = choose_params(plan.depth, scale_bits=None, integer_bits=None, value_bound=bound,
+                               min_scale_bits=min_scale_bits_for(5))
+        console.print(f"calibrated value bound: {bound:g} ({len(cx)} rows)")
     else:
         need = plan.depth if plan is not None else (depth if depth is not None else 1)
         params = choose_params(need, scale_bits=scale_bits)

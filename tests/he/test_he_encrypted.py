@@ -264,7 +264,10 @@ def test_cli_probabilities_are_exact_at_decryption_and_calibration_is_recorded(t
     save_sequential(model, tmp_path / "m.safetensors")
     run = CliRunner().invoke
     keys = tmp_path / "keys"
-    assert run(app, ["he", "keygen", "--out-dir", str(keys), "--model", str(tmp_path / "m.safetensors")]).exit_code == 0
+    r = run(app, ["he", "keygen", "--out-dir", str(keys), "--model", str(tmp_path / "m.safetensors"),
+                  "--calibrate-features", str(tmp_path / "x.npy")])
+    assert r.exit_code == 0, r.output
+    assert "calibrated value bound: 128" in r.output and "[50, 40, 50]" in r.output  # searched, not [60, 40, 60]
     r = run(app, ["he", "encrypt", "--context", str(keys / "secret.stctx"), "--features", str(tmp_path / "x.npy"),
                   "--out", str(tmp_path / "in.stcts"), "--calibrate-model", str(tmp_path / "m.safetensors"), "--pack"])
     assert r.exit_code == 0, r.output
