@@ -25,7 +25,7 @@ from securetrain.he.errors import HEError, HEModelError, HEParameterError
 from securetrain.he.metrics import accuracy, macro_auc
 from securetrain.he.params import HEParams, choose_params
 from securetrain.he.plan import HEPlan, LinearStep, OutputKind, apply_final, compile_model, exact_logits
-from securetrain.he.roles import DataOwner, Evaluator, check_plan_fits
+from securetrain.he.roles import MAX_DECIMALS, DataOwner, Evaluator, check_plan_fits
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,18 @@ class HEEvaluationReport(BaseModel):
 
 def _array(a: Any, dtype: Any = np.float64) -> np.ndarray:
     return np.asarray(a.detach().cpu().numpy() if hasattr(a, "detach") else a, dtype=dtype)
+
+
+def _class_ids(y: np.ndarray) -> np.ndarray:
+    try:
+        ids = y.astype(np.int64)
+        ok = bool(np.all(ids == y.astype(np.float64))) and bool(np.all(ids >= 0))
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise HEModelError("labels must be class ids 0..K-1 (integers; 0/1 for one output column)",
+                           hint="map string labels to stable integer ids first")
+    return ids
 
 
 def _rows(x: np.ndarray, n_inputs: int, what: str) -> np.ndarray:
@@ -183,8 +195,10 @@ def evaluate_encrypted(
     plan_output: OutputKind = "probabilities" if encrypted_probs else "logits"
     # activation names are case-insensitive ("ReLU" = "relu"); layer paths are not
     user_approx = {(k.lower() if k.lower() in ACTIVATIONS else k): v for k, v in (approximations or {}).items()}
+    if not isinstance(decimals, int) or not 0 <= decimals <= MAX_DECIMALS:  # before any key exists
+        raise HEParameterError(f"decimals must be an integer in 0..{MAX_DECIMALS}, got {decimals!r}")
     raw_x = _array(features)
-    y = None if labels is None else _array(labels, None).reshape(-1)
+    y = None if labels is None else _class_ids(_array(labels, None).reshape(-1))
     resource = "he-model:unknown"
     model_sha: str | None = None
     try:

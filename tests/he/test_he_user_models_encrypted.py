@@ -213,3 +213,19 @@ def test_hidden_relu_ranges_are_calibrated_unless_fixed(_no_keygen_after_refusal
     assert r.max_abs_error_vs_plan <= 1e-4  # CKKS is exact w.r.t. the polynomial ...
     assert r.approximation_error_vs_exact > 1e-3  # ... and the polynomial's own error is reported honestly
     assert r.max_abs_error == pytest.approx(r.approximation_error_vs_exact, abs=1e-4)
+
+
+def test_bad_labels_and_decimals_are_refused_before_any_key(_no_keygen_after_refusal) -> None:  # noqa: ANN001
+    model = nn.Linear(3, 2)
+    x = np.zeros((4, 3))
+    with pytest.raises(HEModelError, match="class ids"):
+        evaluate_encrypted(model, x, np.array(["a", "b", "a", "b"]))
+    with pytest.raises(HEModelError, match="class ids"):
+        evaluate_encrypted(model, x, np.array([0.5, 1, 0, 1]))
+    with pytest.raises(HEModelError, match="4 labels for 5 samples"):
+        evaluate_encrypted(model, np.zeros((5, 3)), np.zeros(4))
+    with pytest.raises(HEParameterError, match="decimals"):
+        evaluate_encrypted(model, x, np.zeros(4), decimals=12)
+    with pytest.raises(HEModelError, match="takes 3 features"):
+        evaluate_encrypted(model, np.zeros((4, 5)), np.zeros(4))
+    assert _no_keygen_after_refusal == []
