@@ -79,3 +79,26 @@ def calibrate(plan: HEPlan, features: np.ndarray, *, margin: float = DEFAULT_MAR
         raise HEModelError("the model produces non-finite values on the calibration set",
                            hint="standardise the features or use smaller approximation ranges")
     return Calibration(len(x), worst, pow2_ceil(margin * worst), tuple(pre_max), tuple(outside))
+
+
+def packed_abs_max(plan: HEPlan, features: np.ndarray, blocks: int) -> float:
+    """Largest |value| the feature-packed evaluation of a one-affine-step plan holds: each block
+    carries a *partial* sum over its features (which can exceed the full sum), and every product."""
+    from securetrain.he.plan import LinearStep
+
+    step = plan.steps[0]
+    if len(plan.steps) != 1 or not isinstance(step, LinearStep):
+        raise HEModelError("packing applies to a single affine step only")
+    x = np.asarray(features, dtype=np.float64)
+    worst = 0.0
+    for g in range(math.ceil(plan.n_inputs / blocks)):
+        for i in range(blocks):
+            j = g * blocks + i
+            if j >= plan.n_inputs:
+                break
+            worst = max(worst, float(np.max(np.abs(np.outer(x[:, j], step.weight[:, j])))))
+    for i in range(blocks):  # block i of every output sums features g·blocks+i over g
+        cols = list(range(i, plan.n_inputs, blocks))
+        partial = x[:, cols] @ step.weight[:, cols].T + (step.bias if i == 0 else 0.0)
+        worst = max(worst, float(np.max(np.abs(partial))))
+    return worst

@@ -207,6 +207,11 @@ def encrypt(
         if x.ndim != 2 or x.shape[1] != cplan.n_inputs:
             raise HEModelError(f"{calibrate_model} takes {cplan.n_inputs} features, {features} has shape {x.shape}")
         value_bound = calibrate(cplan, x).value_bound
+        if pack:  # packed blocks hold partial sums, which can exceed the full sums
+            from securetrain.he.calibration import DEFAULT_MARGIN, packed_abs_max, pow2_ceil
+
+            blocks = min(owner.params.slots // len(x), x.shape[1])
+            value_bound = max(value_bound, pow2_ceil(DEFAULT_MARGIN * packed_abs_max(cplan, x, blocks)))
     total = math.ceil(len(x) / bs) * (x.shape[1] if x.ndim == 2 else 1)
     with progress_bar() as bar:
         task = bar.add_task("encrypting", total=total, status="")

@@ -20,7 +20,14 @@ from pydantic import BaseModel, ConfigDict
 
 from securetrain.audit.recorder import AuditRecorder
 from securetrain.he.approximations import ACTIVATIONS
-from securetrain.he.calibration import Calibration, approximated_steps, calibrate, pow2_ceil
+from securetrain.he.calibration import (
+    DEFAULT_MARGIN,
+    Calibration,
+    approximated_steps,
+    calibrate,
+    packed_abs_max,
+    pow2_ceil,
+)
 from securetrain.he.errors import HEError, HEModelError, HEParameterError
 from securetrain.he.metrics import accuracy, macro_auc
 from securetrain.he.params import HEParams, choose_params
@@ -235,6 +242,17 @@ def evaluate_encrypted(
             raise HEParameterError("packing='on' needs a single affine layer, no batch_size, more than one feature "
                                    f"and at most {p.slots // 2} samples")
         pack = can_pack and packing != "off"
+        value_bound = cal.value_bound
+        if pack:  # blocks hold partial sums, which the plain calibration pass never sees
+            blocks = min(p.slots // len(x), plan.n_inputs)
+            packed_bound = max(value_bound, pow2_ceil(DEFAULT_MARGIN * packed_abs_max(plan, cal_x, blocks)))
+            try:
+                check_plan_fits(plan, p, value_bound=packed_bound)
+                value_bound = packed_bound
+            except HEParameterError:
+                if packing == "on":
+                    raise
+                pack = False  # partial sums would overflow: the unpacked layout never holds them
 
         t0 = time.perf_counter()
         owner = DataOwner(p)
@@ -242,7 +260,7 @@ def evaluate_encrypted(
         secret_len = len(owner.secret_context())
         evaluator = Evaluator(public, threads=threads)  # from public bytes only
         t1 = time.perf_counter()
-        inputs = owner.encrypt(x, batch_size=batch_size, threads=threads, value_bound=cal.value_bound, pack=pack)
+        inputs = owner.encrypt(x, batch_size=batch_size, threads=threads, value_bound=value_bound, pack=pack)
         t2 = time.perf_counter()
         outputs = evaluator.evaluate(plan, inputs)
         t3 = time.perf_counter()
@@ -299,7 +317,7 @@ def evaluate_encrypted(
         accuracy_approximated=acc_a,
         calibration_samples=cal.n_samples,
         value_abs_max=cal.value_abs_max,
-        value_bound=cal.value_bound,
+        value_bound=value_bound,
         activation_out_of_range=out_of_range,
         approximation_ranges={k: float(v) for k, v in ranges.items()},
         out_of_interval_fraction=cal.out_of_interval_fraction,
@@ -335,7 +353,7 @@ def evaluate_encrypted(
             "max_abs_error_vs_plan": report.max_abs_error_vs_plan,
             "approximation_error_vs_exact": report.approximation_error_vs_exact,
             "out_of_interval_fraction": report.out_of_interval_fraction,
-            "value_bound": report.value_bound,
+            "value_bound": value_bound,
             "auc_encrypted": auc_e,
             "auc_plaintext": auc_p,
             "accuracy_encrypted": acc_e,

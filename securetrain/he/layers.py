@@ -62,7 +62,7 @@ def _classify_module(path: str, m: Any) -> Layer:
             raise unsupported(path, t, "it has no running statistics (track_running_stats=False), so it is not "
                                        "an affine map at evaluation")
         return Layer(path, t, "batchnorm", m)
-    if isinstance(m, nn.Flatten | nn.Identity | nn.Dropout):
+    if isinstance(m, nn.Flatten | nn.Identity | nn.modules.dropout._DropoutNd):  # dropout: identity at evaluation
         return Layer(path, t, "noop", m)
     if isinstance(m, PolyActivation):
         return Layer(path, t, "poly", m)

@@ -296,3 +296,23 @@ def test_calibration_reports_out_of_interval_fraction() -> None:
     assert cal.out_of_interval == pytest.approx((float(np.mean(z > 8.0)),))
     assert cal.out_of_interval_fraction > 0.2 and cal.preactivation_abs_max[0] == pytest.approx(z.max())
     assert isinstance(plan.steps[0], LinearStep)
+
+
+def test_packed_bound_covers_partial_sums() -> None:
+    """Blocks of the packed layout hold partial sums, which the plain pass never computes."""
+    from securetrain.he.calibration import packed_abs_max
+
+    a = _x(30, 1, seed=8)
+    x = np.hstack([a, a, a, a])
+    model = nn.Linear(4, 1)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1000.0, -1000.0, 1000.0, -1000.0]]))
+        model.bias.zero_()
+    plan = compile_plan(model)
+    peak = np.abs(a).max()
+    assert calibrate(plan, x).value_abs_max == pytest.approx(1000 * peak)  # products and running sums
+    # blocks=2: block 0 = features 0 and 2 (+2000·a), block 1 = features 1 and 3 (−2000·a)
+    assert packed_abs_max(plan, x, 2) == pytest.approx(2000 * peak)
+    assert packed_abs_max(plan, x, 4) == pytest.approx(1000 * peak)  # one feature per block
+    with pytest.raises(HEModelError, match="single affine step"):
+        packed_abs_max(compile_plan(nn.Sequential(nn.Linear(4, 2), Square(), nn.Linear(2, 1))), x, 2)

@@ -229,3 +229,17 @@ def test_bad_labels_and_decimals_are_refused_before_any_key(_no_keygen_after_ref
     with pytest.raises(HEModelError, match="takes 3 features"):
         evaluate_encrypted(model, np.zeros((4, 5)), np.zeros(4))
     assert _no_keygen_after_refusal == []
+
+
+def test_packed_cancelling_features_stay_exact() -> None:
+    rng = np.random.default_rng(10)
+    a = rng.normal(size=(50, 1))
+    x = np.hstack([a, a + 1e-3 * rng.normal(size=(50, 1))])
+    model = nn.Linear(2, 1)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1000.0, -1000.0]]))
+        model.bias.zero_()
+    r = evaluate_encrypted(model, x, packing="on")
+    assert r.packed and r.features_per_ciphertext == 2
+    assert r.value_bound >= 2 * 1000 * np.abs(a).max()
+    assert r.max_abs_error <= 1e-4
