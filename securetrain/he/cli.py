@@ -339,9 +339,10 @@ def plan(
     from securetrain.cli.console import console
     from securetrain.he.params import choose_params
 
-    p, file_sha, _ = _plan_from_model(model, output)
+    p, file_sha, owner_final = _plan_from_model(model, output)
     params = choose_params(p.depth)
-    console.print(f"model {model}: {p.n_inputs} → {p.n_outputs}, depth {p.depth}, output {p.output}")
+    shown = f"probabilities ({owner_final} applied by the data owner after decryption)" if owner_final else p.output
+    console.print(f"model {model}: {p.n_inputs} → {p.n_outputs}, depth {p.depth}, output {shown}")
     console.print(f"model file sha256: {file_sha}", highlight=False, soft_wrap=True)
     # The plan digest is what `he evaluate`/`he decrypt` and the he.evaluate audit event record.
     console.print(f"plan sha256:       {p.sha256()}", highlight=False, soft_wrap=True)
