@@ -6,6 +6,8 @@ Scenarios (synthetic finance table, ``policies/finance-pii.yaml``):
 
 * ``parquet`` / ``csv``: the shipped policy (4 tokenised columns with one distinct value per row,
   card numbers, e-mails, phones, generalised dates and balances; kept columns are scanned).
+* ``parquet/10tx``: the same table where each customer has 10 transactions on average (the
+  identity columns repeat, as in real transaction data; one HMAC per *distinct* value).
 * ``parquet+memo``: the same plus a kept free-text column ``memo`` ("transfer to <name> ref <id>"
   in half the rows) that is scanned by every detector and scrubbed of the row's identifiers.
 
@@ -44,6 +46,17 @@ def _with_memo(table: pa.Table) -> pa.Table:
     return table.append_column("memo", memo)
 
 
+IDENTITY_COLUMNS = ("customer_name", "customer_id", "iban", "card_number", "ssn", "email", "phone")
+
+
+def _repeat_customers(table: pa.Table, per_customer: int = 10) -> pa.Table:
+    rng = np.random.default_rng(4)
+    owner = pa.array(rng.integers(0, max(1, len(table) // per_customer), len(table)))
+    for name in IDENTITY_COLUMNS:
+        table = table.set_column(table.column_names.index(name), name, pc.take(table.column(name), owner))
+    return table
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="small input, finishes in well under 60 s")
@@ -55,6 +68,7 @@ def main() -> None:
     memo_policy = policy.model_copy(update={"columns": [*policy.columns, KeepRule(name="memo", action="keep")]})
     base = generate_finance_table(rows, seed=1)
     scenarios = [("parquet", ".parquet", base, policy), ("csv", ".csv", base, policy),
+                 ("parquet/10tx", ".parquet", _repeat_customers(base), policy),
                  ("parquet+memo", ".parquet", _with_memo(base), memo_policy)]
     with tempfile.TemporaryDirectory() as tmp:
         for label, suffix, table, pol in scenarios:
