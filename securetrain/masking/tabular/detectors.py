@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from securetrain.masking.tabular.transforms import as_string, luhn_valid
+from securetrain.masking.tabular.transforms import as_string, lower, luhn_valid
 
 # Resolution order for overlapping findings: specific shapes before generic digit runs and names.
 DETECTOR_ORDER = ("email", "iban", "pan", "ssn", "phone", "person")
@@ -387,7 +387,7 @@ def scrub_row_values(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSour
     n = len(s)
     if n == 0 or not sources:
         return s, 0
-    lower_text = pc.utf8_lower(s)
+    lower_text = lower(s)
     aligned = _aligned_substrings(lower_text, min_length)
     if aligned is not None and not aligned:
         return s, 0
@@ -401,12 +401,12 @@ def scrub_row_values(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSour
         if value_set is not None:
             # Categories: two cheap kernels per source (lower-case, hash lookup in the small set);
             # trimming and lengths only for the few rows that pass.
-            whole = has_text & _bool(pc.is_in(pc.utf8_lower(raw), value_set=value_set))
+            whole = has_text & _bool(pc.is_in(lower(raw), value_set=value_set))
             if not whole.any() and not (parts and src.parts):
                 continue
-            lower_vals = pc.utf8_lower(pc.utf8_trim_whitespace(raw))
+            lower_vals = lower(pc.utf8_trim_whitespace(raw))
         else:
-            lower_vals = pc.utf8_lower(pc.utf8_trim_whitespace(raw))
+            lower_vals = lower(pc.utf8_trim_whitespace(raw))
             whole = has_text & _bool(pc.greater_equal(pc.utf8_length(lower_vals), min_length))
         candidates: list[tuple[np.ndarray, pa.Array]] = [(all_rows[whole], lower_vals.filter(pa.array(whole)))]
         if parts and src.parts:
@@ -438,26 +438,26 @@ def _is_word_char(ch: str) -> bool:
 def _replace_words(text: str, needles: list[tuple[str, str]]) -> str:
     """Replace each (lower-case) needle found case-insensitively on word boundaries by its marker.
     Plain ``str.find`` on a lower-cased copy (compiling a regex per row would dominate the cost)."""
-    lower = text.lower()
-    if len(lower) != len(text):  # a case mapping changed the length: positions would not line up
+    folded = text.lower()
+    if len(folded) != len(text):  # a case mapping changed the length: positions would not line up
         for needle, marker in sorted(set(needles), key=lambda nm: -len(nm[0])):
             pattern = re.compile(r"(?<!\w)" + re.escape(needle) + r"(?!\w)", re.IGNORECASE)
             text = pattern.sub(lambda _m, mk=marker: mk, text)
         return text
     spans: list[tuple[int, int, str]] = []
-    end = len(lower)
+    end = len(folded)
     # Longest first, so a full name wins over its parts.
     for needle, marker in sorted(set(needles), key=lambda nm: (-len(nm[0]), nm[0])):
         size = len(needle)
-        i = lower.find(needle)
+        i = folded.find(needle)
         while i >= 0:
             j = i + size
-            before = lower[i - 1] if i else " "
-            after = lower[j] if j < end else " "
+            before = folded[i - 1] if i else " "
+            after = folded[j] if j < end else " "
             if not (before.isalnum() or before == "_" or after.isalnum() or after == "_") and \
                     all(j <= a or i >= b for a, b, _ in spans):
                 spans.append((i, j, marker))
-            i = lower.find(needle, i + 1)
+            i = folded.find(needle, i + 1)
     if not spans:
         return text
     out, pos = [], 0

@@ -207,11 +207,21 @@ DIGITS = byte_table(b"0123456789")
 NOT_SPACE_OR_DASH = byte_table(b" -", invert=True)
 
 
+def lower(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """``utf8_lower``, but through the ~30x faster ``ascii_lower`` when every byte of the column is
+    ASCII (then the two are identical; one numpy max over the buffer decides)."""
+    arr = as_string(arr)
+    _, data = _offsets_and_data(arr)
+    if data.size == 0 or int(data.max()) < 0x80:
+        return pc.ascii_lower(arr)
+    return pc.utf8_lower(arr)
+
+
 def normalize(arr: pa.Array, how: str) -> pa.Array:
     if how in ("strip", "strip_lower"):
         arr = pc.utf8_trim_whitespace(arr)
     if how in ("lower", "strip_lower"):
-        arr = pc.utf8_lower(arr)
+        arr = lower(arr)
     return arr
 
 
@@ -282,7 +292,7 @@ def email(arr: pa.Array, token_key: bytes, *, keep_domain: bool, prefix: str, le
     """tok@domain: the token is the HMAC of the whole lower-cased address (so john@a and john@b differ)."""
 
     def on_values(raw: pa.Array) -> tuple[pa.Array, np.ndarray]:
-        s = pc.utf8_lower(pc.utf8_trim_whitespace(raw))
+        s = lower(pc.utf8_trim_whitespace(raw))
         # Valid = ^[^@\s]+@[^@\s]+\.[^@\s]+$ (RE2 \s). A capture-free match runs as a DFA; the
         # domain is then the second '@'-separated part, which is exact for valid values.
         valid = _bool_np(pc.match_substring_regex(s, EMAIL_SHAPE))
