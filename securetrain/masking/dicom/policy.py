@@ -145,7 +145,7 @@ class BurnedInOcr(BaseModel):
     margin: int = Field(default=4, ge=0, le=64)
     # An OCR word counts as text when it has this many letters/digits at this confidence (0-100).
     min_confidence: float = Field(default=40.0, ge=0, le=100)
-    min_alnum: int = Field(default=2, ge=1, le=16)
+    min_alnum: int = Field(default=3, ge=1, le=16)
     # Gray levels (of the 8-bit view) a stroke must rise above its surroundings to be a candidate.
     min_contrast: int = Field(default=30, ge=5, le=200)
     # Also OCR each whole frame (slower; catches text the candidate grouping misses).

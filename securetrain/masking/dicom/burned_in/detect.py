@@ -7,19 +7,25 @@ from dataclasses import dataclass
 import numpy as np
 
 from securetrain.masking.dicom.burned_in.ocr import OcrEngine, Word
-from securetrain.masking.dicom.burned_in.preprocess import full_frame_views, text_candidates
+from securetrain.masking.dicom.burned_in.preprocess import _FRAME, full_frame_views, line_crop, text_candidates
 from securetrain.masking.dicom.burned_in.regions import Region
 
 
 @dataclass(frozen=True)
 class TextRule:
-    """When an OCR word counts as text: enough letters/digits, read with enough confidence."""
+    """When an OCR word counts as text: enough letters/digits read with enough confidence, or a
+    longer run of letters/digits at any confidence (Tesseract's confidence leans on its
+    dictionary, so names and IDs such as ``SMITH^ANNA`` are often read right with a low score)."""
 
     min_confidence: float = 40.0
-    min_alnum: int = 2
+    min_alnum: int = 3
+    long_word: int = 4
 
     def accepts(self, word: Word) -> bool:
-        return word.alnum_count() >= self.min_alnum and word.confidence >= self.min_confidence
+        alnum = word.alnum_count()
+        if alnum >= self.min_alnum and word.confidence >= self.min_confidence:
+            return True
+        return alnum >= max(self.long_word, self.min_alnum) and alnum >= 0.75 * len(word.text)
 
 
 def find_text(
@@ -46,9 +52,9 @@ def find_text(
         return []
     words = engine.read(images)
     found: list[Region] = []
-    for cand, cand_words in zip(candidates, words[: len(candidates)], strict=True):
-        if any(rule.accepts(w) for w in cand_words):
-            found.append(Region(cand.x0, cand.y0, cand.x1, cand.y1, "ocr"))
+    confirmed = [c for c, cw in zip(candidates, words[: len(candidates)], strict=True) if any(rule.accepts(w) for w in cw)]
+    found += [Region(c.x0, c.y0, c.x1, c.y1, "ocr") for c in confirmed]
+    found += _extend_lines(frames, confirmed, engine, rule)
     for scale, view_words in zip(views, words[len(candidates) :], strict=True):
         for w in view_words:
             if rule.accepts(w):
@@ -60,3 +66,32 @@ def find_text(
                     )
                 )
     return found
+
+
+def _extend_lines(frames: list[np.ndarray], confirmed: list, engine: OcrEngine, rule: TextRule) -> list[Region]:
+    """Re-read each confirmed line in a wider strip (several line heights left and right): glyphs
+    that the candidate step lost to noise or low contrast are read as part of the same words,
+    and every accepted word is masked by its own box."""
+    if not confirmed:
+        return []
+    crops, maps = [], []
+    for c in confirmed:
+        frame = frames[c.frame]
+        h = c.y1 - c.y0
+        box = (max(0, c.x0 - 6 * h), c.y0, min(frame.shape[1], c.x1 + 6 * h), c.y1)
+        crop, scale, ox, oy = line_crop(frame, box, c.polarity)
+        crops.append(crop)
+        maps.append((scale, ox, oy, frame.shape))
+    out = []
+    for (scale, ox, oy, shape), cw in zip(maps, engine.read(crops), strict=True):
+        for w in cw:
+            if not rule.accepts(w):
+                continue
+            x0 = ox + (w.left - _FRAME) / scale
+            y0 = oy + (w.top - _FRAME) / scale
+            x1 = ox + (w.left + w.width - _FRAME) / scale
+            y1 = oy + (w.top + w.height - _FRAME) / scale
+            r = Region(int(x0), int(y0), int(np.ceil(x1)), int(np.ceil(y1)), "ocr").clipped(shape[0], shape[1])
+            if r is not None:
+                out.append(r)
+    return out

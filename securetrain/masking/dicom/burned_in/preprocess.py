@@ -25,6 +25,7 @@ _TOPHAT_SIZE = 15
 # A glyph is at least this many pixels and between these heights (in image pixels).
 _MIN_GLYPH_AREA = 4
 _MIN_GLYPH_HEIGHT = 4
+NOISE_FACTOR = 0.8
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Candidate:
     y1: int
     crop: np.ndarray  # uint8, text black (0) on white (255), already upscaled
     scale: float
+    polarity: str = "bright"
 
 
 def to_gray(frame: np.ndarray) -> np.ndarray:
@@ -85,9 +87,12 @@ def _glyph_mask(tophat: np.ndarray, min_contrast: int) -> np.ndarray:
     from scipy import ndimage as ndi
 
     th = tophat.astype(np.float32)
+    # Noise floor of the whole frame: text covers a few percent of it at most, so the 98th
+    # percentile of the stroke response is what noise and texture alone reach.
+    floor = max(float(min_contrast), NOISE_FACTOR * float(np.percentile(th, 98)))
     # Background level around each pixel, with strong strokes clipped so text does not raise it.
-    local = ndi.uniform_filter(np.minimum(th, float(min_contrast)), size=31)
-    mask = th >= np.maximum(float(min_contrast), 2.5 * local)
+    local = ndi.uniform_filter(np.minimum(th, floor), size=31)
+    mask = th >= np.maximum(floor, 2.5 * local)
     if not mask.any():
         return mask
     labels, n = ndi.label(mask, structure=np.ones((3, 3), dtype=bool))
@@ -101,7 +106,7 @@ def _glyph_mask(tophat: np.ndarray, min_contrast: int) -> np.ndarray:
         keep[i] = areas[i] >= _MIN_GLYPH_AREA and _MIN_GLYPH_HEIGHT <= h <= max_h and w <= max(12, 8 * h)
     strong = keep[labels]
     # Hysteresis: weaker pixels touching a kept glyph belong to it (anti-aliased edges).
-    weak = th >= np.maximum(min_contrast * 0.5, 1.5 * local)
+    weak = th >= np.maximum(floor * 0.5, 1.5 * local)
     weak |= strong
     wl, _ = ndi.label(weak, structure=np.ones((3, 3), dtype=bool))
     ids = np.unique(wl[strong])
@@ -146,7 +151,10 @@ def _line_boxes(mask: np.ndarray) -> list[tuple[int, int, int, int]]:
     out = []
     for members in lines.values():
         xs0, ys0, xs1, ys1 = zip(*(boxes[m] for m in members), strict=True)
-        out.append((min(xs0), min(ys0), max(xs1), max(ys1)))
+        box = (min(xs0), min(ys0), max(xs1), max(ys1))
+        # One isolated blob is a speck, not a word (touching glyphs make one wide blob instead).
+        if len(members) >= 2 or (box[2] - box[0]) >= 1.5 * (box[3] - box[1]):
+            out.append(box)
     return out
 
 
@@ -161,22 +169,43 @@ def _upscale(crop: np.ndarray, height: int, target: int = 48, limit: float = 4.0
     return np.asarray(img), scale
 
 
-def text_candidates(img8: np.ndarray, frame_index: int, *, min_contrast: int = 40, pad: int = 6) -> list[Candidate]:
-    """Text-line candidates of one 8-bit frame, bright-on-dark and dark-on-bright."""
+def line_crop(img8: np.ndarray, box: tuple[int, int, int, int], polarity: str, *, pad: int = 4) -> tuple[np.ndarray, float, int, int]:
+    """OCR-ready crop of ``box`` (dark text on white, stretched, upscaled, framed in white).
+    Returns (crop, scale, x offset, y offset) where offsets map crop pixels back to the frame:
+    ``frame = offset + (crop - 10) / scale``."""
+    rows, cols = img8.shape
+    x0, y0, x1, y1 = box
+    cx0, cy0, cx1, cy1 = max(0, x0 - pad), max(0, y0 - pad), min(cols, x1 + pad), min(rows, y1 + pad)
+    crop = img8[cy0:cy1, cx0:cx1].astype(np.float32)
+    if polarity == "bright":
+        crop = 255.0 - crop
+    lo, hi = float(crop.min()), float(crop.max())
+    crop = (crop - lo) * (255.0 / (hi - lo)) if hi > lo else np.full(crop.shape, 255.0)
+    out, scale = _upscale(crop.astype(np.uint8), y1 - y0)
+    # A white frame around the crop: Tesseract drops glyphs that touch the page edge.
+    return np.pad(out, _FRAME, constant_values=255), scale, cx0, cy0
+
+
+_FRAME = 10
+
+
+def text_candidates(img8: np.ndarray, frame_index: int, *, min_contrast: int = 40, pad: int = 4) -> list[Candidate]:
+    """Text-line candidates of one 8-bit frame, bright-on-dark and dark-on-bright.
+
+    The crop handed to OCR is the frame itself (not the binary mask, which fuses small glyphs),
+    turned so the text is dark, stretched to the crop's own range and upscaled."""
     out: list[Candidate] = []
     rows, cols = img8.shape
-    for tophat in _tophats(img8):
+    for polarity, tophat in zip(("bright", "dark"), _tophats(img8), strict=True):
         mask = _glyph_mask(tophat, min_contrast)
         if not mask.any():
             continue
-        page = np.where(mask, 0, 255).astype(np.uint8)
         for x0, y0, x1, y1 in _line_boxes(mask):
             h = y1 - y0
             if h < _MIN_GLYPH_HEIGHT or (x1 - x0) < 3:
                 continue
-            cx0, cy0, cx1, cy1 = max(0, x0 - pad), max(0, y0 - pad), min(cols, x1 + pad), min(rows, y1 + pad)
-            crop, scale = _upscale(page[cy0:cy1, cx0:cx1], h)
-            out.append(Candidate(frame_index, x0, y0, x1, y1, crop, scale))
+            crop, scale, _, _ = line_crop(img8, (x0, y0, x1, y1), polarity, pad=pad)
+            out.append(Candidate(frame_index, x0, y0, x1, y1, crop, scale, polarity))
     return out
 
 
