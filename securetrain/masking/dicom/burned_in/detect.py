@@ -13,19 +13,31 @@ from securetrain.masking.dicom.burned_in.regions import Region
 
 @dataclass(frozen=True)
 class TextRule:
-    """When an OCR word counts as text: enough letters/digits read with enough confidence, or a
-    longer run of letters/digits at any confidence (Tesseract's confidence leans on its
-    dictionary, so names and IDs such as ``SMITH^ANNA`` are often read right with a low score)."""
+    """When an OCR word counts as text.
+
+    * fewer than ``min_alnum`` letters/digits: never (stray marks, speckle read as "a", "*");
+    * short words (up to 3 letters/digits) need ``short_confidence``: noise is often read as a
+      confident-looking 3-letter word, real short words sit on a line with longer ones;
+    * longer words need ``min_confidence``;
+    * words of ``long_word`` or more letters/digits (and little else) count at any confidence:
+      Tesseract's score leans on its dictionary, so names and IDs (``SMITH^ANNA``) are often
+      read right with a low score.
+    """
 
     min_confidence: float = 40.0
     min_alnum: int = 3
-    long_word: int = 4
+    short_confidence: float = 80.0
+    long_word: int = 5
 
     def accepts(self, word: Word) -> bool:
         alnum = word.alnum_count()
-        if alnum >= self.min_alnum and word.confidence >= self.min_confidence:
+        if alnum < self.min_alnum:
+            return False
+        if alnum >= self.long_word and alnum >= 0.75 * len(word.text):
             return True
-        return alnum >= max(self.long_word, self.min_alnum) and alnum >= 0.75 * len(word.text)
+        if alnum <= 3:
+            return word.confidence >= max(self.short_confidence, self.min_confidence)
+        return word.confidence >= self.min_confidence
 
 
 def find_text(
