@@ -39,6 +39,17 @@ class TextRule:
             return word.confidence >= max(self.short_confidence, self.min_confidence)
         return word.confidence >= self.min_confidence
 
+    def accepts_line(self, words: list[Word]) -> bool:
+        """A line is text when one word is, or when its confidently read words together carry
+        ``long_word`` letters/digits (``ID 551`` read as two short words)."""
+        if any(self.accepts(w) for w in words):
+            return True
+        return sum(w.alnum_count() for w in words if w.confidence >= self.min_confidence) >= self.long_word
+
+    def maskable(self, word: Word) -> bool:
+        """Words of an accepted line that get their own mask."""
+        return self.accepts(word) or (word.alnum_count() >= 1 and word.confidence >= self.min_confidence)
+
 
 def find_text(
     frames: list[np.ndarray],
@@ -64,7 +75,7 @@ def find_text(
         return []
     words = engine.read(images)
     found: list[Region] = []
-    confirmed = [c for c, cw in zip(candidates, words[: len(candidates)], strict=True) if any(rule.accepts(w) for w in cw)]
+    confirmed = [c for c, cw in zip(candidates, words[: len(candidates)], strict=True) if rule.accepts_line(cw)]
     found += [Region(c.x0, c.y0, c.x1, c.y1, "ocr") for c in confirmed]
     found += _extend_lines(frames, confirmed, engine, rule)
     for scale, view_words in zip(views, words[len(candidates) :], strict=True):
@@ -96,8 +107,10 @@ def _extend_lines(frames: list[np.ndarray], confirmed: list, engine: OcrEngine, 
         maps.append((scale, ox, oy, frame.shape))
     out = []
     for (scale, ox, oy, shape), cw in zip(maps, engine.read(crops), strict=True):
+        if not rule.accepts_line(cw):
+            continue
         for w in cw:
-            if not rule.accepts(w):
+            if not rule.maskable(w):
                 continue
             x0 = ox + (w.left - _FRAME) / scale
             y0 = oy + (w.top - _FRAME) / scale
