@@ -152,8 +152,9 @@ def _line_boxes(mask: np.ndarray) -> list[tuple[int, int, int, int]]:
     for members in lines.values():
         xs0, ys0, xs1, ys1 = zip(*(boxes[m] for m in members), strict=True)
         box = (min(xs0), min(ys0), max(xs1), max(ys1))
-        # One isolated blob is a speck, not a word (touching glyphs make one wide blob instead).
-        if len(members) >= 2 or (box[2] - box[0]) >= 1.5 * (box[3] - box[1]):
+        # Three letters/digits (the least the text rule accepts) are always wider than 1.5 line
+        # heights; taller or squarer boxes are specks and texture, not worth an OCR look.
+        if (box[2] - box[0]) >= 1.5 * (box[3] - box[1]):
             out.append(box)
     return out
 
