@@ -20,7 +20,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "masking_dicom"))  # the synthetic burned-in text renderer
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _timing import best_of  # noqa: E402
@@ -29,7 +28,7 @@ SECRET = b"benchmark-secret-not-for-production!"
 
 
 def _make_files(folder: Path, n: int) -> list[Path]:
-    from burned_in_helpers import Text, make_image
+    from securetrain.masking.dicom.burned_in.synthetic import Text, make_image
     from securetrain.masking.dicom.engine import encode_dataset
 
     paths = []

@@ -70,6 +70,8 @@ def check_clean(texts: list[Text], ds: pydicom.Dataset, ink: np.ndarray) -> pydi
     assert sum(v.startswith("masked ocr (") for v in out.DeidentificationMethod) >= 1
     assert "113101" in {i.CodeValue for i in out.DeidentificationMethodCodeSequence}
     assert deid.burned_in.counts.cleaned == 1 and deid.burned_in.counts.refused == 0
+    record = repr(report.to_dict()) + repr(list(out.DeidentificationMethod))
+    assert not [p for p in phi if p in normalise(record)], "recognised text leaked into the record"
     return out
 
 
@@ -88,6 +90,8 @@ CASES = {
                                   bg="flat-light", modality="SC"),
     "sc-rgb": dict(texts=[Text(NAME, 10, 10, 15), Text("ACC 99812", 150, 120, 20, 0.85)], bg="noise", modality="SC",
                    rgb=True),
+    "us-rgb-yellow-text": dict(texts=[Text(NAME, 10, 8, 15), Text("ID 55120334", 120, 210, 16)], bg="speckle",
+                               rgb=True, colour=(1.0, 1.0, 0.0)),
     "us-16bit": dict(texts=[Text("SMITH^ANNA", 12, 12, 16, 1.0), Text(DATE, 180, 200, 14, 0.9)], bg="gradient", bits=16),
 }
 

@@ -166,3 +166,45 @@ def test_missing_tesseract_is_a_config_error(monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(ConfigError, match="burned_in: clean but OCR is unavailable"):
         Deidentifier(policy(burned_in="clean"), SECRET)
     Deidentifier(policy(), SECRET)  # reject / allow-flagged never need OCR
+
+
+def test_monochrome1_is_masked_with_its_black_and_signed_data_with_its_minimum() -> None:
+    ds, _ = make_image([], flag="NO", rows=40, cols=50, bg="noise", bits=16)
+    ds.PhotometricInterpretation = "MONOCHROME1"
+    pol = policy(burned_in="clean", known_regions=[{"rows": 40, "rects": [[0, 0, 50, 8]]}])
+    before = frames_of(ds).copy()
+    BurnedInCleaner(pol, engine=ScriptedEngine()).process(ds)
+    after = frames_of(ds)
+    assert (after[:, :8] == before.max()).all() and np.array_equal(after[:, 8:], before[:, 8:])
+
+    signed, _ = make_image([], flag="NO", rows=40, cols=50, bg="noise", bits=16)
+    values = frames_of(signed).astype(np.int16) - 2048
+    signed.PixelRepresentation = 1
+    signed.PixelData = values.tobytes()
+    BurnedInCleaner(pol, engine=ScriptedEngine()).process(signed)
+    assert (frames_of(signed)[:, :8] == values.min()).all() and values.min() < 0
+
+
+def test_one_bit_and_undecodable_pixels_are_refused_with_reason() -> None:
+    ds, _ = make_image([], rows=16, cols=16, bg="flat")
+    ds.BitsAllocated = ds.BitsStored = 1
+    ds.HighBit = 0
+    ds.PixelData = b"\x00" * 32
+    with pytest.raises(BurnedInAnnotationError, match="1-bit"):
+        BurnedInCleaner(policy(burned_in="clean"), engine=ScriptedEngine()).process(ds)
+    broken, _ = make_image([], rows=16, cols=16, bg="flat")
+    broken.PixelData = broken.PixelData[:100]  # shorter than Rows x Columns
+    with pytest.raises(BurnedInAnnotationError, match="cannot decode pixel data|shape"):
+        BurnedInCleaner(policy(burned_in="clean"), engine=ScriptedEngine()).process(broken)
+
+
+def test_records_hold_coordinates_never_text() -> None:
+    ds, _ = make_image([Text("DOE^JOHN", 5, 5, 16)], bg="flat", rows=64, cols=96)
+    engine = ScriptedEngine([Word("DOEJOHN", 90, 14, 14, 60, 20)])
+    pol = policy(burned_in="clean", burned_in_ocr={"full_frame": True, "rounds": 1})
+    deid = Deidentifier(pol, SECRET)
+    deid.burned_in.engine = engine
+    with pytest.raises(BurnedInAnnotationError) as err:
+        deid.deidentify_dataset(ds)
+    assert "DOE" not in str(err.value) and "JOHN" not in str(err.value)
+    assert "DOE" not in repr(deid.burned_in.counts.to_dict())

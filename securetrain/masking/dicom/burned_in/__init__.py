@@ -20,6 +20,8 @@ _EXPORTS = {
     "Word": "ocr",
     "find_text": "detect",
     "TextRule": "detect",
+    "Text": "synthetic",
+    "make_image": "synthetic",
 }
 
 __all__ = sorted(_EXPORTS)
