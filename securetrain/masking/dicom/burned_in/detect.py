@@ -29,20 +29,22 @@ class TextRule:
     short_confidence: float = 80.0
     long_word: int = 5
 
-    def accepts(self, word: Word) -> bool:
+    def accepts(self, word: Word, *, typeset: bool = False) -> bool:
+        """``typeset``: the glyphs were seen to share a baseline and height, which vouches for
+        short words as much as a high OCR confidence does."""
         alnum = word.alnum_count()
         if alnum < self.min_alnum:
             return False
         if alnum >= self.long_word and alnum >= 0.75 * len(word.text):
             return True
-        if alnum <= 3:
+        if alnum <= 3 and not typeset:
             return word.confidence >= max(self.short_confidence, self.min_confidence)
         return word.confidence >= self.min_confidence
 
-    def accepts_line(self, words: list[Word]) -> bool:
+    def accepts_line(self, words: list[Word], *, typeset: bool = False) -> bool:
         """A line is text when one word is, or when its confidently read words together carry
         ``long_word`` letters/digits (``ID 551`` read as two short words)."""
-        if any(self.accepts(w) for w in words):
+        if any(self.accepts(w, typeset=typeset) for w in words):
             return True
         return sum(w.alnum_count() for w in words if w.confidence >= self.min_confidence) >= self.long_word
 
@@ -75,7 +77,7 @@ def find_text(
         return []
     words = engine.read(images)
     found: list[Region] = []
-    confirmed = [c for c, cw in zip(candidates, words[: len(candidates)], strict=True) if rule.accepts_line(cw)]
+    confirmed = [c for c, cw in zip(candidates, words[: len(candidates)], strict=True) if rule.accepts_line(cw, typeset=c.regular)]
     found += [Region(c.x0, c.y0, c.x1, c.y1, "ocr") for c in confirmed]
     found += _extend_lines(frames, confirmed, engine, rule)
     for scale, view_words in zip(views, words[len(candidates) :], strict=True):

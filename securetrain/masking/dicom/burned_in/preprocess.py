@@ -40,6 +40,7 @@ class Candidate:
     crop: np.ndarray  # uint8, text black (0) on white (255), already upscaled
     scale: float
     polarity: str = "bright"
+    regular: bool = False  # glyphs share a baseline and a height, like typeset text
 
 
 def to_gray(frame: np.ndarray) -> np.ndarray:
@@ -96,7 +97,8 @@ def _glyph_mask(tophat: np.ndarray, min_contrast: int) -> np.ndarray:
     if not mask.any():
         return mask
     labels, n = ndi.label(mask, structure=np.ones((3, 3), dtype=bool))
-    max_h = max(12, tophat.shape[0] // 4)
+    # Burned-in annotation fonts stay well under 80 px; taller blobs are anatomy or colour flow.
+    max_h = max(12, min(tophat.shape[0] // 4, 80))
     keep = np.zeros(n + 1, dtype=bool)
     areas = np.bincount(labels.ravel(), minlength=n + 1)
     for i, sl in enumerate(ndi.find_objects(labels), start=1):
@@ -116,7 +118,7 @@ def _glyph_mask(tophat: np.ndarray, min_contrast: int) -> np.ndarray:
     return np.where(ndi.binary_dilation(strong, iterations=2), grown, strong)
 
 
-def _line_boxes(mask: np.ndarray) -> list[tuple[int, int, int, int]]:
+def _line_boxes(mask: np.ndarray) -> list[tuple[int, int, int, int, bool]]:
     """Group glyphs into text-line boxes: glyphs that overlap vertically by half their height and
     are at most ~1.5 glyph heights apart horizontally (letter and word spacing) join one line."""
     from scipy import ndimage as ndi
@@ -155,8 +157,21 @@ def _line_boxes(mask: np.ndarray) -> list[tuple[int, int, int, int]]:
         # Three letters/digits (the least the text rule accepts) are always wider than 1.5 line
         # heights; taller or squarer boxes are specks and texture, not worth an OCR look.
         if (box[2] - box[0]) >= 1.5 * (box[3] - box[1]):
-            out.append(box)
+            out.append((*box, _regular(ys0, ys1)))
     return out
+
+
+def _regular(tops: tuple[int, ...], bottoms: tuple[int, ...]) -> bool:
+    """Looks like typeset text: three or more glyphs whose baselines line up and whose heights
+    agree (capitals and digits; a few descenders allowed). Speckle grouped into a "line" rarely
+    does."""
+    if len(tops) < 3:
+        return False
+    heights = np.array(bottoms, dtype=np.float32) - np.array(tops, dtype=np.float32)
+    h = float(np.median(heights))
+    on_baseline = np.abs(np.array(bottoms, dtype=np.float32) - float(np.median(bottoms))) <= max(1.0, 0.15 * h)
+    same_height = np.abs(heights - h) <= max(1.0, 0.25 * h)
+    return bool(on_baseline.mean() >= 0.7 and same_height.mean() >= 0.6)
 
 
 def _upscale(crop: np.ndarray, height: int, target: int = 48, limit: float = 4.0) -> tuple[np.ndarray, float]:
@@ -201,12 +216,12 @@ def text_candidates(img8: np.ndarray, frame_index: int, *, min_contrast: int = 4
         mask = _glyph_mask(tophat, min_contrast)
         if not mask.any():
             continue
-        for x0, y0, x1, y1 in _line_boxes(mask):
+        for x0, y0, x1, y1, regular in _line_boxes(mask):
             h = y1 - y0
             if h < _MIN_GLYPH_HEIGHT or (x1 - x0) < 3:
                 continue
             crop, scale, _, _ = line_crop(img8, (x0, y0, x1, y1), polarity, pad=pad)
-            out.append(Candidate(frame_index, x0, y0, x1, y1, crop, scale, polarity))
+            out.append(Candidate(frame_index, x0, y0, x1, y1, crop, scale, polarity, regular))
     return out
 
 
