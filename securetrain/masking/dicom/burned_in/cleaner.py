@@ -251,7 +251,7 @@ class BurnedInCleaner:
                     hint="add a known_regions entry for this device, or reject such files",
                 )
             regions += [r.grown(s.margin, rows, cols) for r in found]
-            regions = merge_regions(regions)
+            regions = merge_regions(regions, gap=max(2, s.margin))
             current = paint(frames, regions, fill)
         fraction = covered_fraction(regions, rows, cols)
         if fraction > s.max_masked_fraction:

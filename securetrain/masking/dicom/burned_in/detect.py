@@ -42,11 +42,13 @@ class TextRule:
         return word.confidence >= self.min_confidence
 
     def accepts_line(self, words: list[Word], *, typeset: bool = False) -> bool:
-        """A line is text when one word is, or when its confidently read words together carry
-        ``long_word`` letters/digits (``ID 551`` read as two short words)."""
+        """A line is text when one word is, or when its confidently read words of two or more
+        letters/digits together carry ``long_word`` of them, one word having three or more
+        (``ID 551`` read as two short words; not ``va os ar`` read from texture)."""
         if any(self.accepts(w, typeset=typeset) for w in words):
             return True
-        return sum(w.alnum_count() for w in words if w.confidence >= self.min_confidence) >= self.long_word
+        sure = [w.alnum_count() for w in words if w.confidence >= self.min_confidence and w.alnum_count() >= 2]
+        return sum(sure) >= self.long_word and max(sure, default=0) >= 3
 
     def maskable(self, word: Word) -> bool:
         """Words of an accepted line that get their own mask."""

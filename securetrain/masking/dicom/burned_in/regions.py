@@ -50,9 +50,11 @@ class Region:
         return text[:64]
 
 
-def merge_regions(regions: Iterable[Region]) -> list[Region]:
-    """Union overlapping rectangles of the same source (fewer, larger boxes; same covered pixels
-    or more). Repeats until stable, since a merge can create new overlaps."""
+def merge_regions(regions: Iterable[Region], gap: int = 0) -> list[Region]:
+    """Union rectangles of the same source that overlap or lie within ``gap`` pixels of each
+    other (fewer, larger boxes; the same covered pixels or more). Closing small gaps matters: a
+    one-pixel strip of background left between two black boxes is a thin bright line, which
+    the next OCR pass would take for a stroke. Repeats until stable."""
     items = sorted(set(regions))
     changed = True
     while changed:
@@ -60,7 +62,7 @@ def merge_regions(regions: Iterable[Region]) -> list[Region]:
         out: list[Region] = []
         for r in items:
             for i, o in enumerate(out):
-                if o.source == r.source and o.overlaps(r):
+                if o.source == r.source and o.grown(gap, 1 << 30, 1 << 30).overlaps(r):
                     out[i] = Region(min(o.x0, r.x0), min(o.y0, r.y0), max(o.x1, r.x1), max(o.y1, r.y1), o.source,
                                     o.label if o.label == r.label else "")
                     changed = True
