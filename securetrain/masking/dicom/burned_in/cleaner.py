@@ -136,7 +136,7 @@ class BurnedInCleaner:
             method.append(f"burned-in text: OCR-verified clean ({getattr(self.engine, 'name', 'ocr')})"[:64])
             ds.BurnedInAnnotation = "NO"
         elif outcome.action == "masked":
-            method.append("burned-in text: known regions masked, no OCR")
+            method.append("pixels: configured regions masked, no OCR")
             ds.BurnedInAnnotation = "NO"
         elif outcome.action == "allowed-flagged":
             method.append("burned-in text: NOT removed (policy allow-flagged)")
