@@ -208,3 +208,22 @@ def test_records_hold_coordinates_never_text() -> None:
         deid.deidentify_dataset(ds)
     assert "DOE" not in str(err.value) and "JOHN" not in str(err.value)
     assert "DOE" not in repr(deid.burned_in.counts.to_dict())
+
+
+def test_identical_frames_are_read_once_and_masks_reach_every_frame() -> None:
+    ds, _ = make_image([Text("DOE^JOHN 84412977", 4, 4, 14)], frames=4, rows=48, cols=160, bg="flat")
+    arr = frames_of(ds)
+    ds.PixelData = np.repeat(arr[:1], 4, axis=0).tobytes()  # a still cine loop: 4 equal frames
+    seen: list[int] = []
+
+    class Once(ScriptedEngine):
+        def read(self, images: list[np.ndarray]) -> list[list[Word]]:
+            seen.append(len(images))
+            return [[Word("DOEJOHN84412977", 90, 5, 5, 40, 10)] if len(seen) == 1 else [] for _ in images]
+
+    pol = policy(burned_in="clean", burned_in_ocr={"full_frame": True})
+    outcome = BurnedInCleaner(pol, engine=Once()).process(ds)
+    assert outcome.frames_checked == 1 and outcome.regions
+    after = frames_of(ds)
+    for r in outcome.regions:  # the same boxes are black in all four frames
+        assert (after[:, r.y0 : r.y1, r.x0 : r.x1] == arr.min()).all()

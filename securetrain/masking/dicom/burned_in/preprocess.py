@@ -25,7 +25,8 @@ _TOPHAT_SIZE = 15
 # A glyph is at least this many pixels and between these heights (in image pixels).
 _MIN_GLYPH_AREA = 4
 _MIN_GLYPH_HEIGHT = 4
-NOISE_FACTOR = 0.8
+# Noise floor = this x the 98th percentile of the stroke response (see _glyph_mask).
+_NOISE_FACTOR = 0.8
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ def _glyph_mask(tophat: np.ndarray, min_contrast: int) -> np.ndarray:
     th = tophat.astype(np.float32)
     # Noise floor of the whole frame: text covers a few percent of it at most, so the 98th
     # percentile of the stroke response is what noise and texture alone reach.
-    floor = max(float(min_contrast), NOISE_FACTOR * float(np.percentile(th, 98)))
+    floor = max(float(min_contrast), _NOISE_FACTOR * float(np.percentile(th, 98)))
     # Background level around each pixel, with strong strokes clipped so text does not raise it.
     local = ndi.uniform_filter(np.minimum(th, floor), size=31)
     mask = th >= np.maximum(floor, 2.5 * local)
