@@ -148,14 +148,15 @@ class BurnedInOcr(BaseModel):
     min_alnum: int = Field(default=3, ge=1, le=16)
     # Gray levels (of the 8-bit view) a stroke must rise above its surroundings to be a candidate.
     min_contrast: int = Field(default=30, ge=5, le=200)
-    # Also OCR each whole frame (slower; catches text the candidate grouping misses).
-    full_frame: bool = False
+    # Also OCR each whole frame and its inverse in every pass (about twice the time; catches, and
+    # in the last pass refuses, text that the line candidates miss).
+    full_frame: bool = True
     # Files with more frames (after dropping identical ones) are refused: OCR would take too long.
     max_frames: int = Field(default=64, ge=1, le=10000)
     # Refuse when the masks would cover more than this fraction of the image: nothing useful is left.
     max_masked_fraction: float = Field(default=0.5, gt=0, le=1)
     # Mask, re-OCR and mask again up to this many times before the final verifying OCR.
-    rounds: int = Field(default=2, ge=1, le=5)
+    rounds: int = Field(default=3, ge=1, le=5)
 
 
 class DicomPolicy(BaseModel):
