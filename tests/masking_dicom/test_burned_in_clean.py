@@ -133,3 +133,41 @@ def test_text_covering_the_image_is_refused_with_reason() -> None:
     with pytest.raises(BurnedInAnnotationError, match="covers too much of the image"):
         deid.deidentify_dataset(ds)
     assert deid.burned_in.counts.refused == 1 and deid.burned_in.counts.cleaned == 0
+
+
+@pytest.mark.parametrize(
+    "name,words",
+    [
+        ("gdcm-US-ALOKA-16.dcm", ["WESTWAY", "MEDICAL", "ULTRASOUND", "24MAY02", "PELVIS"]),  # PALETTE COLOR
+        ("US1_UNCR.dcm", ["BAPTIST", "MSCSKEL", "LYMPH"]),  # RGB, text on black around colour Doppler
+    ],
+)
+def test_real_ultrasound_annotations_are_removed(name: str, words: list[str]) -> None:
+    import warnings
+
+    import pytesseract
+    from PIL import Image
+    from pydicom.data import get_testdata_file
+    from pydicom.pixels import apply_color_lut
+
+    def shown(ds: pydicom.Dataset) -> np.ndarray:
+        arr = ds.pixel_array
+        if ds.PhotometricInterpretation == "PALETTE COLOR":
+            arr = apply_color_lut(arr, ds)
+        return arr.astype(np.float32).max(axis=-1) if arr.ndim == 3 else arr.astype(np.float32)
+
+    def read(ds: pydicom.Dataset) -> str:
+        gray = shown(ds)
+        img = Image.fromarray((255 * (gray - gray.min()) / max(1.0, float(gray.max() - gray.min()))).astype(np.uint8))
+        big = img.resize((img.width * 2, img.height * 2), Image.Resampling.BICUBIC)
+        return normalise(pytesseract.image_to_string(big, config="--psm 11"))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds = pydicom.dcmread(get_testdata_file(name))
+        before = read(ds)
+        assert [w for w in words if w in before], "the input's annotation must be readable, or this proves nothing"
+        out, report, _ = clean(ds)
+        after = read(out)
+    assert report.burned_in == "cleaned" and out.BurnedInAnnotation == "NO"
+    assert [w for w in words if w in after] == []

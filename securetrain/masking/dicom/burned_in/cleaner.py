@@ -19,7 +19,7 @@ from pydicom.dataset import Dataset
 from pydicom.sequence import Sequence
 
 from securetrain.errors import ConfigError
-from securetrain.masking.dicom.burned_in.codec import decode_frames, fill_value, paint, transfer_syntax, write_pixels
+from securetrain.masking.dicom.burned_in.codec import decode_frames, displayed, fill_value, paint, transfer_syntax, write_pixels
 from securetrain.masking.dicom.burned_in.detect import TextRule, find_text
 from securetrain.masking.dicom.burned_in.ocr import OcrEngine, OcrUnavailableError, TesseractEngine
 from securetrain.masking.dicom.burned_in.preprocess import to_gray, window_to_uint8
@@ -240,7 +240,8 @@ class BurnedInCleaner:
         current = paint(frames, regions, fill) if regions else frames
         passes = 0
         while True:
-            views = [window_to_uint8(to_gray(current[i])) for i in unique]
+            shown = displayed(ds, current[unique])
+            views = [window_to_uint8(to_gray(frame)) for frame in shown]
             found = find_text(views, self.engine, self.rule, full_frame=s.full_frame, min_contrast=s.min_contrast)
             passes += 1
             if not found:

@@ -72,11 +72,29 @@ def decode_frames(ds: Dataset) -> np.ndarray:
 
 
 def fill_value(ds: Dataset, frames: np.ndarray) -> int | float:
-    """The "black" of this image: the darkest displayed value (MONOCHROME1 shows high as dark)."""
+    """The "black" of this image: the darkest displayed value (MONOCHROME1 shows high as dark;
+    PALETTE COLOR: the index whose palette entry is darkest)."""
     photometric = str(ds.get("PhotometricInterpretation", "")).upper()
     if photometric == "MONOCHROME1":
         return frames.max()
+    if photometric == "PALETTE COLOR":
+        used = np.unique(frames)
+        rgb = displayed(ds, used.reshape(1, -1, 1)).reshape(-1, 3).astype(np.float64)
+        return used[int(np.argmin(rgb @ np.array([0.299, 0.587, 0.114])))]
     return frames.min() if photometric.startswith("MONOCHROME") else 0
+
+
+def displayed(ds: Dataset, frames: np.ndarray) -> np.ndarray:
+    """What a viewer shows, for OCR: PALETTE COLOR indexes go through the palette (they are not
+    intensities; a LUT need not be monotonic); everything else is already displayable."""
+    if str(ds.get("PhotometricInterpretation", "")).upper() != "PALETTE COLOR":
+        return frames
+    from pydicom.pixels import apply_color_lut
+
+    try:
+        return apply_color_lut(frames[..., 0], ds)
+    except Exception as exc:
+        raise BurnedInAnnotationError(f"cannot apply the palette to look for burned-in text ({type(exc).__name__})") from None
 
 
 def paint(frames: np.ndarray, regions: Iterable[Region], value: int | float) -> np.ndarray:

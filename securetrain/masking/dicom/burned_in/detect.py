@@ -73,24 +73,38 @@ def find_text(
 ) -> list[Region]:
     """Boxes (frame coordinates, union over ``frames``) of everything OCR reads as text.
 
-    A candidate line is reported as a whole when any word read from its crop passes ``rule``;
-    whole-frame words are reported by their own (rescaled) boxes."""
+    First the line candidates (cheap: small crops); only when they find nothing, and
+    ``full_frame`` is set, whole frames (expensive), whose finds are masked and searched again
+    by the caller like any other. So a whole-frame read happens about once per file, as the
+    check that closes the loop."""
+    found = find_line_text(frames, engine, rule, min_contrast=min_contrast)
+    if not found and full_frame:
+        found = find_frame_text(frames, engine, rule)
+    return found
+
+
+def find_line_text(frames: list[np.ndarray], engine: OcrEngine, rule: TextRule, *, min_contrast: int = 40) -> list[Region]:
+    """Candidate lines confirmed by OCR (each as a whole box), plus their words re-read in wider
+    strips."""
     candidates = [c for i, f in enumerate(frames) for c in text_candidates(f, i, min_contrast=min_contrast)]
-    images: list[np.ndarray] = [c.crop for c in candidates]
-    views: list[float] = []
-    if full_frame:
-        for f in frames:
-            for view, scale in full_frame_views(f):
-                images.append(view)
-                views.append(scale)
-    if not images:
+    if not candidates:
         return []
-    words = engine.read(images)
-    found: list[Region] = []
-    confirmed = [c for c, cw in zip(candidates, words[: len(candidates)], strict=True) if rule.accepts_line(cw, typeset=c.regular)]
-    found += [Region(c.x0, c.y0, c.x1, c.y1, "ocr") for c in confirmed]
-    found += _extend_lines(frames, confirmed, engine, rule)
-    for scale, view_words in zip(views, words[len(candidates) :], strict=True):
+    words = engine.read([c.crop for c in candidates])
+    confirmed = [c for c, cw in zip(candidates, words, strict=True) if rule.accepts_line(cw, typeset=c.regular)]
+    found = [Region(c.x0, c.y0, c.x1, c.y1, "ocr") for c in confirmed]
+    return found + _extend_lines(frames, confirmed, engine, rule)
+
+
+def find_frame_text(frames: list[np.ndarray], engine: OcrEngine, rule: TextRule) -> list[Region]:
+    """Words read from whole frames and their inverses (upscaled), by the strict whole-frame rule."""
+    images: list[np.ndarray] = []
+    scales: list[float] = []
+    for f in frames:
+        for view, scale in full_frame_views(f):
+            images.append(view)
+            scales.append(scale)
+    found = []
+    for scale, view_words in zip(scales, engine.read(images), strict=True):
         for w in view_words:
             if rule.accepts_full_frame(w):
                 found.append(

@@ -226,7 +226,7 @@ def text_candidates(img8: np.ndarray, frame_index: int, *, min_contrast: int = 4
     return out
 
 
-def full_frame_views(img8: np.ndarray, *, target_min_side: int = 900) -> list[tuple[np.ndarray, float]]:
+def full_frame_views(img8: np.ndarray, *, target_min_side: int = 256) -> list[tuple[np.ndarray, float]]:
     """Whole-frame views for OCR (catches text the candidate grouping missed): the frame and its
     inverse, upscaled when small so that small fonts reach a readable height."""
     from PIL import Image
