@@ -41,6 +41,8 @@ from securetrain.masking.dicom.mapping import export_mapping
 from securetrain.masking.dicom.pixels import apply_pixel_masks, burned_in_status, matching_masks
 from securetrain.masking.dicom.policy import DicomPolicy
 from securetrain.masking.dicom.profile_table import CID7050, RECURSE_UIDS, Option, compile_profile, load_table
+from securetrain.masking.dicom.safe_attributes import is_safe_unlisted_text
+from securetrain.masking.dicom.scrub import Redactor, name_needles, value_needles
 
 TAG_PATIENT_ID = 0x00100020
 TAG_PATIENT_NAME = 0x00100010
@@ -49,8 +51,13 @@ TAG_PIXEL_DATA = 0x7FE00010
 
 TEXT_VRS = frozenset({"LO", "SH", "ST", "LT", "UT", "UC", "PN"})
 # VRs whose removed values feed the retained-text scrub (dates too: they may be typed in text).
-COLLECT_VRS = frozenset({"LO", "SH", "ST", "LT", "UT", "UC", "PN", "AE", "DA", "DT", "UI", "CS", "AS"})
-MIN_SCRUB_LEN = 4
+COLLECT_VRS = frozenset({"LO", "SH", "ST", "LT", "UT", "UC", "PN", "AE", "DA", "DT", "UI", "CS", "AS", "UR"})
+# Free-text VRs of attributes Table E.1-1 does not list: removed unless safe-listed or kept by policy.
+FREE_TEXT_VRS = frozenset({"LO", "SH", "ST", "LT", "UT", "UC", "UR", "AE"})
+# Character sets whose encoded bytes can be searched for ASCII needles without decoding.
+_ASCII_COMPATIBLE = frozenset({"", "ISO_IR 6", "ISO 2022 IR 6", "ISO_IR 100", "ISO_IR 192", "ISO_IR 101",
+                               "ISO_IR 109", "ISO_IR 110", "ISO_IR 148", "ISO_IR 203", "ISO_IR 144",
+                               "ISO_IR 127", "ISO_IR 126", "ISO_IR 138", "ISO_IR 166"})
 
 # UI attributes that name *kinds* of things (classes, syntaxes, coding schemes), never instances.
 _KEEP_UI_KEYWORDS = frozenset(
@@ -164,7 +171,7 @@ class _Ctx:
     def __init__(self, report: DeidReport, day_offset: int | None) -> None:
         self.report = report
         self.day_offset = day_offset
-        self.phi: set[str] = set()
+        self.phi: set[str] = set()  # needles (see scrub.py), not raw values
         self.retained_text: list[tuple[Dataset, int, str]] = []
 
 
@@ -201,7 +208,7 @@ class Deidentifier:
             f"securetrain {__version__} DICOM de-identification",
             "PS3.15 E.1-1 Basic Application Confidentiality Profile",
             f"table: {table.edition.removeprefix('DICOM ')}@{table.source['commit'][:12]}",  # LO: 64 chars max
-            f"policy: {policy.name} v{policy.policy_version} sha256:{policy.digest[:16]}",
+            _policy_line(policy),
         ]
         self.audit.record(
             "deid.policy_applied",
@@ -301,12 +308,22 @@ class Deidentifier:
             ctx.report.changes.append(TagChange(path, tag, action))
         ctx.report.counts[action] += 1
 
-    def _fallback(self, tag: int, vr: str, value: Any) -> str:
-        """Action for an attribute that Table E.1-1 does not list (the VR safety net)."""
+    def _fallback(self, tag: int, vr: str, cleaning: bool = False) -> str:
+        """Action for an attribute that Table E.1-1 does not list (the VR safety net).
+
+        Fails closed: person names are emptied, dates follow the dates rule, instance UIDs are
+        remapped, free text is removed (kept and scrubbed inside a sequence that an option cleans,
+        kept as is when safe-listed) and attributes the data dictionary does not know are removed."""
         if not self.policy.vr_safety_net:
             return "K"
         if vr == "PN":
             return "Z"
+        if vr in FREE_TEXT_VRS:
+            if is_safe_unlisted_text(tag):
+                return "K"
+            return "C" if cleaning and vr != "AE" else "X"
+        if vr == "UN":
+            return "X"  # unknown to the dictionary (and not private): we cannot tell what it holds
         if vr in ("DA", "DT", "TM"):
             if self._full_dates:
                 return "K"
@@ -330,11 +347,12 @@ class Deidentifier:
             return
         values = value if isinstance(value, list | tuple | pydicom.multival.MultiValue) else [value]
         for v in values:
+            if isinstance(v, bytes):
+                v = v.decode("latin-1", "replace")
             s = str(v).strip()
-            if len(s) >= MIN_SCRUB_LEN and not (vr == "UI" and is_well_known_uid(s)):
-                ctx.phi.add(s)
-                if vr == "PN":
-                    ctx.phi.update(p for p in re.split(r"[\^=]", s) if len(p.strip()) >= MIN_SCRUB_LEN)
+            if not s or (vr == "UI" and is_well_known_uid(s)):
+                continue
+            ctx.phi.update(name_needles(s) if vr == "PN" else value_needles(s))
 
     def _overlays(self, ds: Dataset, ctx: _Ctx, prefix: str) -> None:
         """Overlay planes go as a whole: without Overlay Data (60xx,3000) the rest of the group is a
@@ -350,7 +368,7 @@ class Deidentifier:
                 del ds[tag]
                 self._note(ctx, f"{prefix}{_fmt(tag)}", tag, "X")
 
-    def _walk(self, ds: Dataset, ctx: _Ctx, prefix: str) -> None:
+    def _walk(self, ds: Dataset, ctx: _Ctx, prefix: str, cleaning: bool = False) -> None:
         self._private(ds, ctx, prefix)
         self._overlays(ds, ctx, prefix)
         for btag in list(ds.keys()):
@@ -378,18 +396,27 @@ class Deidentifier:
                 vr = _dictionary_vr(tag)
             action = self.profile.action_for(tag)
             if action is None:
-                action = self._fallback(tag, vr, None)
-            if action == "K" and vr != "SQ" and vr not in TEXT_VRS:
+                action = self._fallback(tag, vr, cleaning)
+            if action == "K" and vr != "SQ":
+                if vr in TEXT_VRS:
+                    ctx.retained_text.append((ds, tag, path))  # scrubbed later, decoded only on a hit
                 continue
-            elem = ds[btag]
-            self._apply(ds, elem, elem.VR, action, ctx, path)
+            try:
+                elem = ds[btag]
+            except Exception:  # a value pydicom cannot decode: remove it (fail closed)
+                del ds[btag]
+                self._note(ctx, path, tag, "X")
+                continue
+            self._apply(ds, elem, elem.VR if elem.VR != "UN" else vr, action, ctx, path, cleaning)
 
-    def _apply(self, ds: Dataset, elem: Any, vr: str, action: str, ctx: _Ctx, path: str) -> None:
+    def _apply(
+        self, ds: Dataset, elem: Any, vr: str, action: str, ctx: _Ctx, path: str, cleaning: bool = False
+    ) -> None:
         tag = int(elem.tag)
         if action == "K" or action == RECURSE_UIDS or (action == "C" and vr == "SQ"):
             if vr == "SQ":
                 for i, item in enumerate(elem.value or ()):
-                    self._walk(item, ctx, f"{path}[{i}].")
+                    self._walk(item, ctx, f"{path}[{i}].", cleaning or action == "C")
                 if action != "K":
                     self._note(ctx, path, tag, action)
             elif vr in TEXT_VRS:
@@ -415,7 +442,7 @@ class Deidentifier:
                 self._remap(elem)
             elif vr == "SQ":  # U on a sequence: keep it, recurse (its UID rows remap)
                 for i, item in enumerate(elem.value or ()):
-                    self._walk(item, ctx, f"{path}[{i}].")
+                    self._walk(item, ctx, f"{path}[{i}].", cleaning)
             else:
                 elem.value = None  # a U row with a non-UI VR: fail closed
         self._note(ctx, path, tag, action)
@@ -444,7 +471,10 @@ class Deidentifier:
                 self.pseudonyms[original] = self.mapper.pseudonym(original)
             elem.value = self.mapper.pseudonym(original) if original else pseudonym
         else:
-            elem.value = (ctx.report.patient_pseudonym or "ANONYMOUS") + "^"
+            # One family-name component, no trailing "^": an empty component breaks some encoders
+            # (e.g. single-valued ISO 2022 IR 87), and the pseudonym is plain ASCII, valid in every
+            # specific character set.
+            elem.value = ctx.report.patient_pseudonym or "ANONYMOUS"
         self._note(ctx, path, int(elem.tag), "P")
 
     def _clean(self, ds: Dataset, elem: Any, vr: str, ctx: _Ctx, path: str) -> None:
@@ -507,7 +537,7 @@ class Deidentifier:
                 elem = ds[tag]
                 if elem.VR == "SQ":
                     for i, item in enumerate(elem.value or ()):
-                        self._walk(item, ctx, f"{path}[{i}].")
+                        self._walk(item, ctx, f"{path}[{i}].", True)
                 elif elem.VR in TEXT_VRS:
                     ctx.retained_text.append((ds, tag, path))
                 continue
@@ -529,19 +559,35 @@ class Deidentifier:
     def _scrub(self, ctx: _Ctx) -> None:
         if not ctx.phi or not ctx.retained_text:
             return
-        # Plain case-insensitive substring search: far cheaper than compiling one big regex per
-        # object, and there are only tens of values and tens of retained strings.
-        needles = sorted({v.lower() for v in ctx.phi}, key=len, reverse=True)
+        redactor = Redactor(ctx.phi)
+        lowered_needles = [n.lower() for n in redactor.needles]
+        ascii_needles = [n.encode("ascii") for n in lowered_needles if n.isascii()]
+        all_ascii = len(ascii_needles) == len(lowered_needles)
         for ds, tag, path in ctx.retained_text:
             if tag not in ds:
                 continue
-            elem = ds[tag]
+            raw = ds.get_item(tag)
+            if getattr(raw, "is_raw", False) and isinstance(raw.value, bytes) and all_ascii:
+                # Search the encoded bytes first: most retained text holds no needle, and then it
+                # is never decoded. Only for character sets where ASCII bytes mean ASCII letters.
+                charset = ds.get("SpecificCharacterSet", "") or ""
+                charset = charset if isinstance(charset, str) else "\\".join(charset)
+                if all(c.strip() in _ASCII_COMPATIBLE for c in charset.split("\\")):
+                    low = raw.value.lower()
+                    if not any(n in low for n in ascii_needles):
+                        continue
+            try:
+                elem = ds[tag]
+            except Exception:
+                del ds[tag]  # undecodable retained text: remove rather than keep unchecked
+                self._note(ctx, path, tag, "X")
+                continue
             value = elem.value
             if value is None:
                 continue
             multi = isinstance(value, pydicom.multival.MultiValue)
             old = [str(v) for v in value] if multi else [str(value)]
-            new = [_redact(text, needles) for text in old]
+            new = [redactor.redact(text) if redactor.could_match(text.lower()) else text for text in old]
             if new != old:
                 elem.value = new if multi else new[0]
                 self._note(ctx, path, tag, "C")
@@ -600,22 +646,13 @@ class Deidentifier:
             report.changes.append(TagChange(_fmt(tag), tag, action))
 
 
-def _redact(text: str, needles: list[str]) -> str:
-    """Replace every case-insensitive occurrence of any needle with X's (same length)."""
-    low = text.lower()
-    hits = [n for n in needles if n in low]
-    if not hits:
-        return text
-    if len(low) != len(text):  # rare case-mapping that changes length: use a regex
-        pattern = re.compile("|".join(re.escape(h) for h in hits), re.IGNORECASE)
-        return pattern.sub(lambda m: "X" * len(m.group(0)), text)
-    chars = list(text)
-    for needle in hits:
-        pos = low.find(needle)
-        while pos != -1:
-            chars[pos : pos + len(needle)] = "X" * len(needle)
-            pos = low.find(needle, pos + 1)
-    return "".join(chars)
+def _policy_line(policy: DicomPolicy) -> str:
+    """``policy: NAME vN sha256:...`` within LO's 64 characters: a long name is shortened, the
+    digest (which identifies the policy exactly) never is."""
+    tail = f" v{policy.policy_version} sha256:{policy.digest[:16]}"
+    room = 64 - len("policy: ") - len(tail)
+    name = policy.name if len(policy.name) <= room else policy.name[: room - 1] + "~"
+    return f"policy: {name}{tail}"
 
 
 def read_dicom(
