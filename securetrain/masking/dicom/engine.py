@@ -655,20 +655,42 @@ def _policy_line(policy: DicomPolicy) -> str:
     return f"policy: {name}{tail}"
 
 
+_UID_RE = re.compile(r"^[0-9]+(\.[0-9]+)+$")
+
+
 def read_dicom(
     path: str | os.PathLike[str] | BinaryIO, *, stop_before_pixels: bool = False, name: str | None = None
 ) -> Dataset:
-    """dcmread that turns every failure into :class:`UnreadableDicomError` with a short reason."""
+    """dcmread that turns every failure into :class:`UnreadableDicomError` with a short reason.
+
+    Files without the 128-byte preamble and ``DICM`` prefix (raw data sets, e.g. images a DICOMDIR
+    references after stripping, or older exports) are read with ``force=True`` and accepted only
+    when the content is a valid data set: it parses to the end and carries a well-formed SOP Class
+    UID and SOP Instance UID. Anything else is refused, always with the reason."""
     label = name or (Path(path).name if isinstance(path, str | os.PathLike) else "<stream>")
+    source = os.fspath(path) if isinstance(path, str | os.PathLike) else path
     try:
-        source = os.fspath(path) if isinstance(path, str | os.PathLike) else path
         return pydicom.dcmread(source, stop_before_pixels=stop_before_pixels)
     except InvalidDicomError:
-        raise UnreadableDicomError(f"{label}: not a DICOM file (no DICM preamble/prefix)") from None
+        pass  # no preamble/prefix: maybe a raw data set
     except (OSError, EOFError) as exc:
         raise UnreadableDicomError(f"{label}: cannot read ({type(exc).__name__})") from None
     except Exception as exc:  # pydicom raises many types on corrupt input
         raise UnreadableDicomError(f"{label}: corrupt DICOM ({type(exc).__name__})") from None
+    if not isinstance(source, str):
+        source.seek(0)
+    try:
+        ds = pydicom.dcmread(source, stop_before_pixels=stop_before_pixels, force=True)
+        sop_class = str(ds.get("SOPClassUID", "") or "")
+        sop_instance = str(ds.get("SOPInstanceUID", "") or "")
+    except Exception:
+        ds, sop_class, sop_instance = None, "", ""
+    if ds is None or not (_UID_RE.match(sop_class) and _UID_RE.match(sop_instance)):
+        raise UnreadableDicomError(
+            f"{label}: not a DICOM file (no DICM preamble/prefix, and the content is not a data set "
+            "with a SOP Class UID and SOP Instance UID)"
+        ) from None
+    return ds
 
 
 def check_complete(ds: Dataset, label: str) -> None:
