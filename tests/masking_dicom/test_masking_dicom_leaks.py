@@ -245,6 +245,7 @@ def test_oracle_catches_a_broken_engine(monkeypatch: pytest.MonkeyPatch) -> None
         return original_apply(self, ds, elem, vr, "K" if action == "X" else action, ctx, path, *rest)
 
     monkeypatch.setattr(Deidentifier, "_apply", forgetful)
+    monkeypatch.setattr(Deidentifier, "_apply_raw", lambda self, *args: False)  # route all through _apply
     deid = Deidentifier(load_policy(POLICY_DIR / "dicom-basic.yaml"), SECRET)
     ds = roundtrip(make_dataset())
     deid.deidentify_dataset(ds)

@@ -19,7 +19,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import pydicom
+from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.filebase import DicomBytesIO
+from pydicom.filewriter import write_dataset, write_file_meta_info
 from pydicom.datadict import dictionary_VR, keyword_for_tag
 from pydicom.errors import InvalidDicomError
 from pydicom.sequence import Sequence
@@ -94,6 +97,35 @@ _DUMMY_TEXT = "ANONYMIZED"
 _NUMERIC_VRS = frozenset({"US", "SS", "UL", "SL", "FL", "FD", "UV", "SV", "AT"})
 
 _METHOD_REMOVE_META = (0x00020016, 0x00020017, 0x00020018, 0x00020100, 0x00020102)
+
+
+_RAW_ACTIONS = frozenset({"X", "Z", "D", "U"})
+# String VRs whose raw bytes we can decode ourselves (PN/text only in ASCII-compatible charsets).
+_RAW_VRS = frozenset({"AE", "AS", "CS", "DA", "DT", "TM", "UI", "LO", "SH", "ST", "LT", "UT", "UC", "UR", "PN",
+                      "IS", "DS"})
+_ASCII_ONLY_VRS = frozenset({"AE", "AS", "CS", "DA", "DT", "TM", "UI", "IS", "DS", "UR"})
+
+
+def _raw_strings(ds: Dataset, raw: Any) -> list[str] | None:
+    """The values of a raw string element, or None when the bytes cannot be decoded here exactly
+    (non-ASCII text in a character set with code extensions, or not bytes at all)."""
+    data = raw.value
+    if data is None:
+        return []
+    if not isinstance(data, bytes):
+        return None
+    if raw.VR in _ASCII_ONLY_VRS or data.isascii():
+        text = data.decode("ascii", "replace")
+    else:
+        charset = ds.get("SpecificCharacterSet", "") or ""
+        charset = charset if isinstance(charset, str) else "\\".join(charset)
+        if charset.strip() == "ISO_IR 192":
+            text = data.decode("utf-8", "replace")
+        elif charset.strip() in ("", "ISO_IR 100", "ISO_IR 6"):
+            text = data.decode("latin-1")
+        else:
+            return None
+    return [v.strip(" \x00") for v in text.split("\\")]
 
 
 def is_well_known_uid(uid: str) -> bool:
@@ -246,8 +278,12 @@ class Deidentifier:
         dst: str | os.PathLike[str] | None = None,
         *,
         dry_run: bool = False,
+        writer: Any = None,
     ) -> DeidReport:
-        """Read ``src``, de-identify, and atomically write ``dst`` (nothing written on dry runs)."""
+        """Read ``src``, de-identify, and atomically write ``dst`` (nothing written on dry runs).
+
+        With a :class:`~securetrain.masking.dicom.output.BatchWriter` the file is staged and appears
+        at the writer's next ``flush`` (one fsync per file instead of two)."""
         src_path = Path(src)
         try:
             data = src_path.read_bytes()
@@ -259,7 +295,10 @@ class Deidentifier:
         self.audit.record("dicom.read", f"sha256:{digest}", details={"sha256": digest, "bytes": len(data)})
         _, report = self.deidentify_dataset(ds, source=src_path.name)
         if dst is not None and not dry_run:
-            atomic_write_bytes(dst, encode_dataset(ds))
+            if writer is not None:
+                writer.write(dst, encode_dataset(ds))
+            else:
+                atomic_write_bytes(dst, encode_dataset(ds))
             report.output = str(dst)
         return report
 
@@ -401,6 +440,13 @@ class Deidentifier:
                 if vr in TEXT_VRS:
                     ctx.retained_text.append((ds, tag, path))  # scrubbed later, decoded only on a hit
                 continue
+            if (
+                action in _RAW_ACTIONS
+                and vr in _RAW_VRS
+                and getattr(raw, "is_raw", False)
+                and self._apply_raw(ds, raw, tag, vr, action, ctx, path)
+            ):
+                continue
             try:
                 elem = ds[btag]
             except Exception:  # a value pydicom cannot decode: remove it (fail closed)
@@ -408,6 +454,34 @@ class Deidentifier:
                 self._note(ctx, path, tag, "X")
                 continue
             self._apply(ds, elem, elem.VR if elem.VR != "UN" else vr, action, ctx, path, cleaning)
+
+    def _apply_raw(self, ds: Dataset, raw: Any, tag: int, vr: str, action: str, ctx: _Ctx, path: str) -> bool:
+        """X/Z/D/U on a still-raw string element without converting it to a Python value: the
+        removed text is decoded straight from its bytes (for character sets where that is exact).
+        Returns False when the element needs the general path."""
+        values = _raw_strings(ds, raw)
+        if values is None:
+            return False
+        if vr in COLLECT_VRS:
+            self._collect(ctx, vr, values)
+        if action == "X":
+            del ds[tag]
+        elif action == "Z":
+            ds[tag] = DataElement(tag, vr, None)
+        elif action == "D":
+            if vr == "UI":
+                ds[tag] = DataElement(tag, vr, self._remap_values(values))
+                action = "U"
+            else:
+                ds[tag] = DataElement(tag, vr, self._dummy(vr))
+        else:  # U
+            ds[tag] = DataElement(tag, vr, self._remap_values(values) if vr == "UI" else None)
+        self._note(ctx, path, tag, action)
+        return True
+
+    def _remap_values(self, values: list[str]) -> Any:
+        out = [v if (not v or is_well_known_uid(v)) else self.mapper.uid(v) for v in values]
+        return out if len(out) > 1 else (out[0] if out else None)
 
     def _apply(
         self, ds: Dataset, elem: Any, vr: str, action: str, ctx: _Ctx, path: str, cleaning: bool = False
@@ -729,8 +803,34 @@ def check_complete(ds: Dataset, label: str) -> None:
         raise UnreadableDicomError(f"{label}: pixel data is {actual} bytes, {expected} expected (truncated file?)")
 
 
+_FAST_SYNTAXES = frozenset({ImplicitVRLittleEndian, ExplicitVRLittleEndian, ExplicitVRBigEndian})
+
+
 def encode_dataset(ds: Dataset) -> bytes:
-    """Encode as a DICOM Part 10 file; datasets without SOP identity are written as-is."""
+    """Encode as a DICOM Part 10 file; datasets without SOP identity are written as-is.
+
+    The common case is written directly (preamble, meta, data set): ``dcmwrite`` deep-copies the
+    file meta and re-validates it, which costs as much as the whole de-identification pass. Still-raw
+    elements are copied as they were read. Deflated and unusual syntaxes go through ``dcmwrite``."""
+    meta = getattr(ds, "file_meta", None)
+    tsyntax = meta.get("TransferSyntaxUID") if meta is not None else None
+    try:
+        fast = tsyntax is not None and (tsyntax in _FAST_SYNTAXES or (tsyntax.is_compressed and not tsyntax.is_deflated))
+    except ValueError:
+        fast = False
+    if fast and "SOPClassUID" in ds and "MediaStorageSOPInstanceUID" in meta:
+        try:
+            fp = DicomBytesIO()
+            fp.write(b"\x00" * 128 + b"DICM")
+            write_file_meta_info(fp, meta, enforce_standard=True)
+            fp.is_implicit_VR = tsyntax == ImplicitVRLittleEndian
+            fp.is_little_endian = tsyntax != ExplicitVRBigEndian
+            if TAG_PIXEL_DATA in ds:
+                ds[TAG_PIXEL_DATA].is_undefined_length = tsyntax.is_compressed
+            write_dataset(fp, ds)
+            return fp.getvalue()
+        except Exception:  # fall back to the general writer (it reports its own errors)
+            pass
     buf = io.BytesIO()
     try:
         pydicom.dcmwrite(buf, ds, enforce_file_format=True)

@@ -49,7 +49,7 @@ def is_cjk_char(ch: str) -> bool:
 
 
 def _has_cjk(text: str) -> bool:
-    return any(is_cjk_char(c) for c in text)
+    return not text.isascii() and any(is_cjk_char(c) for c in text)
 
 
 def _letters(text: str) -> int:
