@@ -51,6 +51,8 @@ def _corpus(limit_bytes: int) -> list[tuple[str, bytes]]:
         Anonymizer = None  # noqa: N806
     out = []
     for f in sorted(get_testdata_files()):
+        if not Path(f).is_file():
+            continue
         data = Path(f).read_bytes()
         if len(data) > limit_bytes:
             continue
@@ -102,9 +104,8 @@ def main() -> None:
     try:
         from dicognito.anonymizer import Anonymizer
 
-        anonymizer = Anonymizer()
-
         def dicognito() -> None:
+            anonymizer = Anonymizer()  # fresh per run: its id maps grow with every object
             for _, data in corpus:
                 ds = pydicom.dcmread(io.BytesIO(data), force=True)
                 anonymizer.anonymize(ds)

@@ -46,6 +46,7 @@ from securetrain.masking.dicom.policy import DicomPolicy
 from securetrain.masking.dicom.profile_table import CID7050, RECURSE_UIDS, Option, compile_profile, load_table
 from securetrain.masking.dicom.safe_attributes import is_safe_unlisted_text
 from securetrain.masking.dicom.scrub import Redactor, name_needles, value_needles
+from securetrain.masking.dicom.writer import write_dataset_le
 
 TAG_PATIENT_ID = 0x00100020
 TAG_PATIENT_NAME = 0x00100010
@@ -104,6 +105,14 @@ _RAW_ACTIONS = frozenset({"X", "Z", "D", "U"})
 _RAW_VRS = frozenset({"AE", "AS", "CS", "DA", "DT", "TM", "UI", "LO", "SH", "ST", "LT", "UT", "UC", "UR", "PN",
                       "IS", "DS"})
 _ASCII_ONLY_VRS = frozenset({"AE", "AS", "CS", "DA", "DT", "TM", "UI", "IS", "DS", "UR"})
+
+
+def _raw_value(text: str, vr: str) -> dict[str, Any]:
+    """length/value fields of a raw element holding ASCII ``text`` (padded to even length)."""
+    data = text.encode("ascii")
+    if len(data) % 2:
+        data += b"\x00" if vr == "UI" else b" "
+    return {"length": len(data), "value": data}
 
 
 def _raw_strings(ds: Dataset, raw: Any) -> list[str] | None:
@@ -230,6 +239,7 @@ class Deidentifier:
         self.profile = compile_profile(policy.option_values, policy.override_tags)
         self.mapper = KeyedMapper(self.keys, max_shift_days=policy.max_date_shift_days)
         self.pseudonyms: dict[str, str] = {}
+        self._mark_cache: dict[bool, list[Any]] = {}
         opts = policy.option_values
         self._full_dates = Option.RETAIN_LONGITUDINAL_FULL_DATES.value in opts
         self._modified_dates = Option.RETAIN_LONGITUDINAL_MODIFIED_DATES.value in opts
@@ -465,17 +475,18 @@ class Deidentifier:
         if vr in COLLECT_VRS:
             self._collect(ctx, vr, values)
         if action == "X":
-            del ds[tag]
+            del ds._dict[raw.tag]  # public tag: no private-block bookkeeping to update
         elif action == "Z":
-            ds[tag] = DataElement(tag, vr, None)
-        elif action == "D":
+            ds._dict[raw.tag] = raw._replace(VR=vr, length=0, value=b"")
+        elif action == "D" and vr != "UI":
+            ds._dict[raw.tag] = raw._replace(VR=vr, **_raw_value(str(self._dummy(vr)), vr))
+        else:  # U, or D on a UID: keyed remap
             if vr == "UI":
-                ds[tag] = DataElement(tag, vr, self._remap_values(values))
+                new = [v if (not v or is_well_known_uid(v)) else self.mapper.uid(v) for v in values]
+                ds._dict[raw.tag] = raw._replace(VR=vr, **_raw_value("\\".join(new), vr))
                 action = "U"
             else:
-                ds[tag] = DataElement(tag, vr, self._dummy(vr))
-        else:  # U
-            ds[tag] = DataElement(tag, vr, self._remap_values(values) if vr == "UI" else None)
+                ds._dict[raw.tag] = raw._replace(VR=vr, length=0, value=b"")
         self._note(ctx, path, tag, action)
         return True
 
@@ -667,7 +678,27 @@ class Deidentifier:
                 self._note(ctx, path, tag, "C")
 
     def _mark(self, ds: Dataset, report: DeidReport) -> None:
-        """PS3.15 E.1.1 attributes that declare what was done."""
+        """PS3.15 E.1.1 attributes that declare what was done. They are the same for every object
+        of a run, so they are encoded once per encoding and inserted as raw elements."""
+        implicit, little = ds.original_encoding
+        if little is True and implicit is not None:
+            raws = self._mark_cache.get(implicit)
+            if raws is None:
+                template = Dataset()
+                self._mark_into(template)
+                buf = DicomBytesIO()
+                buf.is_implicit_VR, buf.is_little_endian = implicit, True
+                write_dataset(buf, template)
+                from pydicom.filereader import read_dataset
+
+                parsed = read_dataset(io.BytesIO(buf.getvalue()), implicit, True)
+                raws = self._mark_cache[implicit] = [parsed.get_item(t) for t in sorted(parsed._dict)]
+            for raw in raws:
+                ds._dict[raw.tag] = raw  # immutable raw tuples: safe to share between objects
+            return
+        self._mark_into(ds)
+
+    def _mark_into(self, ds: Dataset) -> None:
         ds.PatientIdentityRemoved = "YES"
         ds.DeidentificationMethod = self._method_text
         codes = [CID7050["basic"]] + [CID7050[o.value] for o in self.policy.options]
@@ -823,11 +854,14 @@ def encode_dataset(ds: Dataset) -> bytes:
             fp = DicomBytesIO()
             fp.write(b"\x00" * 128 + b"DICM")
             write_file_meta_info(fp, meta, enforce_standard=True)
-            fp.is_implicit_VR = tsyntax == ImplicitVRLittleEndian
-            fp.is_little_endian = tsyntax != ExplicitVRBigEndian
-            if TAG_PIXEL_DATA in ds:
-                ds[TAG_PIXEL_DATA].is_undefined_length = tsyntax.is_compressed
-            write_dataset(fp, ds)
+            implicit = tsyntax == ImplicitVRLittleEndian
+            fp.is_implicit_VR, fp.is_little_endian = implicit, tsyntax != ExplicitVRBigEndian
+            if ds.original_encoding == (implicit, True) and fp.is_little_endian:
+                write_dataset_le(fp, ds, implicit)
+            else:
+                if TAG_PIXEL_DATA in ds:
+                    ds[TAG_PIXEL_DATA].is_undefined_length = tsyntax.is_compressed
+                write_dataset(fp, ds)
             return fp.getvalue()
         except Exception:  # fall back to the general writer (it reports its own errors)
             pass
