@@ -231,3 +231,27 @@ def test_dataset_caches_the_deidentified_header(tmp_path: Path) -> None:
     assert not calls  # later epochs skip the de-identification pass
     for a, b in zip(first, second, strict=True):
         assert a["meta"] == b["meta"] and bool((a["pixels"] == b["pixels"]).all())
+
+
+def test_stripped_dicomdir_referenced_images_are_written(tmp_path: Path) -> None:
+    """pydicom's dicomdirtests images: header-only CT objects without image attributes, read by a
+    DICOMDIR. They are valid data sets (not truncated) and must be de-identified, not refused."""
+    from pydicom.data import get_testdata_files
+
+    files = [f for f in get_testdata_files("IM0000*") if Path(f).is_file()][:5]
+    assert files
+    for i, f in enumerate(files):
+        out = tmp_path / f"{i}.dcm"
+        report = _deid().deidentify_file(f, out)
+        back = pydicom.dcmread(out)
+        assert back.PatientIdentityRemoved == "YES" and back.SOPInstanceUID == report.sop_instance_uid
+
+
+def test_truncated_files_are_refused_with_the_element_that_ends_early(tmp_path: Path) -> None:
+    full = encode_dataset(make_dataset())
+    for n in (500, 700, 1000, len(full) - 10):
+        src = tmp_path / f"cut{n}.dcm"
+        src.write_bytes(full[:n])
+        with pytest.raises(UnreadableDicomError, match="truncated"):
+            _deid().deidentify_file(src, tmp_path / "out.dcm")
+    assert not (tmp_path / "out.dcm").exists()

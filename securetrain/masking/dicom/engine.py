@@ -802,13 +802,20 @@ def check_complete(ds: Dataset, label: str) -> None:
     """pydicom stops silently at EOF, so a truncated file reads "fine". For images we can tell:
     image attributes without pixel data, or native pixel data shorter than Rows x Columns x
     frames x samples x bytes, mean the file was cut. (A non-image object cut exactly between two
-    elements cannot be told from a complete one; nor can a text value cut short.)"""
-    pixel_tags = (TAG_PIXEL_DATA, 0x7FE00008, 0x7FE00009)
+    elements cannot be told from a complete one; nor can a text value cut short. Header-only image
+    objects -- e.g. the stripped images a DICOMDIR references -- carry no image attributes at all
+    and are accepted: they hold no pixels to leak.)"""
+    if not ds._dict:
+        raise UnreadableDicomError(f"{label}: no data elements (empty or truncated file)")
+    for tag in reversed(sorted(ds._dict)):  # a cut file ends inside its last element
+        raw = ds.get_item(tag)
+        if getattr(raw, "is_raw", False) and raw.value is not None and raw.length != 0xFFFFFFFF:
+            if len(raw.value) < raw.length:
+                raise UnreadableDicomError(
+                    f"{label}: element {_fmt(int(tag))} holds {len(raw.value)} of {raw.length} bytes (truncated file?)"
+                )
+        break
     if "Rows" not in ds or "Columns" not in ds:
-        sop_class = ds.get("SOPClassUID")
-        name = getattr(sop_class, "name", "") if sop_class else ""
-        if "Image Storage" in str(name) and not any(t in ds for t in pixel_tags):
-            raise UnreadableDicomError(f"{label}: image storage object without image attributes (truncated file?)")
         return
     pixel_tags = (TAG_PIXEL_DATA, 0x7FE00008, 0x7FE00009)
     if not any(t in ds for t in pixel_tags):
@@ -828,6 +835,9 @@ def check_complete(ds: Dataset, label: str) -> None:
         bits = int(ds.get("BitsAllocated", 8) or 8)
     except (TypeError, ValueError):
         raise UnreadableDicomError(f"{label}: malformed image attributes") from None
+    photometric = str(ds.get("PhotometricInterpretation", "") or "").strip().upper()
+    if samples == 3 and photometric in ("YBR_FULL_422", "YBR_PARTIAL_422"):
+        samples = 2  # 4:2:2 subsampled: two values per pixel on average
     expected = (rows * cols * frames * samples * bits + 7) // 8
     actual = len(ds.get_item(TAG_PIXEL_DATA).value or b"")
     if actual < expected:
