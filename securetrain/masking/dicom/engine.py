@@ -123,6 +123,8 @@ def _raw_strings(ds: Dataset, raw: Any) -> list[str] | None:
         return []
     if not isinstance(data, bytes):
         return None
+    if b"\x1b" in data:
+        return None  # ISO 2022 escape sequences: 7-bit bytes that are not ASCII text
     if raw.VR in _ASCII_ONLY_VRS or data.isascii():
         text = data.decode("ascii", "replace")
     else:
