@@ -115,6 +115,7 @@ def test_bad_sources(tmp_path: Path) -> None:
         DicomDataset(tmp_path, BASIC, b"weak")
 
 
+@pytest.mark.slow
 def test_pydicom_testdata_folder_is_quarantined_not_crashed(tmp_path: Path) -> None:
     from pydicom.data import get_testdata_files
 
