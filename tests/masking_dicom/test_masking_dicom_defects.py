@@ -279,3 +279,10 @@ def test_every_specific_character_set_file_is_written_without_its_names(policy: 
         name = str(original.get("PatientName", ""))
         parts = [p.strip() for g in name.split("=") for p in g.split("^") if len(p.strip()) >= 2]
         assert not [p for p in parts if p in text], f
+
+
+def test_truncated_removed_value_still_matches_the_word_it_was_cut_from() -> None:
+    ds = _image(PatientName="DOE^JANE", SeriesDescription="scan at Bartholomew General")
+    ds.InstitutionName = "Bartholome"  # removed (X/Z/D); a prefix of a longer word in kept text
+    out, _ = _deid(LONGITUDINAL).deidentify_dataset(roundtrip(ds))
+    assert "Bartholome" not in out.SeriesDescription and out.SeriesDescription.startswith("scan at ")

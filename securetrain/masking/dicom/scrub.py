@@ -3,9 +3,11 @@
 Needles are the values the profile removed or replaced anywhere in the same object. How a needle
 matches depends on what it is:
 
-* **Letters only, alphabetic scripts** (Latin, Greek, Cyrillic, ...): whole words only, so the
+* **Letters only, alphabetic scripts** (Latin, Greek, Cyrillic, ...): at word boundaries, so the
   needle ``text`` never turns ``Context`` into ``ConXXXX``. A "word" boundary is any non-letter
   (digits, ``_``, ``^``, punctuation, space): ``Smith_J`` and ``Smith2`` still match ``Smith``.
+  Needles shorter than 6 characters must be whole words; longer ones need the boundary only at
+  their start (a value cut to its VR's maximum length still matches the word it was cut from).
 * **Anything with a digit** (IDs, dates, UIDs, accession numbers): as a substring anywhere;
   identifiers are glued into URIs and file names (``...?pid=AB12345``) and there are no words to
   mangle.
@@ -31,6 +33,7 @@ from collections.abc import Iterable
 MIN_VALUE_LEN = 4
 MIN_NAME_PART_LEN = 2
 MIN_CJK_LEN = 2
+LONG_NEEDLE_LEN = 6
 
 
 def is_cjk_char(ch: str) -> bool:
@@ -112,8 +115,11 @@ class Redactor:
         for n in uniq:
             esc = re.escape(n)
             if _is_word_needle(n):
-                # boundary = not a letter on either side ([^\W\d_] is "a letter" in Unicode regex)
-                parts.append(rf"(?<![^\W\d_]){esc}(?![^\W\d_])")
+                # boundary = not a letter ([^\W\d_] is "a letter" in Unicode regex). Short needles
+                # need it on both sides; long ones only at the start, so a value cut to its VR's
+                # length ("LightSpeed Ultr") still matches the full word it was cut from.
+                tail = "" if len(n) >= LONG_NEEDLE_LEN else r"(?![^\W\d_])"
+                parts.append(rf"(?<![^\W\d_]){esc}{tail}")
             else:
                 parts.append(esc)
         self._pattern = re.compile("|".join(parts), re.IGNORECASE)
