@@ -500,6 +500,8 @@ class Deidentifier:
         self, ds: Dataset, elem: Any, vr: str, action: str, ctx: _Ctx, path: str, cleaning: bool = False
     ) -> None:
         tag = int(elem.tag)
+        if " or " in vr:  # ambiguous dictionary VR ("US or SS", "OB or OW"): both forms act alike here
+            vr = vr.split(" or ")[0]
         if action == "K" or action == RECURSE_UIDS or (action == "C" and vr == "SQ"):
             if vr == "SQ":
                 for i, item in enumerate(elem.value or ()):
