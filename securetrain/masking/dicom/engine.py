@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import pydicom
-from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.filebase import DicomBytesIO
 from pydicom.filewriter import write_dataset, write_file_meta_info

@@ -159,6 +159,8 @@ def deidentify_tree(
         outputs: Iterator = map(_process_chunk, chunks)
         pool = None
     else:
+        import securetrain.masking.dicom.engine  # noqa: F401  -- imported once here, inherited by forked workers
+
         pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker, initargs=(policy, key, dry_run))
         outputs = pool.map(_process_chunk, chunks)
     try:
