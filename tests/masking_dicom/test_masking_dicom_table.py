@@ -206,3 +206,43 @@ def test_update_script_prints_row_and_cell_diff_and_regenerates(tmp_path) -> Non
         ProfileRow(r["tag"], r["name"], r["keyword"], r["basic"], r["options"], r["in_std_comp_iod"])
         for r in new["rows"]))
     assert compile_profile(table=regenerated).action_for(0x00990010) == "X"
+
+
+def test_update_script_reads_the_docbook_part15(tmp_path) -> None:
+    """The standard's own DocBook source: Table E.1-1 by label, columns by header text, edition
+    from the subtitle; every cell validated."""
+    header = ["Attribute Name", "Tag", "Retd.", "In Std. Comp. IOD", "Basic Prof.", "Rtn. Safe Priv. Opt.",
+              "Rtn. UIDs Opt.", "Rtn. Dev. Id. Opt.", "Rtn. Inst. Id. Opt.", "Rtn. Pat. Chars. Opt.",
+              "Rtn. Long. Full Dates Opt.", "Rtn. Long. Modif. Dates Opt.", "Clean Desc. Opt.",
+              "Clean Struct. Cont. Opt.", "Clean Graph. Opt."]
+
+    def row(cells: list[str]) -> str:
+        return "<tr>" + "".join(f"<td><para>{c}</para></td>" for c in cells) + "</tr>"
+
+    body = [
+        ["Accession Number", "(0008,0050)", "N", "Y", "Z", "", "", "", "", "", "", "", "", "", ""],
+        ["Study Date", "(0008,0020)", "N", "Y", "Z", "", "", "", "", "", "K", "C", "", "", ""],
+        ["Curve Data", "(50xx,xxxx)", "Y", "N", "X", "", "", "", "", "", "", "", "", "", "C"],
+        ["Private Attributes", "(gggg,eeee) where gggg is odd", "N", "N", "X", "C", "", "", "", "", "", "", "", "", ""],
+    ]
+    xml = ('<book xmlns="http://docbook.org/ns/docbook"><info><subtitle>DICOM PS3.15 2099a - Security'
+           '</subtitle></info><table label="E.1-1"><thead><tr>'
+           + "".join(f"<th><para>{h}</para></th>" for h in header) + "</tr></thead><tbody>"
+           + "".join(row(r) for r in body) + "</tbody></table></book>")
+    src = tmp_path / "part15.xml"
+    src.write_text(xml, encoding="utf-8")
+    table = tmp_path / "profile_table.json"
+    table.write_text(resources.files("securetrain.masking.dicom").joinpath("profile_table.json").read_text("utf-8"))
+    rc, out = _run_update_script([str(src), "--repository", "example/part15", "--path", "part15.xml",
+                                  "--commit", "1" * 40, "--table", str(table), "--write"])
+    assert rc == 0 and "-> DICOM PS3.15 2099a (4 rows" in out
+    new = {r["tag"]: r for r in json.loads(table.read_text("utf-8"))["rows"]}
+    assert new["(0008,0020)"]["options"] == {"retain_longitudinal_full_dates": "K",
+                                              "retain_longitudinal_modified_dates": "C"}
+    assert new["(50xx,xxxx)"]["options"] == {"clean_graphics": "C"}
+    assert new["(gggg,eeee) where gggg is odd"]["options"] == {"retain_safe_private": "C"}
+    bad = tmp_path / "bad.xml"
+    bad.write_text(xml.replace("<td><para>Z</para></td>", "<td><para>Q</para></td>", 1), encoding="utf-8")
+    with pytest.raises(SystemExit, match="unknown basic-profile code"):
+        _run_update_script([str(bad), "--repository", "e/p", "--path", "p", "--commit", "1" * 40,
+                            "--table", str(table)])
