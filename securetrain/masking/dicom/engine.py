@@ -4,6 +4,12 @@ One pass walks every element of every item of every sequence at any depth and ap
 compiled per-tag action (see :mod:`profile_table`); a second pass redacts, from the text that is
 retained, every value that the first pass removed or replaced anywhere in the same object. The
 report names tags, keywords and actions only, never values.
+
+Speed comes from not decoding: the action is decided from the raw element's tag and VR; kept
+elements stay raw (and are copied byte for byte by :mod:`writer`); removed, emptied and remapped
+string values are read and replaced as raw bytes; retained text is searched as bytes and decoded
+only on a hit; pixel data is never touched unless the policy masks it (:meth:`_check_pixels`,
+the one place burned-in handling happens).
 """
 
 from __future__ import annotations
