@@ -286,3 +286,20 @@ def test_truncated_removed_value_still_matches_the_word_it_was_cut_from() -> Non
     ds.InstitutionName = "Bartholome"  # removed (X/Z/D); a prefix of a longer word in kept text
     out, _ = _deid(LONGITUDINAL).deidentify_dataset(roundtrip(ds))
     assert "Bartholome" not in out.SeriesDescription and out.SeriesDescription.startswith("scan at ")
+
+
+def test_failed_items_are_dropped_even_with_a_plain_dataloader(tmp_path: Path) -> None:
+    """Code that builds its own DataLoader (default collate, e.g. the trainer) gets batches
+    without the failed items instead of a crash."""
+    from torch.utils.data import DataLoader
+
+    from securetrain.masking.dicom.dataset import DicomDataset
+
+    for i in range(5):
+        _write_ct(tmp_path / "in" / f"{i}.dcm")
+    data = DicomDataset(tmp_path / "in", BASIC, SECRET, size=4)
+    victim = Path(data.items[2][0])
+    victim.write_bytes(victim.read_bytes()[:300])  # corrupted after indexing
+    sizes = [b["pixels"].shape[0] for b in DataLoader(data, batch_size=2)]
+    assert sum(sizes) == 4
+    assert [q["path"] for q in data.quarantine_report()] == ["2.dcm"]

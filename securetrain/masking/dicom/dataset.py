@@ -5,8 +5,9 @@ corrupt, undecodable (no pixel decoder for the transfer syntax), pixel-less and 
 (burned-in annotation) files are quarantined before the first epoch, so the epoch length is
 stable and deterministic. A file that still fails at load time (e.g. corrupt pixel bytes, a
 multi-valued Rescale Slope) is quarantined too and its item is *dropped*: ``__getitem__`` returns
-``None`` and :meth:`DicomDataset.collate_fn` (used by :meth:`DicomDataset.dataloader`) leaves it
-out of the batch, so no other item is served twice and the epoch never crashes. Any exception of
+``None``, and batched fetching (``__getitems__``, which every batching ``DataLoader`` uses, with
+any collate function) leaves it out of the batch, so no other item is served twice and the epoch
+never crashes. Any exception of
 one item is contained this way; it never reaches the DataLoader workers.
 
 Throughput: the de-identified header of each file (the ``meta`` values, rescale and frame
@@ -283,6 +284,15 @@ class DicomDataset(Dataset):
             reason = str(exc) if isinstance(exc, DeidError) else f"load failed ({type(exc).__name__})"
             self._quarantine_file(path, reason)
             return None
+
+    def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
+        """Batched fetch (used by every ``DataLoader`` with a batch size, whatever its collate
+        function): the batch without its failed items, so even the default collate never sees a
+        ``None``. A batch whose every item failed raises, naming the quarantine report."""
+        items = [item for item in (self[i] for i in indices) if item is not None]
+        if not items and indices:
+            raise DeidError(f"all {len(indices)} items of a batch failed to load; see quarantine_report()")
+        return items
 
     @staticmethod
     def collate_fn(batch: list[dict[str, Any] | None]) -> dict[str, Any] | None:
