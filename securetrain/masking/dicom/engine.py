@@ -875,6 +875,10 @@ def encode_dataset(ds: Dataset) -> bytes:
             write_file_meta_info(fp, meta, enforce_standard=True)
             implicit = tsyntax == ImplicitVRLittleEndian
             fp.is_implicit_VR, fp.is_little_endian = implicit, tsyntax != ExplicitVRBigEndian
+            pixels = ds._dict.get(TAG_PIXEL_DATA)
+            if pixels is not None and not pixels.is_raw:
+                # re-encoded pixels (masking/cleaning): the length form follows the transfer syntax
+                pixels.is_undefined_length = tsyntax.is_compressed
             if ds.original_encoding == (implicit, True) and fp.is_little_endian:
                 write_dataset_le(fp, ds, implicit)
             else:
