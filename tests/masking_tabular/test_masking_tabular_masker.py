@@ -303,7 +303,7 @@ def test_audit_events_have_digests_not_pii(tmp_path: Path) -> None:
 
     assert audit.events[0]["details"]["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()
     applied = audit.events[1]["details"]
-    assert applied["policy_version"] == "1.0.0" and applied["policy_digest"] == m.policy_digest
+    assert applied["policy_version"] == "1.1.0" and applied["policy_digest"] == m.policy_digest
     assert audit.events[2]["details"]["sha256"] == report.output_sha256
     blob = repr(audit.events)
     assert not [v for v in _pii_values(generate_finance_table(30)) if v in blob]

@@ -11,15 +11,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
 from securetrain.io.atomic import atomic_write_bytes
+from securetrain.masking.tabular import detectors as D
 from securetrain.masking.tabular import transforms as T
 from securetrain.masking.tabular.errors import (
     MalformedTableError,
@@ -50,6 +54,34 @@ from securetrain.masking.tabular.tableio import (
 )
 
 METADATA_KEY = b"securetrain.masking"
+# Rules that remove a direct identifier: their values are scrubbed from kept text of the same row.
+_IDENTIFIER_RULES = (TokenizeRule, PanRule, EmailRule, PhoneRule, RedactRule, DropRule)
+# Identifier values that look like personal names (two or more words of letters) feed the person
+# detector's list of known names.
+_NAME_SHAPE = r"^\p{L}[\p{L}'’.\-]*(?:\s+\p{L}[\p{L}'’.\-]*)+$"
+_LETTER = r"[^\W\d_]"  # \p{L} in Python's re
+_NAME_SHAPE_PY = re.compile(rf"{_LETTER}(?:{_LETTER}|['’.\-])*(?:\s+{_LETTER}(?:{_LETTER}|['’.\-])*)+")
+
+
+def _mostly_names(values: pa.Array, sample: int = 1000) -> bool:
+    """Whether a column holds personal names (judged on its first non-null values, so an id or
+    e-mail column costs nothing): only such columns feed the list of known names."""
+    head = [v.strip() for v in values.slice(0, 4 * sample).drop_null().slice(0, sample).to_pylist()]
+    if not head:
+        return False
+    # Python's re here: RE2 recompiles the Unicode classes on every call, which costs more than
+    # checking a thousand short values.
+    return sum(_NAME_SHAPE_PY.fullmatch(v) is not None for v in head) * 2 > len(head)
+
+
+def _is_integer(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t.value_type if pa.types.is_dictionary(t) else t)
+
+
+@dataclass
+class _ScanContext:
+    sources: list[Any] = field(default_factory=list)
+    scanner: Any = None
 MIN_KEY_BYTES = 16
 _STRING_ACTIONS = (TokenizeRule, RedactRule, PanRule, EmailRule, PhoneRule)
 
@@ -161,7 +193,9 @@ class TabularMasker:
             "mask.policy_applied", resource,
             details={
                 **self._provenance(), "rows": table.num_rows,
-                "actions": {r.column: r.action for r in reports},
+                # Column names are values, never detail keys: a column called "ssn" or "token"
+                # would trip the audit log's secret-key-name filter (and keys are not data).
+                "actions": [{"column": r.column, "action": r.action} for r in reports],
                 "invalid": sum(r.invalid for r in reports),
                 "detections": sum(sum(r.detections.values()) for r in reports),
             },
@@ -179,6 +213,7 @@ class TabularMasker:
         if len(set(names)) != len(names):
             raise MalformedTableError("the table has duplicate column names", hint="rename the duplicates")
         plan = self.plan(names)
+        context = self._scan_context(table, plan)
         out_cols: list[pa.Array] = []
         out_names: list[str] = []
         reports: list[ColumnReport] = []
@@ -189,7 +224,8 @@ class TabularMasker:
             report = ColumnReport(column=name, action=rule.action, rule="default" if is_default else rule.selector,
                                   nulls=column.null_count)
             try:
-                result = self._apply(rule, column, report, scan_if_kept=not isinstance(rule, KeepRule) or rule.scan)
+                result = self._apply(rule, column, report, scan_if_kept=not isinstance(rule, KeepRule) or rule.scan,
+                                     context=context)
             except TabularMaskingError:
                 raise
             except (pa.ArrowException, TypeError, ValueError) as exc:
@@ -209,7 +245,8 @@ class TabularMasker:
             return pa.table({}, metadata=meta).slice(0, 0), reports
         return pa.Table.from_arrays(out_cols, names=out_names).replace_schema_metadata(meta), reports
 
-    def _apply(self, rule: Any, column: pa.ChunkedArray, report: ColumnReport, *, scan_if_kept: bool) -> Any:
+    def _apply(self, rule: Any, column: pa.ChunkedArray, report: ColumnReport, *, scan_if_kept: bool,
+               context: _ScanContext | None = None) -> Any:
         stats = T.ColumnStats()
         k = self._token_key
         if isinstance(rule, DropRule) or (isinstance(rule, DefaultAction) and rule.action == "drop"):
@@ -217,7 +254,7 @@ class TabularMasker:
         if isinstance(rule, RedactRule) or (isinstance(rule, DefaultAction) and rule.action == "redact"):
             return T.redact(column, rule.replacement)
         if isinstance(rule, KeepRule) or isinstance(rule, DefaultAction):  # default keep
-            return self._scan_kept(column, report) if scan_if_kept else column
+            return self._scan_kept(column, report, context or _ScanContext()) if scan_if_kept else column
         if isinstance(rule, TokenizeRule):
             out = T.tokenize(T.normalize(T.as_string(column), rule.normalize), k, domain=rule.domain,
                              prefix=rule.prefix, length=rule.length, stats=stats)
@@ -246,19 +283,68 @@ class TabularMasker:
         report.distinct = stats.distinct
         return out
 
-    def _scan_kept(self, column: pa.ChunkedArray, report: ColumnReport) -> Any:
+    def _scan_context(self, table: pa.Table, plan: dict[str, Any]) -> _ScanContext:
+        """What scanning kept columns needs from the rest of the table: the identifier columns'
+        values per row (to scrub) and the names among them (for the person detector)."""
+        cfg = self.policy.detectors
+        scanned = [c for c, r in plan.items()
+                   if (isinstance(r, KeepRule) and r.scan) or (isinstance(r, DefaultAction) and r.action == "keep")]
+        scanned = [c for c in scanned if not _is_integer(table.column(c).type)
+                   and T.scannable(table.column(c)) is not None]
+        if not cfg.enabled or not scanned:
+            return _ScanContext()
+        sources: list[D.RowSource] = []
+        for name, rule in plan.items():
+            if isinstance(rule, _IDENTIFIER_RULES):
+                view = T.scannable(table.column(name))
+                if view is not None:
+                    names_like = not _is_integer(table.column(name).type) and _mostly_names(view)
+                    sources.append(D.RowSource(column=name, values=view, marker=f"[{name.upper()}]",
+                                               parts=names_like))
+        known: list[str] = []
+        if "person" in cfg.detectors:
+            for src in sources:
+                if not src.parts:
+                    continue
+                distinct = pc.unique(pc.utf8_trim_whitespace(src.values).drop_null())
+                known += distinct.filter(pc.match_substring_regex(distinct, _NAME_SHAPE)).to_pylist()
+        scanner = D.TextScanner(cfg.detectors, phone_regions=cfg.phone_regions, known_names=known)
+        return _ScanContext(sources=sources if cfg.row_values != "off" else [], scanner=scanner)
+
+    def _scan_kept(self, column: Any, report: ColumnReport, context: _ScanContext) -> Any:
         cfg = self.policy.detectors
         if not cfg.enabled:
             return column
-        s = T.scannable(column)
-        if s is None:
+        if _is_integer(column.type):
+            # Integer columns: only whole-value card numbers are possible (a numeric test first,
+            # so no string view is made of an ordinary integer column).
+            mask = D.integer_pan_mask(column) if "pan" in cfg.detectors else np.zeros(len(column), bool)
+            hits, redacted = ({"pan": mask} if mask.any() else {}), None
+            if hits and cfg.on_detect == "redact_values":
+                redacted = pc.if_else(pa.array(mask), pa.scalar("[PAN]"), T.as_string(column))
+        else:
+            s = T.scannable(column)
+            if s is None:
+                return column
+            if context.sources:
+                scrubbed, n_scrubbed = D.scrub_row_values(
+                    s, context.sources, min_length=cfg.row_value_min_length, parts=cfg.row_value_parts)
+                if n_scrubbed:
+                    report.detections["row_value"] = n_scrubbed
+                    if cfg.row_values == "refuse":
+                        raise PIIDetectedError(
+                            f"column {report.column!r} would pass through unmasked ({report.rule}) but "
+                            f"{n_scrubbed} cell(s) contain values of the same row's identifier columns",
+                            hint="add a masking rule for it, or set detectors.row_values to scrub",
+                        )
+                    s, column = scrubbed, scrubbed
+                    report.action = f"{report.action}+scrub_row_values"
+            scanner = context.scanner or D.TextScanner(cfg.detectors, phone_regions=cfg.phone_regions)
+            hits, redacted = scanner.scan(s)
+        report.detections.update({k: int(v.sum()) for k, v in hits.items() if v.any()})
+        if not hits:
             return column
-        integer = pa.types.is_integer(column.type.value_type if pa.types.is_dictionary(column.type) else column.type)
-        hits = T.detect(s, list(cfg.detectors), integer=integer)
-        report.detections = {k: int(v.sum()) for k, v in hits.items() if v.any()}
-        if not report.detections:
-            return column
-        found = ", ".join(f"{n} x{c}" for n, c in sorted(report.detections.items()))
+        found = ", ".join(f"{n} x{c}" for n, c in sorted(report.detections.items()) if n in hits)
         if cfg.on_detect == "refuse":
             raise PIIDetectedError(
                 f"column {report.column!r} would pass through unmasked ({report.rule}) but contains "
@@ -268,7 +354,7 @@ class TabularMasker:
         report.action = f"{report.action}+{cfg.on_detect}"
         if cfg.on_detect == "redact_column":
             return T.redact(column, "[REDACTED]")
-        return T.redact_matches(s, list(cfg.detectors), integer=integer)
+        return redacted
 
     # -- files ----------------------------------------------------------------------------------
     def read_masked(self, src: str | os.PathLike[str], *, on_column: Callable[[str], None] | None = None

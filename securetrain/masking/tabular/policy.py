@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from securetrain.config.loader import load_model
 
-DetectorName = Literal["pan", "email", "phone", "ssn", "iban"]
+DetectorName = Literal["pan", "email", "phone", "ssn", "iban", "person"]
+DEFAULT_PHONE_REGIONS = ("US", "GB", "DE", "FR")
 
 
 class _Rule(BaseModel):
@@ -144,10 +145,30 @@ class DefaultAction(BaseModel):
 class DetectorConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     enabled: bool = True
-    detectors: list[DetectorName] = Field(default_factory=lambda: ["pan", "email", "phone", "ssn", "iban"])
+    detectors: list[DetectorName] = Field(
+        default_factory=lambda: ["pan", "email", "phone", "ssn", "iban", "person"])
     # refuse: raise PIIDetectedError; redact_values: replace each match with [PAN] etc.;
     # redact_column: replace the whole column.
     on_detect: Literal["refuse", "redact_values", "redact_column"] = "refuse"
+    # Regions (ISO 3166 alpha-2) whose national phone formats are recognised; numbers written
+    # internationally (+44 ..., 0049 ...) are found whatever the list.
+    phone_regions: list[str] = Field(default_factory=lambda: list(DEFAULT_PHONE_REGIONS), min_length=1)
+    # Values of the same row's identifier columns (tokenize/pan/email/phone/redact/drop rules)
+    # found in kept text: scrub them (replace with [COLUMN]), refuse the table, or do nothing.
+    row_values: Literal["scrub", "refuse", "off"] = "scrub"
+    row_value_min_length: int = Field(default=3, ge=2)
+    # Also scrub each word (>= row_value_min_length characters) of multi-word values ("Smith").
+    row_value_parts: bool = True
+
+    @field_validator("phone_regions")
+    @classmethod
+    def _known_regions(cls, regions: list[str]) -> list[str]:
+        import phonenumbers
+
+        unknown = [r for r in regions if r not in phonenumbers.SUPPORTED_REGIONS]
+        if unknown:
+            raise ValueError(f"unknown phone region(s): {', '.join(unknown)} (use ISO 3166 codes such as GB, DE)")
+        return regions
 
 
 class MaskingPolicy(BaseModel):

@@ -10,7 +10,9 @@ replaced by a fixed marker such as ``[INVALID_PAN]`` or the rule asks for an err
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,16 +25,6 @@ KEY_ID_LABEL = b"securetrain.tabular.key-id.v1"
 INVALID_PAN = "[INVALID_PAN]"
 INVALID_EMAIL = "[INVALID_EMAIL]"
 INVALID_PHONE = "[INVALID_PHONE]"
-
-# RE2 patterns (pyarrow). Order matters for value redaction: longer/more specific shapes first.
-DETECTOR_PATTERNS: dict[str, str] = {
-    "email": r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}",
-    "iban": r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b",
-    "pan": r"\b(?:\d[ \-]?){12,18}\d\b",
-    "ssn": r"\b\d{3}-\d{2}-\d{4}\b",
-    "phone": r"(?:\+\d{1,3}[ .\-]?)?(?:\(\d{3}\)|\b\d{3})[ .\-]\d{3}[ .\-]\d{4}\b|\+\d{1,3}(?:[ .\-]\d{2,4}){2,5}\b",
-}
-
 
 @dataclass
 class ColumnStats:
@@ -67,47 +59,169 @@ def as_string(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 
 _B32 = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz234567", dtype=np.uint8)
-_B32_WEIGHTS = np.array([16, 8, 4, 2, 1], dtype=np.uint8)
+_B32_SHIFTS = np.arange(35, -1, -5, dtype=np.uint64)  # 8 characters per 40-bit group, high bits first
+_MAC_BYTES = 32
 
 
-def _b32_prefix(macs: bytes, n: int, length: int) -> pa.Array:
-    """First ``length`` lower-case RFC 4648 base32 characters of each 32-byte MAC, vectorised
-    (identical to ``base64.b32encode(mac).lower()[:length]``, which is pure Python and slow)."""
-    bits = np.unpackbits(np.frombuffer(macs, dtype=np.uint8).reshape(n, 32), axis=1)[:, : 5 * length]
-    chars = _B32[(bits.reshape(n, length, 5) * _B32_WEIGHTS).sum(axis=2)]
-    return pa.Array.from_buffers(pa.binary(length), n, [None, pa.py_buffer(chars.tobytes())]).cast(pa.string())
+def _b32_prefix(macs: bytes, n: int, length: int, prefix: bytes = b"") -> pa.Array:
+    """``prefix`` + the first ``length`` lower-case RFC 4648 base32 characters of each 32-byte MAC,
+    vectorised (identical to ``prefix + base64.b32encode(mac).lower()[:length]``, which is pure
+    Python and slow).
+
+    Base32 maps each 5-byte group to 8 characters, so the MACs are cut into 40-bit integers and
+    each integer into eight 5-bit indices with shifts (zero-padded past the 32 MAC bytes, which
+    only the unused tail of a 52nd character would touch). The prefix is written into the same
+    fixed-width buffer, so no string concatenation pass follows."""
+    if n == 0:
+        return pa.array([], pa.string())
+    groups = -(-length // 8)
+    raw = np.zeros((n, 5 * groups), dtype=np.uint64)
+    used = min(5 * groups, _MAC_BYTES)
+    raw[:, :used] = np.frombuffer(macs, dtype=np.uint8).reshape(n, _MAC_BYTES)[:, :used]
+    raw = raw.reshape(n, groups, 5)
+    value = (raw[..., 0] << 32) | (raw[..., 1] << 24) | (raw[..., 2] << 16) | (raw[..., 3] << 8) | raw[..., 4]
+    idx = (value[..., None] >> _B32_SHIFTS) & np.uint64(31)
+    width = len(prefix) + length
+    chars = np.empty((n, width), dtype=np.uint8)
+    chars[:, :len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
+    chars[:, len(prefix):] = _B32[idx.reshape(n, 8 * groups)[:, :length]]
+    return pa.Array.from_buffers(pa.binary(width), n, [None, pa.py_buffer(chars.tobytes())]).cast(pa.string())
+
+
+class _HmacSha256:
+    """HMAC-SHA256 (RFC 2104) for many short messages under one key, byte-identical to
+    ``hmac.digest(key, msg, "sha256")``.
+
+    ``hmac.digest`` re-derives the padded key and sets up an OpenSSL MAC context on every call,
+    which costs more than hashing a short message. Here the inner and outer pads are absorbed once
+    and each message only copies those two hash states, so one MAC is two SHA-256 compressions
+    plus a few C calls (about 3x faster for identifiers).
+    """
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) > 64:  # RFC 2104: keys longer than the block size are hashed first
+            key = hashlib.sha256(key).digest()
+        block = key.ljust(64, b"\x00")
+        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
+        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
+
+    def with_prefix(self, prefix: bytes) -> _HmacSha256:
+        """The same key with ``prefix`` already absorbed: ``many(m)`` then MACs ``prefix || m``."""
+        other = object.__new__(_HmacSha256)
+        other._inner = self._inner.copy()
+        other._inner.update(prefix)
+        other._outer = self._outer
+        return other
+
+    def many(self, messages: Iterable[bytes]) -> bytes:
+        """Concatenated 32-byte MACs of ``messages``, in order."""
+        inner_copy, outer_copy = self._inner.copy, self._outer.copy
+        out = bytearray()
+        for msg in messages:
+            inner = inner_copy()
+            inner.update(msg)
+            outer = outer_copy()
+            outer.update(inner.digest())
+            out += outer.digest()
+        return bytes(out)
+
+
+def _finish_tokens(macs: bytes, n: int, *, prefix: str, length: int) -> pa.Array:
+    return _b32_prefix(macs, n, length, prefix.encode("utf-8"))
 
 
 def tokens_for(values: list[str | None], token_key: bytes, *, domain: str, prefix: str, length: int) -> pa.Array:
     """Tokens for a list of values (nulls stay null)."""
     dom = domain.encode("utf-8") + b"\x00"
-    digest = hmac.digest
-    macs = b"".join(
-        digest(token_key, dom + (v.encode("utf-8") if v is not None else b""), "sha256") for v in values
-    )
-    toks = _b32_prefix(macs, len(values), length)
-    if prefix:
-        toks = pc.binary_join_element_wise(pa.scalar(prefix), toks, "")
+    macs = _HmacSha256(token_key).many(dom + (v.encode("utf-8") if v is not None else b"") for v in values)
+    toks = _finish_tokens(macs, len(values), prefix=prefix, length=length)
     nulls = pa.array([v is None for v in values], pa.bool_())
     return pc.if_else(nulls, pa.scalar(None, pa.string()), toks)
+
+
+def tokens_for_array(values: pa.Array, token_key: bytes, *, domain: str, prefix: str, length: int) -> pa.Array:
+    """Tokens for a string array without nulls (e.g. a dictionary), one HMAC per element.
+
+    The MAC input is ``utf8(domain) || 0x00 || utf8(value)``; values reach the MAC as ``bytes``
+    straight from pyarrow, so no Python string is created per value.
+    """
+    if values.null_count:
+        raise ValueError("tokens_for_array needs an array without nulls")
+    # The domain separator is absorbed into the HMAC's inner state once per column, so each value
+    # is hashed straight from pyarrow's bytes objects (no per-value concatenation).
+    mac = _HmacSha256(token_key).with_prefix(domain.encode("utf-8") + b"\x00")
+    macs = mac.many(values.cast(pa.binary()).to_pylist())
+    return _finish_tokens(macs, len(values), prefix=prefix, length=length)
 
 
 def tokenize(arr: pa.Array, token_key: bytes, *, domain: str, prefix: str, length: int, stats: ColumnStats | None = None) -> pa.Array:
     """Deterministic pseudonyms: prefix + base32(HMAC-SHA256(k_tok, domain || 0x00 || value))[:length]."""
     arr = as_string(arr)
+    # Nulls become null indices (not dictionary entries), so take() keeps them null.
     enc = pc.dictionary_encode(arr)
-    dictionary = enc.dictionary.to_pylist()
     if stats is not None:
-        stats.distinct = len(dictionary)
-    toks = tokens_for(dictionary, token_key, domain=domain, prefix=prefix, length=length)
+        stats.distinct = len(enc.dictionary)
+    toks = tokens_for_array(enc.dictionary, token_key, domain=domain, prefix=prefix, length=length)
     return pc.take(toks, enc.indices)
+
+
+def _offsets_and_data(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Zero-copy numpy views of a string array's value offsets (n+1, rebased to 0) and UTF-8 bytes."""
+    n = len(arr)
+    _, offs_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(offs_buf, dtype=np.int32, count=n + 1, offset=arr.offset * 4).astype(np.int64)
+    start, end = int(offsets[0]), int(offsets[-1])
+    data = (np.frombuffer(data_buf, dtype=np.uint8, count=end - start, offset=start)
+            if data_buf is not None and end > start else np.zeros(0, dtype=np.uint8))
+    return offsets - start, data
+
+
+def keep_bytes(arr: pa.Array, keep: np.ndarray) -> pa.Array:
+    """``arr`` with only the bytes whose value is marked in the 256-entry table ``keep``.
+
+    Used with ASCII-only tables (digits; everything but ' ' and '-'), so multi-byte UTF-8
+    sequences are kept or dropped whole. Vectorised replacement for
+    ``replace_substring_regex(arr, "[^0-9]", "")`` and the like (an order of magnitude faster).
+    Nulls stay null.
+    """
+    arr = as_string(arr)
+    offsets, data = _offsets_and_data(arr)
+    mask = keep[data]
+    cum = np.zeros(len(data) + 1, dtype=np.int64)
+    np.cumsum(mask, out=cum[1:])
+    new_offsets = cum[offsets].astype(np.int32)
+    out = pa.Array.from_buffers(pa.string(), len(arr),
+                                [None, pa.py_buffer(new_offsets), pa.py_buffer(data[mask].tobytes())])
+    if arr.null_count:
+        out = pc.if_else(pc.is_null(arr), pa.scalar(None, pa.string()), out)
+    return out
+
+
+def byte_table(chars: bytes, *, invert: bool = False) -> np.ndarray:
+    table = np.zeros(256, dtype=bool)
+    table[np.frombuffer(chars, dtype=np.uint8)] = True
+    return ~table if invert else table
+
+
+DIGITS = byte_table(b"0123456789")
+NOT_SPACE_OR_DASH = byte_table(b" -", invert=True)
+
+
+def lower(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """``utf8_lower``, but through the ~30x faster ``ascii_lower`` when every byte of the column is
+    ASCII (then the two are identical; one numpy max over the buffer decides)."""
+    arr = as_string(arr)
+    _, data = _offsets_and_data(arr)
+    if data.size == 0 or int(data.max()) < 0x80:
+        return pc.ascii_lower(arr)
+    return pc.utf8_lower(arr)
 
 
 def normalize(arr: pa.Array, how: str) -> pa.Array:
     if how in ("strip", "strip_lower"):
         arr = pc.utf8_trim_whitespace(arr)
     if how in ("lower", "strip_lower"):
-        arr = pc.utf8_lower(arr)
+        arr = lower(arr)
     return arr
 
 
@@ -137,53 +251,88 @@ def _bool_np(arr: pa.Array) -> np.ndarray:
     return np.asarray(pc.fill_null(arr, False).to_numpy(zero_copy_only=False), dtype=bool)
 
 
+def _per_distinct(arr: pa.Array | pa.ChunkedArray,
+                  fn: Callable[[pa.Array], tuple[pa.Array, np.ndarray]]) -> tuple[pa.Array, int]:
+    """Run a per-value transform ``fn`` (-> output, valid mask) once per distinct value and map
+    the result back to rows; return (output, number of non-null rows that were invalid).
+
+    Identifier columns repeat (a customer's card, e-mail and phone on every transaction), so the
+    validity passes cost per distinct value, not per row. Nulls stay null."""
+    enc = pc.dictionary_encode(as_string(arr))
+    out_d, valid_d = fn(enc.dictionary)
+    indices = enc.indices
+    rows = pc.drop_null(indices).to_numpy(zero_copy_only=False)
+    invalid = int(np.bincount(rows, minlength=len(valid_d))[~valid_d].sum()) if len(valid_d) else 0
+    return pc.take(out_d, indices), invalid
+
+
 def pan(arr: pa.Array, token_key: bytes, *, mode: str, validate_luhn: bool, prefix: str, length: int,
         domain: str, stats: ColumnStats) -> tuple[pa.Array, int]:
     """Card numbers: keep last 4 (PCI DSS allows it), tokenise, or both. Returns (out, n_invalid)."""
-    s = as_string(arr)
-    digits = pc.replace_substring_regex(pc.utf8_trim_whitespace(s), r"[ \-]", "")
-    shape_ok = _bool_np(pc.match_substring_regex(digits, r"^\d{12,19}$"))
-    valid = shape_ok & (luhn_valid(pc.if_else(pa.array(shape_ok), digits, pa.scalar(None, pa.string())))
-                        if validate_luhn else shape_ok)
-    present = ~_bool_np(pc.is_null(s))
-    invalid = int((present & ~valid).sum())
-    last4 = pc.utf8_slice_codeunits(digits, -4)
-    if mode == "last4":
-        out = pc.binary_join_element_wise("************", last4, "")
-    else:
-        tok = tokenize(digits, token_key, domain=domain, prefix=prefix, length=length, stats=stats)
-        out = tok if mode == "tokenize" else pc.binary_join_element_wise(tok, last4, "_")
-    out = pc.if_else(pa.array(valid), out, pa.scalar(INVALID_PAN))
-    return pc.if_else(pc.is_null(s), pa.scalar(None, pa.string()), out), invalid
+
+    def on_values(s: pa.Array) -> tuple[pa.Array, np.ndarray]:
+        digits = keep_bytes(pc.utf8_trim_whitespace(s), NOT_SPACE_OR_DASH)
+        shape_ok = _bool_np(pc.match_substring_regex(digits, r"^\d{12,19}$"))
+        valid = shape_ok & (luhn_valid(pc.if_else(pa.array(shape_ok), digits, pa.scalar(None, pa.string())))
+                            if validate_luhn else shape_ok)
+        last4 = pc.utf8_slice_codeunits(digits, -4)
+        if mode == "last4":
+            out = pc.binary_join_element_wise("************", last4, "")
+        else:
+            tok = tokenize(digits, token_key, domain=domain, prefix=prefix, length=length, stats=stats)
+            out = tok if mode == "tokenize" else pc.binary_join_element_wise(tok, last4, "_")
+        out = pc.if_else(pa.array(valid), out, pa.scalar(INVALID_PAN))
+        return pc.if_else(pc.is_null(s), pa.scalar(None, pa.string()), out), valid
+
+    return _per_distinct(arr, on_values)
 
 
 def email(arr: pa.Array, token_key: bytes, *, keep_domain: bool, prefix: str, length: int, domain: str,
           stats: ColumnStats) -> tuple[pa.Array, int]:
     """tok@domain: the token is the HMAC of the whole lower-cased address (so john@a and john@b differ)."""
-    s = pc.utf8_lower(pc.utf8_trim_whitespace(as_string(arr)))
-    parts = pc.extract_regex(s, r"^(?P<local>[^@\s]+)@(?P<domain>[^@\s]+\.[^@\s]+)$")
-    valid = _bool_np(pc.is_valid(parts))
-    present = ~_bool_np(pc.is_null(s))
-    tok = tokenize(s, token_key, domain=domain, prefix=prefix, length=length, stats=stats)
-    if keep_domain:
-        tok = pc.binary_join_element_wise(tok, pc.struct_field(parts, "domain"), "@")
-    out = pc.if_else(pa.array(valid), tok, pa.scalar(INVALID_EMAIL))
-    return pc.if_else(pc.is_null(s), pa.scalar(None, pa.string()), out), int((present & ~valid).sum())
+
+    def on_values(raw: pa.Array) -> tuple[pa.Array, np.ndarray]:
+        s = lower(pc.utf8_trim_whitespace(raw))
+        # Valid = ^[^@\s]+@[^@\s]+\.[^@\s]+$ (RE2 \s). A capture-free match runs as a DFA; the
+        # domain is then the second '@'-separated part, which is exact for valid values.
+        valid = _bool_np(pc.match_substring_regex(s, EMAIL_SHAPE))
+        tok = tokenize(s, token_key, domain=domain, prefix=prefix, length=length, stats=stats)
+        if keep_domain:
+            tok = pc.binary_join_element_wise(tok, _after_first_at(s, valid), "@")
+        out = pc.if_else(pa.array(valid), tok, pa.scalar(INVALID_EMAIL))
+        return pc.if_else(pc.is_null(s), pa.scalar(None, pa.string()), out), valid
+
+    return _per_distinct(arr, on_values)
+
+
+EMAIL_SHAPE = r"^[^@\s]+@[^@\s]+\.[^@\s]+$"
+
+
+def _after_first_at(s: pa.Array, valid: np.ndarray) -> pa.Array:
+    """The text after the first '@' where ``valid`` (null elsewhere)."""
+    parts = pc.split_pattern(s, "@", max_splits=1)
+    n_parts = pc.fill_null(pc.list_value_length(parts), 0).to_numpy(zero_copy_only=False)
+    ok = valid & (n_parts == 2)
+    starts = parts.offsets.to_numpy()[:-1].astype(np.int64)  # absolute positions in parts.values
+    idx = pa.array(np.where(ok, starts + 1, 0), mask=~ok)
+    return pc.take(parts.values, idx) if len(parts.values) else pa.nulls(len(s), pa.string())
 
 
 def phone(arr: pa.Array, token_key: bytes, *, keep_last: int, prefix: str, length: int, domain: str,
           stats: ColumnStats) -> tuple[pa.Array, int]:
     """Tokenise the digits (formatting-insensitive); optionally append the last N digits."""
-    s = as_string(arr)
-    digits = pc.replace_substring_regex(s, r"[^0-9]", "")
-    nd = pc.utf8_length(digits)
-    valid = _bool_np(pc.and_(pc.greater_equal(nd, 7), pc.less_equal(nd, 15)))
-    present = ~_bool_np(pc.is_null(s))
-    out = tokenize(digits, token_key, domain=domain, prefix=prefix, length=length, stats=stats)
-    if keep_last:
-        out = pc.binary_join_element_wise(out, pc.utf8_slice_codeunits(digits, -keep_last), "~")
-    out = pc.if_else(pa.array(valid), out, pa.scalar(INVALID_PHONE))
-    return pc.if_else(pc.is_null(s), pa.scalar(None, pa.string()), out), int((present & ~valid).sum())
+
+    def on_values(s: pa.Array) -> tuple[pa.Array, np.ndarray]:
+        digits = keep_bytes(s, DIGITS)
+        nd = pc.utf8_length(digits)
+        valid = _bool_np(pc.and_(pc.greater_equal(nd, 7), pc.less_equal(nd, 15)))
+        out = tokenize(digits, token_key, domain=domain, prefix=prefix, length=length, stats=stats)
+        if keep_last:
+            out = pc.binary_join_element_wise(out, pc.utf8_slice_codeunits(digits, -keep_last), "~")
+        out = pc.if_else(pa.array(valid), out, pa.scalar(INVALID_PHONE))
+        return pc.if_else(pc.is_null(s), pa.scalar(None, pa.string()), out), valid
+
+    return _per_distinct(arr, on_values)
 
 
 def generalize_date(arr: pa.Array | pa.ChunkedArray, *, granularity: str, date_format: str) -> pa.Array:
@@ -198,7 +347,11 @@ def generalize_date(arr: pa.Array | pa.ChunkedArray, *, granularity: str, date_f
         raise TypeError(f"expected a date, timestamp or string column, got {arr.type}")
     if pa.types.is_timestamp(arr.type) and arr.type.tz is not None:
         arr = arr.cast(pa.timestamp(arr.type.unit))  # calendar month of the stored UTC instant
-    return pc.strftime(arr, format="%Y-%m" if granularity == "month" else "%Y")
+    # Format each distinct month/year once: floor to the period, dictionary-encode, format, take.
+    # strftime per row is the slow part (~0.5 us a value) and there are only a few hundred periods.
+    enc = pc.dictionary_encode(pc.floor_temporal(arr, 1, granularity))
+    labels = pc.strftime(enc.dictionary, format="%Y-%m" if granularity == "month" else "%Y")
+    return pc.take(labels, enc.indices)
 
 
 def _edge_label(x: float) -> str:
@@ -232,39 +385,3 @@ def scannable(arr: pa.Array | pa.ChunkedArray) -> pa.Array | None:
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t):
         return as_string(arr)
     return None
-
-
-def detect(s: pa.Array, detectors: list[str], *, integer: bool) -> dict[str, np.ndarray]:
-    """Per detector, a boolean mask of cells with a PII-shaped value.
-
-    PAN hits must also pass Luhn (on the first match in the cell), which keeps order numbers and
-    other long digit runs from tripping it. Integer columns are only checked for whole-value PANs.
-    """
-    hits: dict[str, np.ndarray] = {}
-    for name in detectors:
-        if integer:
-            if name != "pan":
-                continue
-            shaped = _bool_np(pc.match_substring_regex(s, r"^\d{13,19}$"))
-            hits[name] = shaped & luhn_valid(pc.if_else(pa.array(shaped), s, pa.scalar(None, pa.string())))
-            continue
-        shaped = _bool_np(pc.match_substring_regex(s, DETECTOR_PATTERNS[name]))
-        if name == "pan" and shaped.any():
-            first = pc.struct_field(pc.extract_regex(s, f"(?P<m>{DETECTOR_PATTERNS['pan']})"), "m")
-            digits = pc.replace_substring_regex(first, r"[ \-]", "")
-            digits = pc.if_else(pa.array(shaped), digits, pa.scalar(None, pa.string()))
-            shaped &= luhn_valid(digits)
-        hits[name] = shaped
-    return hits
-
-
-def redact_matches(s: pa.Array, detectors: list[str], *, integer: bool) -> pa.Array:
-    """Replace every PII-shaped substring with [EMAIL]/[IBAN]/[PAN]/[SSN]/[PHONE]."""
-    if integer:
-        mask = detect(s, ["pan"], integer=True).get("pan", np.zeros(len(s), bool))
-        return pc.if_else(pa.array(mask), pa.scalar("[PAN]"), s)
-    for name in DETECTOR_PATTERNS:  # fixed order: specific shapes before generic digit runs
-        if name in detectors:
-            s = pc.replace_substring_regex(s, DETECTOR_PATTERNS[name], f"[{name.upper()}]")
-    return s
-

@@ -1,0 +1,468 @@
+"""Validated PII detectors for columns a policy passes through unmasked (``keep``).
+
+Two stages, so a clean column costs a few vectorised passes and nothing else:
+
+1. **Prefilter** (pyarrow/RE2, over the column's *distinct* values): a cheap, deliberately broad
+   shape test per detector (a 13-19 digit run for cards, ``CCdd`` + alphanumerics for IBANs, a
+   6+ digit run for phones, a capitalised word after a title or a transfer word for names).
+   ``email`` and ``ssn`` are decided here (their shape is the test).
+2. **Validation** (Python, once per distinct candidate value) with maintained libraries:
+   every card-shaped run is Luhn-checked (``stdnum.luhn``), IBAN candidates in any case and with
+   spaces or dashes are checked against the country format and ISO 7064 mod-97
+   (``stdnum.iban``), phone numbers are found by ``phonenumbers.PhoneNumberMatcher`` for the
+   policy's regions, and names by Presidio's ``AnalyzerEngine`` with pattern recognisers only on
+   Presidio's ``NoOpNlpEngine`` (no spaCy model is loaded or downloaded).
+
+Overlapping findings are resolved in the fixed order email, iban, pan, ssn, phone, person (a
+card number is not also counted as a phone number). Counts are per cell and per detector.
+
+Values known from the same row's identifier columns (names, ids, e-mails...) are scrubbed from
+kept text columns separately (:func:`scrub_row_values`): that needs no guessing at all.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from securetrain.masking.tabular.transforms import as_string, lower, luhn_valid
+
+# Resolution order for overlapping findings: specific shapes before generic digit runs and names.
+DETECTOR_ORDER = ("email", "iban", "pan", "ssn", "phone", "person")
+DEFAULT_PHONE_REGIONS = ("US", "GB", "DE", "FR")
+
+# RE2 (pyarrow) shapes. email/ssn are final; the others only select candidates for validation.
+EMAIL_RE2 = r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}"
+SSN_RE2 = r"\b\d{3}-\d{2}-\d{4}\b"
+_PREFILTER_RE2 = {
+    "pan": r"\d(?:[ \-]?\d){12,18}",
+    "iban": r"(?i)[a-z]{2}\d{2}(?:[ \-]?[a-z0-9]){11,}",
+    "phone": r"\d(?:[ \-.()/]{0,2}\d){5,}",
+}
+_TITLES = r"Mr|Mrs|Ms|Miss|Mx|Dr|Prof|Sir|Dame|Herr|Frau|Fr|Hr"
+# Words after which two capitalised words are most likely a person ("transfer to Jane Doe").
+# "for"/"by" are left out: "paid by Visa Debit" would be a person far too often.
+_NAME_CONTEXT = r"to|from|payee|beneficiary|recipient|customer|client|name|holder|sender|an|von"
+_PERSON_PREFILTER_RE2 = (
+    rf"\b(?:{_TITLES})\b\.?\s+\p{{Lu}}"
+    rf"|(?i:\b(?:{_NAME_CONTEXT})\b:?)\s+\p{{Lu}}\p{{Ll}}+[ \-]\p{{Lu}}"
+)
+
+# Python-side patterns (ASCII digits only) to locate validated spans inside candidate text.
+_EMAIL_PY = re.compile(EMAIL_RE2, re.ASCII)
+_SSN_PY = re.compile(SSN_RE2, re.ASCII)
+_PAN_PY = re.compile(r"(?<!\d)\d(?:[ \-]?\d){12,18}(?!\d)", re.ASCII)
+_IBAN_PY = re.compile(r"(?<![A-Za-z0-9])[A-Za-z]{2}\d{2}(?:[ \-]?[A-Za-z0-9]){11,32}", re.ASCII)
+_SEPARATORS = re.compile(r"[ \-]")
+_DATE_LIKE = re.compile(r"^(?:\d{4}[-/.]\d{1,2}[-/.]\d{1,2}|\d{1,2}[-/.]\d{1,2}[-/.]\d{2,4})$")
+# Names: a title and one or more capitalised words, or a transfer/context word and a full name.
+_PERSON_PATTERNS = (
+    ("title_name", rf"(?<=\b(?:{_TITLES})\.?\s+)\p{{Lu}}[\p{{Ll}}'’]+(?:[ \-]\p{{Lu}}[\p{{Ll}}'’]+)*", 0.85),
+    ("context_full_name",
+     rf"(?<=(?i:\b(?:{_NAME_CONTEXT})\b):?\s+)\p{{Lu}}[\p{{Ll}}'’]+(?:[ \-]\p{{Lu}}[\p{{Ll}}'’]+)+", 0.6),
+)
+PERSON_SCORE_THRESHOLD = 0.5
+MAX_KNOWN_NAMES = 5000
+
+
+@dataclass(frozen=True)
+class Finding:
+    start: int
+    end: int
+    kind: str
+
+
+def _bool(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(pc.fill_null(arr, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+# -- validation, one text at a time ----------------------------------------------------------------
+def _pan_findings(text: str) -> list[Finding]:
+    from stdnum import luhn
+
+    out = []
+    for m in _PAN_PY.finditer(text):  # every card-shaped run, not only the first
+        digits = _SEPARATORS.sub("", m.group())
+        if 13 <= len(digits) <= 19 and luhn.is_valid(digits):
+            out.append(Finding(m.start(), m.end(), "pan"))
+    return out
+
+
+def _iban_findings(text: str) -> list[Finding]:
+    from stdnum import iban
+
+    out = []
+    for m in _IBAN_PY.finditer(text):
+        raw = m.group()
+        # The candidate may run into the following word: keep the longest prefix that validates.
+        positions = [i for i, ch in enumerate(raw) if ch not in " -"]
+        compact = "".join(raw[i] for i in positions).upper()
+        for length in range(min(len(compact), 34), 14, -1):
+            if iban.is_valid(compact[:length]):
+                out.append(Finding(m.start(), m.start() + positions[length - 1] + 1, "iban"))
+                break
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _national_prefix(region: str) -> str | None:
+    import phonenumbers
+
+    meta = phonenumbers.PhoneMetadata.metadata_for_region(region)
+    return meta.national_prefix if meta is not None else None
+
+
+def _phone_findings(text: str, regions: Sequence[str]) -> list[Finding]:
+    import phonenumbers
+
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for region in regions:
+        prefix = _national_prefix(region)
+        for m in phonenumbers.PhoneNumberMatcher(text, region, leniency=phonenumbers.Leniency.POSSIBLE):
+            raw = m.raw_string.strip()
+            if (m.start, m.end) in seen:
+                continue
+            international = raw.startswith("+")  # "00..." must validate like a national number
+            if not international:
+                # A national number must be valid for the region, written with its trunk prefix
+                # where the region has '0' (so '20230401' is not a German number), and not a date.
+                if not phonenumbers.is_valid_number(m.number) or _DATE_LIKE.match(raw):
+                    continue
+                if prefix == "0" and not raw.lstrip("(").startswith("0"):
+                    continue
+            seen.add((m.start, m.end))
+            out.append(Finding(m.start, m.end, "phone"))
+    return out
+
+
+class _PersonAnalyzer:
+    """Presidio AnalyzerEngine with pattern recognisers only, on the no-op NLP engine."""
+
+    def __init__(self, known_names: Sequence[str]) -> None:
+        import regex
+        from presidio_analyzer import AnalyzerEngine, Pattern, PatternRecognizer, RecognizerRegistry
+        from presidio_analyzer.nlp_engine import NoOpNlpEngine
+
+        registry = RecognizerRegistry(supported_languages=["en"])
+        # Case matters for these patterns (capitalised words), so no IGNORECASE flag here.
+        registry.add_recognizer(PatternRecognizer(
+            supported_entity="PERSON", name="securetrain_person_patterns",
+            patterns=[Pattern(name, rx, score) for name, rx, score in _PERSON_PATTERNS],
+            global_regex_flags=regex.DOTALL | regex.MULTILINE,
+        ))
+        if known_names:
+            # Names seen in the table's own identifier columns, anywhere in the text, any case.
+            registry.add_recognizer(PatternRecognizer(
+                supported_entity="PERSON", name="securetrain_known_names", deny_list=list(known_names),
+                deny_list_score=1.0,
+            ))
+        nlp = NoOpNlpEngine(models=[{"lang_code": "en", "model_name": "none"}])
+        self._engine = AnalyzerEngine(registry=registry, nlp_engine=nlp, supported_languages=["en"])
+
+    def findings(self, text: str) -> list[Finding]:
+        results = self._engine.analyze(text=text, language="en", entities=["PERSON"],
+                                       score_threshold=PERSON_SCORE_THRESHOLD)
+        return [Finding(r.start, r.end, "person") for r in results]
+
+
+def _resolve(findings: Iterable[Finding]) -> list[Finding]:
+    """Non-overlapping findings: by detector priority, then earliest/longest."""
+    rank = {k: i for i, k in enumerate(DETECTOR_ORDER)}
+    chosen: list[Finding] = []
+    for f in sorted(findings, key=lambda f: (rank[f.kind], f.start, f.start - f.end)):
+        if all(f.end <= c.start or f.start >= c.end for c in chosen):
+            chosen.append(f)
+    return sorted(chosen, key=lambda f: f.start)
+
+
+def _apply_findings(text: str, findings: list[Finding]) -> str:
+    out, pos = [], 0
+    for f in findings:
+        out += [text[pos:f.start], f"[{f.kind.upper()}]"]
+        pos = f.end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _known_name_prefilter(names: Sequence[str]) -> str | None:
+    if not names:
+        return None
+    return "(?i)(?:" + "|".join(re.escape(n) for n in names) + ")"
+
+
+class TextScanner:
+    """Scans string arrays for the configured detectors; see the module docstring."""
+
+    def __init__(self, detectors: Sequence[str], *, phone_regions: Sequence[str] = DEFAULT_PHONE_REGIONS,
+                 known_names: Sequence[str] = ()) -> None:
+        self.detectors = [d for d in DETECTOR_ORDER if d in set(detectors)]
+        self.phone_regions = tuple(phone_regions)
+        # Longest first, so the alternation and Presidio's deny list prefer "Ann Lee-Smith" to "Ann Lee".
+        self.known_names = sorted({n for n in known_names if n}, key=lambda n: (-len(n), n))[:MAX_KNOWN_NAMES]
+        self._person: _PersonAnalyzer | None = None
+
+    # -- per text (candidates only) -------------------------------------------------------------
+    def findings(self, text: str, detectors: Iterable[str] | None = None) -> list[Finding]:
+        """Validated, non-overlapping findings in ``text`` (of ``detectors``, default all)."""
+        wanted = set(self.detectors if detectors is None else detectors)
+        found: list[Finding] = []
+        for name in self.detectors:
+            if name not in wanted:
+                continue
+            if name == "email":
+                found += [Finding(m.start(), m.end(), "email") for m in _EMAIL_PY.finditer(text)]
+            elif name == "ssn":
+                found += [Finding(m.start(), m.end(), "ssn") for m in _SSN_PY.finditer(text)]
+            elif name == "pan":
+                found += _pan_findings(text)
+            elif name == "iban":
+                found += _iban_findings(text)
+            elif name == "phone":
+                found += _phone_findings(text, self.phone_regions)
+            elif name == "person":
+                if self._person is None:
+                    self._person = _PersonAnalyzer(self.known_names)
+                found += self._person.findings(text)
+        return _resolve(found)
+
+    def redact_text(self, text: str, detectors: Iterable[str] | None = None) -> str:
+        return _apply_findings(text, self.findings(text, detectors))
+
+    # -- whole arrays ---------------------------------------------------------------------------
+    def _candidates(self, values: pa.Array) -> dict[str, np.ndarray]:
+        """Per detector, which (distinct) values need its per-text validation."""
+        cand: dict[str, np.ndarray] = {}
+        for name in self.detectors:
+            if name == "email":
+                cand[name] = _bool(pc.match_substring_regex(values, EMAIL_RE2))
+            elif name == "ssn":
+                cand[name] = _bool(pc.match_substring_regex(values, SSN_RE2))
+            elif name == "person":
+                hit = _bool(pc.match_substring_regex(values, _PERSON_PREFILTER_RE2))
+                known = _known_name_prefilter(self.known_names)
+                if known is not None:
+                    try:
+                        hit |= _bool(pc.match_substring_regex(values, known))
+                    except pa.ArrowException:  # RE2 memory limit for a huge alternation: check all
+                        hit[:] = True
+                cand[name] = hit
+            else:
+                cand[name] = _bool(pc.match_substring_regex(values, _PREFILTER_RE2[name]))
+        return cand
+
+    def scan(self, arr: pa.Array | pa.ChunkedArray) -> tuple[dict[str, np.ndarray], pa.Array | None]:
+        """Per detector a per-row mask of cells with a validated finding, and the redacted array
+        (None when nothing was found). Work is per distinct value."""
+        s = as_string(arr)
+        enc = pc.dictionary_encode(s)
+        values = enc.dictionary
+        per_detector = self._candidates(values)
+        any_cand = np.zeros(len(values), dtype=bool)
+        for mask in per_detector.values():
+            any_cand |= mask
+        cand = np.nonzero(any_cand)[0]
+        hits = {name: np.zeros(len(values), dtype=bool) for name in self.detectors}
+        redacted: list[str] | None = None
+        if len(cand):
+            texts = values.take(pa.array(cand)).to_pylist()
+            replaced = values.to_pylist()
+            for i, text in zip(cand.tolist(), texts):
+                # Only the detectors whose prefilter selected this value validate it (so a digit
+                # run never loads Presidio, and a name never runs the phone matcher).
+                found = self.findings(text, [n for n, m in per_detector.items() if m[i]])
+                for f in found:
+                    hits[f.kind][i] = True
+                if found:
+                    replaced[i] = _apply_findings(text, found)
+                    redacted = replaced
+        indices = pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False)
+        present = indices >= 0
+        safe = np.where(present, indices, 0)
+        masks = {k: (v[safe] & present) if len(v) else np.zeros(len(s), bool) for k, v in hits.items()}
+        masks = {k: v for k, v in masks.items() if v.any()}
+        out = None
+        if redacted is not None:
+            out = pc.take(pa.array(redacted, pa.string()), enc.indices)
+        return masks, out
+
+
+def integer_pan_mask(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Integer cells that are whole 13-19 digit Luhn-valid card numbers (a numeric range test
+    first, so an ordinary integer column costs one comparison)."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.cast(arr.type.value_type)
+    big = _bool(pc.greater_equal(pc.cast(arr, pa.float64()), 1e12))
+    out = np.zeros(len(arr), dtype=bool)
+    if big.any():
+        digits = pc.cast(arr.filter(pa.array(big)), pa.string())
+        shaped = _bool(pc.match_substring_regex(digits, r"^\d{13,19}$"))
+        out[np.nonzero(big)[0]] = shaped & luhn_valid(pc.if_else(pa.array(shaped), digits, pa.scalar(None, pa.string())))
+    return out
+
+
+# -- values known from the same row -------------------------------------------------------------
+@dataclass
+class RowSource:
+    """An identifier column whose value, where it appears in the same row's kept text, is scrubbed."""
+
+    column: str
+    values: pa.Array  # string, one per row
+    marker: str
+    # Also scrub the single words of multi-word values (names: "Smith" alone). Only for name-like
+    # columns: the words of a dropped free-text column ("call", "back") are not identifiers.
+    parts: bool = False
+
+
+def _np_strings(arr: pa.Array) -> np.ndarray:
+    return np.asarray(pc.fill_null(arr, "").to_numpy(zero_copy_only=False)).astype(np.dtypes.StringDType())
+
+
+MAX_CATEGORIES = 2000
+MAX_SUBSTRINGS = 100_000
+
+
+def _aligned_substrings(lower_text: pa.Array, min_length: int) -> set[str] | None:
+    """For a low-cardinality column (categories), every substring of its distinct values that a
+    needle could match on word boundaries (starts after a non-word character, ends before one).
+    None when the column is real free text (then every row is checked against its own values)."""
+    distinct = pc.unique(lower_text.drop_null())
+    if len(distinct) > MAX_CATEGORIES:
+        return None
+    out: set[str] = set()
+    for text in distinct.to_pylist():
+        starts = [i for i in range(len(text)) if i == 0 or not _is_word_char(text[i - 1])]
+        ends = [j for j in range(1, len(text) + 1) if j == len(text) or not _is_word_char(text[j])]
+        out.update(text[i:j] for i in starts for j in ends if j - i >= min_length)
+        if len(out) > MAX_SUBSTRINGS:
+            return None
+    return out
+
+
+def _part_candidates(lower_vals: pa.Array, has_text: np.ndarray, min_length: int,
+                     value_set: pa.Array | None) -> tuple[np.ndarray, pa.Array]:
+    """(row, word) pairs for the words of multi-word values, worked out once per distinct value
+    (a name column has far fewer distinct values than rows) and expanded to rows with numpy."""
+    enc = pc.dictionary_encode(lower_vals)
+    words = pc.utf8_split_whitespace(enc.dictionary)
+    lengths = pc.fill_null(pc.list_value_length(words), 0).to_numpy(zero_copy_only=False)
+    flat = pc.list_flatten(words)
+    owner = np.repeat(np.arange(len(lengths)), lengths)  # distinct value of each word, ascending
+    ok = (lengths[owner] > 1) & _bool(pc.greater_equal(pc.utf8_length(flat), min_length))
+    if value_set is not None and ok.any():
+        ok &= _bool(pc.is_in(flat, value_set=value_set))
+    if not ok.any():
+        return np.zeros(0, dtype=np.int64), pa.array([], pa.string())
+    per_value = np.bincount(owner[ok], minlength=len(lengths))
+    first = np.concatenate(([0], np.cumsum(per_value)[:-1]))
+    indices = pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    rows = np.nonzero((indices >= 0) & has_text)[0]
+    rows = rows[per_value[indices[rows]] > 0]
+    counts = per_value[indices[rows]]
+    rows_rep = np.repeat(rows, counts)
+    within = np.arange(len(rows_rep)) - np.repeat(np.cumsum(counts) - counts, counts)
+    ok_words = flat.filter(pa.array(ok))
+    return rows_rep, ok_words.take(pa.array(np.repeat(first[indices[rows]], counts) + within))
+
+
+def scrub_row_values(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSource], *, min_length: int,
+                     parts: bool) -> tuple[pa.Array, int]:
+    """Replace, case-insensitively and on word boundaries, each source value (and, with ``parts``,
+    each of its words of at least ``min_length`` characters) found in the same row's ``text``.
+
+    Vectorised prefilters: for a low-cardinality column (categories) a source value can only hit
+    if it equals one of the column's few boundary-aligned substrings (a hash lookup per row,
+    ``pc.is_in``); for free text ``numpy.strings.find`` compares every row with its own values in
+    C. Only rows with a confirmed hit are rewritten in Python. Returns (array, rows changed).
+    """
+    s = as_string(text)
+    n = len(s)
+    if n == 0 or not sources:
+        return s, 0
+    lower_text = lower(s)
+    aligned = _aligned_substrings(lower_text, min_length)
+    if aligned is not None and not aligned:
+        return s, 0
+    value_set = pa.array(sorted(aligned), pa.string()) if aligned is not None else None
+    has_text = _bool(pc.is_valid(s))
+    all_rows = np.arange(n)
+    lower_np: np.ndarray | None = None
+    per_row: dict[int, list[tuple[str, str]]] = {}
+    for src in sources:
+        raw = as_string(src.values)
+        if value_set is not None:
+            # Categories: two cheap kernels per source (lower-case, hash lookup in the small set);
+            # trimming and lengths only for the few rows that pass.
+            whole = has_text & _bool(pc.is_in(lower(raw), value_set=value_set))
+            if not whole.any() and not (parts and src.parts):
+                continue
+            lower_vals = lower(pc.utf8_trim_whitespace(raw))
+        else:
+            lower_vals = lower(pc.utf8_trim_whitespace(raw))
+            whole = has_text & _bool(pc.greater_equal(pc.utf8_length(lower_vals), min_length))
+        candidates: list[tuple[np.ndarray, pa.Array]] = [(all_rows[whole], lower_vals.filter(pa.array(whole)))]
+        if parts and src.parts:
+            candidates.append(_part_candidates(lower_vals, has_text, min_length, value_set))
+        for row_idx, needles in candidates:
+            if not len(row_idx):
+                continue
+            if lower_np is None:
+                lower_np = _np_strings(lower_text)
+            found = np.strings.find(lower_np[row_idx], _np_strings(needles)) >= 0
+            for r, needle in zip(row_idx[found].tolist(), needles.filter(pa.array(found)).to_pylist()):
+                per_row.setdefault(r, []).append((needle, src.marker))
+    if not per_row:
+        return s, 0
+    values = s.to_pylist()
+    changed = 0
+    for r, needles in per_row.items():
+        new = _replace_words(values[r], needles)
+        if new != values[r]:
+            values[r] = new
+            changed += 1
+    return pa.array(values, pa.string()), changed
+
+
+def _is_word_char(ch: str) -> bool:
+    return ch.isalnum() or ch == "_"
+
+
+def _replace_words(text: str, needles: list[tuple[str, str]]) -> str:
+    """Replace each (lower-case) needle found case-insensitively on word boundaries by its marker.
+    Plain ``str.find`` on a lower-cased copy (compiling a regex per row would dominate the cost)."""
+    folded = text.lower()
+    if len(folded) != len(text):  # a case mapping changed the length: positions would not line up
+        for needle, marker in sorted(set(needles), key=lambda nm: -len(nm[0])):
+            pattern = re.compile(r"(?<!\w)" + re.escape(needle) + r"(?!\w)", re.IGNORECASE)
+            text = pattern.sub(lambda _m, mk=marker: mk, text)
+        return text
+    spans: list[tuple[int, int, str]] = []
+    end = len(folded)
+    # Longest first, so a full name wins over its parts.
+    for needle, marker in sorted(set(needles), key=lambda nm: (-len(nm[0]), nm[0])):
+        size = len(needle)
+        i = folded.find(needle)
+        while i >= 0:
+            j = i + size
+            before = folded[i - 1] if i else " "
+            after = folded[j] if j < end else " "
+            if not (before.isalnum() or before == "_" or after.isalnum() or after == "_") and \
+                    all(j <= a or i >= b for a, b, _ in spans):
+                spans.append((i, j, marker))
+            i = folded.find(needle, i + 1)
+    if not spans:
+        return text
+    out, pos = [], 0
+    for i, j, marker in sorted(spans):
+        out += [text[pos:i], marker]
+        pos = j
+    out.append(text[pos:])
+    return "".join(out)
