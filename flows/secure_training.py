@@ -133,6 +133,7 @@ def secure_training(config_path: str | None = None, overrides: dict[str, Any] | 
     install_redaction()
     logger = get_run_logger()
     config = load_pipeline_config(config_path, data=overrides)
+    stages.preflight(config)  # a bad model/task target fails before any work
     load_run_secrets(config)  # fail fast (and create demo secrets) before any work
     export_passphrase_for_children(config)  # after creation: the serializer reads it from the env
     with open_run_audit(config) as audit:

