@@ -44,9 +44,9 @@ from securetrain.training.callbacks import StepMetrics, TrainerCallback
 from securetrain.training.checkpoint_store import CheckpointInfo, CheckpointStore
 from securetrain.training.config import TrainingConfig
 from securetrain.training.data import EpochFeeder
+from securetrain.training.defaults import default_audit_log, default_checkpoint_store
 from securetrain.training.distributed import DistContext, init_distributed
 from securetrain.training.errors import ResumeMismatchError, TrainingError
-from securetrain.training.safetensors_store import SafetensorsCheckpointStore
 from securetrain.training.schedulers import build_scheduler
 from securetrain.training.seeding import capture_rng_state, restore_rng_state, seed_everything
 from securetrain.training.validation import BestTracker, MetricsFn, classification_metrics, collect_outputs
@@ -190,9 +190,11 @@ class Trainer:
         self._scheduler_arg = scheduler
         self.loss_fn: LossFn = loss_fn or cross_entropy_loss
         self.metrics_fn: MetricsFn = metrics_fn or classification_metrics
-        self.store: CheckpointStore = store or SafetensorsCheckpointStore(
-            self.config.output_dir / "checkpoints", keep_last=self.config.keep_last, audit=audit
-        )
+        # Secure by default: with no recorder given, $SECURETRAIN_AUDIT_URL (if set) records the run;
+        # with no store given, checkpoints are encrypted whenever a key source is configured.
+        self._owned_audit = default_audit_log() if audit is None else None
+        audit = audit if audit is not None else self._owned_audit
+        self.store: CheckpointStore = store or default_checkpoint_store(self.config, audit)
         self.best_store = best_store
         self.callbacks = list(callbacks)
         self.audit: AuditRecorder = audit or NullAuditRecorder()
@@ -437,6 +439,9 @@ class Trainer:
             return self._fit(backend, device)
         finally:
             self.dist.close()
+            if self._owned_audit is not None:
+                self._owned_audit.close()
+                self._owned_audit = None
 
     def _fit(self, backend: DeviceBackend, device: torch.device) -> TrainResult:
         cfg = self.config

@@ -166,3 +166,29 @@ def test_best_tracker_modes_and_state() -> None:
     assert (u.best, u.best_epoch, u.bad_validations, len(u.history)) == (0.5, 3, 1, 4)
     assert TrainingConfig(validation={"metric": "auc"}).validation.maximize
     assert not TrainingConfig(validation={"metric": "val_loss"}).validation.maximize
+
+
+def test_secure_defaults_follow_the_configured_key_source_and_audit_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from securetrain.audit.log import AuditLog
+    from securetrain.crypto.checkpoint import EncryptedCheckpointStore
+
+    for name in ("SECURETRAIN_KEYRING", "SECURETRAIN_VAULT_TRANSIT_KEY", "SECURETRAIN_KEK", "SECURETRAIN_AUDIT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    plain = Trainer(make_mlp(8, 3, seed=1), _train(), _cfg(tmp_path / "plain", max_steps=1))
+    assert isinstance(plain.store, SafetensorsCheckpointStore)  # no key source: development default
+
+    monkeypatch.setenv("SECURETRAIN_KEK", os.urandom(32).hex())
+    monkeypatch.setenv("SECURETRAIN_KEK_ID", "ops-kek")
+    monkeypatch.setenv("SECURETRAIN_AUDIT_URL", str(tmp_path / "audit.db"))
+    monkeypatch.setenv("SECURETRAIN_AUDIT_KEY", str(tmp_path / "audit-signing.pem"))
+    trainer = Trainer(make_mlp(8, 3, seed=1), _train(), _cfg(tmp_path / "secure", max_steps=2))
+    assert isinstance(trainer.store, EncryptedCheckpointStore)
+    result = trainer.fit()
+    assert result.checkpoint.key_id == "ops-kek" and result.checkpoint.path.suffix == ".stenc"
+    assert b"model/0.weight" not in result.checkpoint.path.read_bytes()
+    with AuditLog(str(tmp_path / "audit.db")) as log:
+        actions = [e.action for e in log.entries()]
+        assert log.verify().ok
+    assert actions[0] == "training.start" and "checkpoint.write" in actions and actions[-1] == "training.stop"
