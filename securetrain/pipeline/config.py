@@ -123,8 +123,10 @@ class TaskConfig(BaseModel):
 
 class TrackingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    mlflow_uri: str | None = Field(None, description="Log params/metrics to MLflow here (needs the [mlflow] extra).")
+    mlflow_uri: str | None = Field(None, description="Log params/metrics to MLflow here, e.g. sqlite:///mlflow.db "
+                                   "or http://mlflow:5000 (needs the [mlflow] extra).")
     experiment: str = "securetrain"
+    artifact_location: str | None = Field(None, description="For a new experiment; default <output_dir>/mlflow-artifacts.")
 
 
 class HEConfig(BaseModel):

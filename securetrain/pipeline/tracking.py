@@ -21,8 +21,16 @@ def log_to_mlflow(config: PipelineConfig, result: PipelineResult) -> str:
                             hint="pip install 'securetrain[mlflow]' or remove tracking.mlflow_uri") from None
     t = result.training
     mlflow.set_tracking_uri(config.tracking.mlflow_uri)
-    mlflow.set_experiment(config.tracking.experiment)
-    with mlflow.start_run(run_name=config.name) as run:
+    client = mlflow.tracking.MlflowClient()
+    experiment = client.get_experiment_by_name(config.tracking.experiment)
+    if experiment is None:
+        # Artifacts next to the runs, not in whatever directory the process happens to run in.
+        location = config.tracking.artifact_location or (config.output_dir / "mlflow-artifacts").resolve().as_uri()
+        experiment_id = client.create_experiment(config.tracking.experiment, artifact_location=location)
+    else:
+        experiment_id = experiment.experiment_id
+    with mlflow.start_run(run_name=config.name, experiment_id=experiment_id) as run:
+        mlflow.set_tag("securetrain.run_dir", str(result.run_dir))
         mlflow.log_params({
             "task": result.task, "model_target": t.model_target, "parameters": t.parameters,
             "classes": ",".join(t.class_names), "config_sha256": result.config_sha256 or "",

@@ -73,7 +73,7 @@ def task_dir(tmp_path: Path):
     sys.modules.pop("blobtask", None)
 
 
-def _config(tmp_path: Path, task_dir: Path, **task) -> object:  # noqa: ANN003
+def _config(tmp_path: Path, task_dir: Path, tracking: dict | None = None, **task) -> object:  # noqa: ANN003
     data = {
         "name": "custom", "output_dir": str(tmp_path / "runs"),
         "task": {"target": "blobtask:Blobs", "kwargs": {"n": 120}, **task},
@@ -81,6 +81,7 @@ def _config(tmp_path: Path, task_dir: Path, **task) -> object:  # noqa: ANN003
         "training": {"epochs": 3, "batch_size": 16, "lr": 0.02, "log_every": 2,
                      "validation": {"metric": "balanced_accuracy"}},
         "secrets": {"create_demo_secrets": True},
+        "tracking": tracking or {},
     }
     path = task_dir / "run.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -88,7 +89,9 @@ def _config(tmp_path: Path, task_dir: Path, **task) -> object:  # noqa: ANN003
 
 
 def test_custom_task_trains_with_its_loss_and_metrics(tmp_path: Path, task_dir: Path) -> None:
-    config = _config(tmp_path, task_dir)
+    mlflow = pytest.importorskip("mlflow", reason="the [mlflow] extra")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = _config(tmp_path, task_dir, tracking={"mlflow_uri": uri, "experiment": "custom-task"})
     result = run_pipeline(config)
     module = sys.modules["blobtask"]
     assert module.CALLS[0] == "prepare" and "loss" in module.CALLS  # the task's own loss was used
@@ -99,6 +102,14 @@ def test_custom_task_trains_with_its_loss_and_metrics(tmp_path: Path, task_dir: 
     assert result.he is not None and result.he.outputs == 3 and result.he.scope == "head"
     saved = json.loads((config.run_dir / "result.json").read_text())
     assert saved["task"] == "blobtask:Blobs" and saved["training"]["validation"]
+    # MLflow got the same numbers (and the artifacts landed under output_dir, not the cwd).
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("custom-task").experiment_id])
+    assert run.data.params["model_target"] == "mlp" and run.data.params["classes"] == "a,b,c"
+    history = client.get_metric_history(run.info.run_id, "val_accuracy")
+    assert [m.value for m in history] == pytest.approx([v["accuracy"] for v in t.validation])
+    assert run.data.tags["audit_root"] == result.audit.root_hash
+    assert list((tmp_path / "runs" / "mlflow-artifacts").rglob("result.json"))
 
 
 def test_custom_task_errors(tmp_path: Path, task_dir: Path) -> None:
