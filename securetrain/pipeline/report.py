@@ -112,7 +112,7 @@ def markdown_summary(result: PipelineResult) -> str:
     lines = ["# securetrain run", "", "| stage | result |", "| --- | --- |"]
     if result.deid:
         d = result.deid
-        lines.append(f"| de-identification | {d.files_in and d.files_out}/{d.files_in} files, {d.tags_changed} tags changed, "
+        lines.append(f"| de-identification | {d.files_out}/{d.files_in} files, {d.tags_changed} tags changed, "
                      f"{d.rejected} rejected, {d.quarantined} quarantined (policy {d.policy} v{d.policy_version}) |")
     if result.masking:
         m = result.masking
