@@ -187,6 +187,10 @@ def train(
         raise SecureTrainError("the training split is empty", hint="add patients or lower data.eval_fraction")
     model = build_task_model(config, data)
     check_model_output(model, _first_inputs(data.train), data.num_classes, target=config.model.target)
+    if config.he.enabled:
+        from securetrain.pipeline.models import last_linear
+
+        last_linear(model)  # HE scores a linear head: refuse a model without one before training
     training_config = config.training.model_copy(update={"output_dir": config.run_dir / "train"})
     history = MetricsHistory()
     result = Trainer(
@@ -287,11 +291,12 @@ def extract_features(
 ) -> dict[str, torch.Tensor]:
     """Data-owner side: the held-out inputs for HE scoring, plus the layers to evaluate.
 
-    ``head`` scope: the model up to its last linear layer runs in plaintext where the data is; the
-    result holds those features and the head (``head_weight``, ``head_bias``). ``model`` scope
-    (tabular MLP / logistic models): the encoded rows themselves and the whole model, as the tensors
-    of its layer chain (``layer/<i>/<name>``). Tensors only, so Prefect stores the result with the
-    encrypted serializer.
+    Always: the model up to its last linear layer runs in plaintext where the data is; the result
+    holds those ``features`` and the head (``head_weight``, ``head_bias``). ``model`` scope (tabular
+    MLP / logistic models) adds the encoded rows themselves (``model_inputs``) and the whole model as
+    the tensors of its layer chain (``layer_kinds``, ``layer/<i>/<name>``), so the HE stage can fall
+    back to the head when HE cannot evaluate a layer. Tensors only, so Prefect stores the result
+    with the encrypted serializer.
     """
     from torch.utils.data import DataLoader
 
@@ -303,22 +308,27 @@ def extract_features(
         raise SecureTrainError("the evaluation split is empty", hint="use more patients or raise data.eval_fraction")
     model = load_trained_model(config, secrets, audit, data, which=config.he.checkpoint)
     loader = DataLoader(data.eval, batch_size=64, shuffle=False)
-    if _he_scope(config) == "model":
-        xs, ys = zip(*(split_batch(b) for b in loader))
-        inputs = torch.cat([x.flatten(1).float() for x in xs])
-        chain = _as_chain(model, inputs[:8])
-        carried = _chain_to_tensors(chain) if chain is not None else None
-        # Only if the rebuilt chain computes exactly what the trained model computes.
-        if carried is not None and torch.allclose(_chain_from_tensors(carried)(inputs[:8]), model(inputs[:8]), atol=1e-5):
-            return {"features": inputs, "labels": torch.cat(ys), **carried}
-        log.warning("the model is not a plain layer chain; HE evaluates its last linear layer instead")
     head, features, labels = head_and_features(model, loader, split_batch)
-    return {
+    out = {
         "features": features,
         "labels": labels,
         "head_weight": head.weight.detach().clone(),
         "head_bias": head.bias.detach().clone(),
     }
+    if _he_scope(config) == "model":
+        with torch.no_grad():
+            inputs = torch.cat([split_batch(b)[0].flatten(1).float() for b in loader])
+            chain = _as_chain(model, inputs[:8])
+            carried = _chain_to_tensors(chain) if chain is not None else None
+            # Only if the rebuilt chain computes exactly what the trained model computes.
+            if carried is not None and torch.allclose(_chain_from_tensors(carried)(inputs[:8]), model(inputs[:8]), atol=1e-5):
+                out.update(carried, model_inputs=inputs)
+            elif config.he.scope == "model":
+                raise SecureTrainError("he.scope is 'model' but the model is not a plain chain of "
+                                       f"{', '.join(_CHAIN_LAYERS)} layers", hint="use he.scope: head or auto")
+            else:
+                log.warning("the model is not a plain layer chain; HE evaluates its last linear layer instead")
+    return out
 
 
 #: Layers the whole-model HE scope can carry between stages as tensors (kinds by name, no pickle).
@@ -372,15 +382,26 @@ def he_evaluate(
     from securetrain.he import evaluate_encrypted
     from securetrain.pipeline.models import he_head
 
-    if "head_weight" in features:
-        scope = "head"
-        model = he_head(features["head_weight"], features["head_bias"])
-    else:
-        scope = "model"
-        model = _he_model_from_chain(features)
-    report = evaluate_encrypted(
-        model, features["features"], features["labels"], audit=audit, decimals=config.he.decimals
-    )
+    from securetrain.he import HEModelError
+
+    head = he_head(features["head_weight"], features["head_bias"])
+    report = None
+    if "layer_kinds" in features:
+        scope, model = "model", _he_model_from_chain(features)
+        try:
+            report = evaluate_encrypted(
+                model, features["model_inputs"], features["labels"], audit=audit, decimals=config.he.decimals
+            )
+        except HEModelError as exc:
+            if config.he.scope == "model":
+                raise
+            # (checked before any encryption) a layer HE cannot evaluate: score the linear head instead
+            log.warning("HE cannot evaluate the whole model (%s); evaluating its last linear layer", exc)
+    if report is None:
+        scope, model = "head", head
+        report = evaluate_encrypted(
+            model, features["features"], features["labels"], audit=audit, decimals=config.he.decimals
+        )
     out_features = [m for m in model.modules() if isinstance(m, nn.Linear)][-1].out_features
     return HESummary(
         samples=report.n_samples,
