@@ -22,7 +22,6 @@ import hashlib
 import hmac
 import json
 import os
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -119,11 +118,11 @@ class TableEncoder:
         return None
 
     @staticmethod
-    def _strings(col: Any) -> list[str | None]:
+    def _strings(col: Any) -> Any:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        return pc.cast(col, pa.string()).to_pylist()
+        return pc.cast(col, pa.string())
 
     def fit(self, table: Any) -> TableEncoder:
         for name in self.columns:
@@ -135,8 +134,9 @@ class TableEncoder:
                 std = float(finite.std()) if finite.size else 1.0
                 self.numeric[name] = (mean, std if std > 1e-12 else 1.0)
             else:
-                counts = Counter(v for v in self._strings(col) if v is not None)
-                top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[: self.max_categories]
+                counts = self._strings(col).value_counts().to_pylist()  # one entry per distinct value
+                counts = [(c["values"], c["counts"]) for c in counts if c["values"] is not None]
+                top = sorted(counts, key=lambda kv: (-kv[1], kv[0]))[: self.max_categories]
                 self.categories[name] = sorted(v for v, _ in top)
         return self
 
@@ -163,9 +163,12 @@ class TableEncoder:
                 z = (values - mean) / std
                 blocks.append(np.where(np.isfinite(z), z, 0.0)[:, None])  # missing -> the training mean
             else:
-                slots = {v: i for i, v in enumerate(self.categories[name])}
-                other = len(slots)
-                idx = np.array([slots.get(v, other) if v is not None else other for v in self._strings(col)], dtype=np.int64)
+                import pyarrow as pa
+                import pyarrow.compute as pc
+
+                other = len(self.categories[name])
+                found = pc.index_in(self._strings(col), value_set=pa.array(self.categories[name], pa.string()))
+                idx = pc.fill_null(found, other).to_numpy(zero_copy_only=False).astype(np.int64)  # unseen/missing -> other
                 onehot = np.zeros((n, other + 1), dtype=np.float32)
                 onehot[np.arange(n), idx] = 1.0
                 blocks.append(onehot)
@@ -175,6 +178,23 @@ class TableEncoder:
     def state_dict(self) -> dict[str, Any]:
         return {"columns": self.columns, "max_categories": self.max_categories,
                 "numeric": self.numeric, "categories": self.categories}
+
+
+def _label_ids(column: Any, classes: list[str] | None, *, where: str) -> tuple[np.ndarray, list[str]]:
+    """Class ids per row and the class names, canonicalising each *distinct* label once."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if column.null_count:
+        raise TaskError(f"{where}: the label column has {column.null_count} empty value(s)")
+    raw = pc.cast(column, pa.string())
+    distinct = pc.unique(raw).to_pylist()
+    canonical = [canonical_label(v) for v in distinct]
+    names = label_names(canonical, classes, where=where)
+    ids = {n: i for i, n in enumerate(names)}
+    lut = np.array([ids[c] for c in canonical], dtype=np.int64)
+    position = pc.index_in(raw, value_set=pa.array(distinct, pa.string())).to_numpy(zero_copy_only=False)
+    return lut[position.astype(np.int64)], names
 
 
 class EncodedRows(Dataset):
@@ -224,11 +244,14 @@ class TabularClassification:
         labels_col = masked.column(d.label_column)
         if labels_col.null_count:
             raise TaskError(f"the label column has {labels_col.null_count} empty value(s)")
-        labels = [canonical_label(str(v)) for v in pc.cast(labels_col, pa.string()).to_pylist()]
-        names = label_names(labels, d.classes, where=f"table {Path(raw).name}")
-        entities = [str(v) for v in pc.cast(masked.column(d.split_by), pa.string()).to_pylist()]
+        label_ids, names = _label_ids(labels_col, d.classes, where=f"table {Path(raw).name}")
+        entity_col = pc.cast(masked.column(d.split_by), pa.string())
+        if entity_col.null_count:
+            raise TaskError(f"data.split_by: {entity_col.null_count} row(s) have no {d.split_by!r} value",
+                            hint="every row needs its entity to be split safely")
+        entities = pc.unique(entity_col).to_pylist()  # one hash per distinct entity, not per row
         eval_entities = holdout(entities, d.eval_fraction)
-        in_eval = np.array([e in eval_entities for e in entities])
+        in_eval = pc.is_in(entity_col, value_set=pa.array(sorted(eval_entities), pa.string())).to_numpy(zero_copy_only=False)
         if in_eval.all() or not in_eval.any():
             raise TaskError("the entity split left one side empty", hint="use more entities or change data.eval_fraction")
         features = d.features or [c for c in masked.column_names
@@ -246,15 +269,13 @@ class TabularClassification:
             data = sink.getvalue().to_pybytes()
             atomic_write_bytes(out / f"{split}.parquet", data, mode=0o600)
             digests[f"{split}_table"] = hashlib.sha256(data).hexdigest()
-        ids = {n: i for i, n in enumerate(names)}
-        label_ids = np.array([ids[v] for v in labels])
         meta = {"classes": names, "features": features, "split_by": d.split_by, "label_column": d.label_column}
         atomic_write_bytes(out / "task.json", json.dumps(meta).encode(), mode=0o600)
         return MaskingSummary(
             policy=report.policy_name, policy_version=str(report.policy_version), policy_digest=report.policy_digest,
             key_id=report.key_id, rows_in=report.rows, columns=actions, split_by=d.split_by,
             train_rows=int((~in_eval).sum()), eval_rows=int(in_eval.sum()),
-            train_entities=len(set(entities) - eval_entities), eval_entities=len(eval_entities),
+            train_entities=len(entities) - len(eval_entities), eval_entities=len(eval_entities),
             class_names=names,
             train_class_counts=np.bincount(label_ids[~in_eval], minlength=len(names)).tolist(),
             eval_class_counts=np.bincount(label_ids[in_eval], minlength=len(names)).tolist(),
@@ -273,11 +294,9 @@ class TabularClassification:
         train, evaluation = pq.read_table(out / "train.parquet"), pq.read_table(out / "eval.parquet")
         encoder = TableEncoder(meta["features"], ctx.config.data.max_categories).fit(train)  # training split only
         atomic_write_bytes(out / "encoder.json", json.dumps(encoder.state_dict()).encode(), mode=0o600)
-        ids = {n: i for i, n in enumerate(meta["classes"])}
-
         def labels(table: Any) -> torch.Tensor:
-            values = pc.cast(table.column(meta["label_column"]), pa.string()).to_pylist()
-            return torch.tensor([ids[canonical_label(str(v))] for v in values], dtype=torch.long)
+            ids, _ = _label_ids(table.column(meta["label_column"]), meta["classes"], where="masked split")
+            return torch.from_numpy(ids)
 
         x_train = encoder.transform(train)
         return TaskData(
