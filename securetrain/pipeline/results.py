@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 
 class DeidSummary(BaseModel):
@@ -87,8 +87,10 @@ class TrainingSummary(BaseModel):
     best: dict[str, Any] | None = None  # metric, value, epoch, step, checkpoint
     best_checkpoint: CheckpointSummary | None = None
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def label_map(self) -> dict[str, int]:
+        """Class name -> class id (the ids the model's outputs are indexed by)."""
         return {name: i for i, name in enumerate(self.class_names)}
 
 
@@ -133,6 +135,29 @@ class PipelineResult(BaseModel):
     result_json: Path | None = None
     config_sha256: str | None = None
 
+    # Shortcuts into ``training`` so result.json answers the common questions at the top level.
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def label_map(self) -> dict[str, int]:
         return self.training.label_map
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def model_target(self) -> str:
+        return self.training.model_target
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def parameter_count(self) -> int:
+        return self.training.parameters
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def validation(self) -> list[dict[str, Any]]:
+        return self.training.validation
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def checkpoint_paths(self) -> list[Path]:
+        paths = [c.path for c in self.training.checkpoints]
+        return paths + ([self.training.best_checkpoint.path] if self.training.best_checkpoint else [])

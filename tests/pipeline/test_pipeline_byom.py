@@ -39,6 +39,9 @@ def test_result_json_holds_the_whole_run(cli_run) -> None:
     t = result["training"]
     assert t["model_target"] == "mynets:build" and t["parameters"] == 4 * 1 * 9 + 4 + 16 * 3 + 3
     assert t["class_names"] == sorted(CLASS_NAMES)  # string labels -> stable ids (sorted)
+    assert result["label_map"] == {"benign": 0, "malignant": 1, "normal": 2} == t["label_map"]
+    assert result["model_target"] == "mynets:build" and result["parameter_count"] == t["parameters"]
+    assert result["validation"] == t["validation"] and len(result["checkpoint_paths"]) == len(t["checkpoints"]) + 1
     assert len(t["validation"]) == 3 and [v["epoch"] for v in t["validation"]] == [1, 2, 3]
     for v in t["validation"]:
         assert {"loss", "accuracy", "auc", "class_counts", "confusion"} <= set(v)
