@@ -39,6 +39,9 @@ from securetrain.pipeline.tasks.base import TaskContext, TaskData, resolve_task
 
 log = logging.getLogger("securetrain.pipeline")
 
+#: Metrics the built-in tasks' validation reports that can select the best checkpoint.
+CLASSIFICATION_METRICS = ("loss", "accuracy", "auc")
+
 #: Exit status of ``securetrain run``/``demo`` after a preemption (same as ``securetrain train``).
 PREEMPTED_EXIT_CODE = 75
 
@@ -97,8 +100,11 @@ def preflight(config: PipelineConfig) -> None:
     from securetrain.pipeline.models import resolve_model_factory
 
     resolve_model_factory(config.model.target, base_dir=config.base_dir)
-    if config.task.kind == "custom":
-        resolve_task(config)
+    task = resolve_task(config) if config.task.kind == "custom" else None
+    metric = config.training.validation.metric
+    if getattr(task, "metrics", None) is None and metric not in CLASSIFICATION_METRICS:
+        raise ConfigError(f"training.validation.metric: {metric!r} is not a validation metric of this task",
+                          hint=f"use one of {', '.join(CLASSIFICATION_METRICS)}")
 
 
 def ingest(config: PipelineConfig) -> Path | None:

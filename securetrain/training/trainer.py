@@ -665,6 +665,10 @@ class Trainer:
             finally:
                 model.train()
                 restore_rng_state(rng_t, rng_m, self.backend.device_type)
+            if self.tracker.metric not in metrics:
+                raise TrainingError(
+                    f"validation.metric {self.tracker.metric!r} is not one of the validation metrics "
+                    f"({', '.join(sorted(metrics))})", hint="name one of them in training.validation.metric")
             p = self.progress
             if self.tracker.update(metrics, epoch=p.epoch, step=p.step):
                 self._save_best(metrics)

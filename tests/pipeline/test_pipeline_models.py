@@ -121,6 +121,14 @@ def test_bad_target_is_refused_before_any_work(tmp_path: Path) -> None:
     assert not (tmp_path / "runs" / "t" / "raw").exists()
 
 
+def test_unknown_validation_metric_fails_in_the_preflight(tmp_path: Path) -> None:
+    from securetrain.pipeline.stages import preflight
+
+    config = load_pipeline_config(data=small_config_data(tmp_path, training={"validation": {"metric": "f1"}}))
+    with pytest.raises(ConfigError, match=r"validation.metric: 'f1'.*loss, accuracy, auc"):
+        preflight(config)
+
+
 def test_legacy_model_section_and_task_forms(tmp_path: Path) -> None:
     old = load_pipeline_config(data=small_config_data(tmp_path, model={"channels": 4, "hidden": 8}))
     assert old.model.target == "cnn" and old.model.kwargs == {"channels": 4, "hidden": 8}

@@ -155,6 +155,12 @@ def test_scheduler_argument_and_mismatch_on_resume(tmp_path: Path) -> None:
         Trainer(make_mlp(8, 3, seed=1), _train(), _cfg(tmp_path, epochs=2)).fit()
 
 
+def test_unknown_validation_metric_is_refused(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, epochs=1, validation={"metric": "f1"})
+    with pytest.raises(TrainingError, match=r"validation.metric 'f1' is not one of the validation metrics \(accuracy, auc"):
+        Trainer(make_mlp(8, 3, seed=1), _train(), cfg, eval_data=_eval()).fit()
+
+
 def test_best_tracker_modes_and_state() -> None:
     t = BestTracker("loss", maximize=False, min_delta=0.1)
     assert t.update({"loss": 1.0}, epoch=1, step=1)
