@@ -142,3 +142,17 @@ def test_legacy_model_section_and_task_forms(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="split_by"):
         load_pipeline_config(data=small_config_data(tmp_path, task="tabular-classification",
                                                     data={"policy": str(Path(__file__).parents[2] / "policies/finance-pii.yaml")}))
+
+
+def test_example_byom_config_names_a_model_next_to_it() -> None:
+    from securetrain.pipeline.stages import preflight
+
+    root = Path(__file__).resolve().parents[2]
+    config = load_pipeline_config(root / "examples" / "byom.yaml")
+    preflight(config)
+    try:
+        model = build_model(config.model.target, config.model.kwargs, base_dir=config.base_dir, num_classes=3, in_channels=1)
+        check_model_output(model, torch.zeros(2, 1, 32, 32), 3, target=config.model.target)
+        assert type(model).__name__ == "SmallResNet" and model.classifier.out_features == 3
+    finally:
+        sys.modules.pop("user_nets", None)
