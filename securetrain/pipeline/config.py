@@ -71,7 +71,7 @@ class DataConfig(BaseModel):
     frames_as: Literal["channels", "depth"] = Field("channels", description="frames: all -> [F,H,W] or [1,F,H,W].")
     split_by: str | None = Field(
         None, description="Tables: the entity column (e.g. customer_id); the policy must tokenise it. "
-        "No entity is on both sides of the split.")
+        "No entity is on both sides of the split. Default: the one tokenised column named id or *_id.")
     features: list[str] | None = Field(None, description="Tables: feature columns; default every kept/generalised column.")
     max_categories: PositiveInt = Field(32, description="Tables: one-hot width cap per categorical column (+1 'other').")
 
@@ -210,7 +210,4 @@ def load_pipeline_config(
         config.data.source = _resolve(config.data.source, base)
         if not config.data.source.exists():
             raise ConfigError(f"data.source: {config.data.source} does not exist")
-    if kind == "tabular-classification" and not config.data.split_by:
-        raise ConfigError("data.split_by: a tabular task needs the entity column to split by (e.g. customer_id)",
-                          hint="no entity may appear in both the training and the evaluation split")
     return config

@@ -139,9 +139,8 @@ def test_legacy_model_section_and_task_forms(tmp_path: Path) -> None:
     assert custom.task.kind == "custom" and custom.task.kwargs == {"a": 1}
     with pytest.raises(ConfigError, match="task"):
         load_pipeline_config(data=small_config_data(tmp_path, task="image-segmentation"))
-    with pytest.raises(ConfigError, match="split_by"):
-        load_pipeline_config(data=small_config_data(tmp_path, task="tabular-classification",
-                                                    data={"policy": str(Path(__file__).parents[2] / "policies/finance-pii.yaml")}))
+    with pytest.raises(ConfigError, match="masking policy"):
+        load_pipeline_config(data=small_config_data(tmp_path, task="tabular-classification", data={"policy": None}))
 
 
 def test_example_byom_config_names_a_model_next_to_it() -> None:

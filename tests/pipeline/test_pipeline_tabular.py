@@ -110,9 +110,18 @@ def test_unknown_column_fails_closed_before_training(tmp_path: Path) -> None:
 
 def test_split_column_must_be_tokenised_and_label_kept(tmp_path: Path) -> None:
     from securetrain.masking.tabular import generate_finance_table
+    from securetrain.pipeline.tasks.tabular import _entity_column
 
+    # Without data.split_by the entity is the one tokenised *_id column; ambiguity is refused.
+    assert _entity_column({"customer_id": "tokenize", "iban": "tokenize", "amount": "keep"}, "p") == "customer_id"
+    with pytest.raises(TaskError, match=r"tokenised id columns: customer_id, account_id"):
+        _entity_column({"customer_id": "tokenize", "account_id": "tokenize"}, "p")
+    with pytest.raises(TaskError, match=r"tokenised id columns: none"):
+        _entity_column({"customer_id": "keep"}, "p")
     table = generate_finance_table(60, seed=0)
     with pytest.raises(TaskError, match=r"split_by: column 'category' is 'keep'.*must be tokenised"):
         run_pipeline(_with_table(tmp_path / "a", table, split_by="category"))
     with pytest.raises(TaskError, match=r"label_column 'notes' is not kept"):
         run_pipeline(_with_table(tmp_path / "b", table, label_column="notes"))
+    inferred = run_pipeline(_with_table(tmp_path / "c", table, split_by=None))
+    assert inferred.masking.split_by == "customer_id" and inferred.training.steps > 0

@@ -180,6 +180,16 @@ class TableEncoder:
                 "numeric": self.numeric, "categories": self.categories}
 
 
+def _entity_column(actions: dict[str, str], policy: str) -> str:
+    """Without ``data.split_by``: the one tokenised column named ``id`` or ``*_id``."""
+    candidates = [c for c, a in actions.items() if a in TOKEN_ACTIONS and (c.lower() == "id" or c.lower().endswith("_id"))]
+    if len(candidates) != 1:
+        found = ", ".join(candidates) or "none"
+        raise TaskError(f"data.split_by: cannot tell the entity column from policy {policy!r} (tokenised id columns: {found})",
+                        hint="set data.split_by to the column identifying a customer/patient/account")
+    return candidates[0]
+
+
 def _label_ids(column: Any, classes: list[str] | None, *, where: str) -> tuple[np.ndarray, list[str]]:
     """Class ids per row and the class names, canonicalising each *distinct* label once."""
     import pyarrow as pa
@@ -227,14 +237,15 @@ class TabularClassification:
 
         cfg = ctx.config
         d = cfg.data
-        assert d.policy is not None and d.split_by is not None
+        assert d.policy is not None
         masker = TabularMasker(d.policy, masking_key(ctx.secrets), audit=_ColumnActionsAsList(ctx.audit))
         masked, report = masker.read_masked(raw)  # unknown columns fail closed here
         actions = {c.column: c.action for c in report.columns}
         base_action = {c: a.split("+")[0] for c, a in actions.items()}
-        if base_action.get(d.split_by) not in TOKEN_ACTIONS:
+        split_by = d.split_by or _entity_column(base_action, report.policy_name)
+        if base_action.get(split_by) not in TOKEN_ACTIONS:
             raise TaskError(
-                f"data.split_by: column {d.split_by!r} is {base_action.get(d.split_by, 'absent')!r} under policy "
+                f"data.split_by: column {split_by!r} is {base_action.get(split_by, 'absent')!r} under policy "
                 f"{report.policy_name!r}; the entity column must be tokenised",
                 hint="give it a 'tokenize' rule: the split needs a stable pseudonym per entity",
             )
@@ -245,9 +256,9 @@ class TabularClassification:
         if labels_col.null_count:
             raise TaskError(f"the label column has {labels_col.null_count} empty value(s)")
         label_ids, names = _label_ids(labels_col, d.classes, where=f"table {Path(raw).name}")
-        entity_col = pc.cast(masked.column(d.split_by), pa.string())
+        entity_col = pc.cast(masked.column(split_by), pa.string())
         if entity_col.null_count:
-            raise TaskError(f"data.split_by: {entity_col.null_count} row(s) have no {d.split_by!r} value",
+            raise TaskError(f"data.split_by: {entity_col.null_count} row(s) have no {split_by!r} value",
                             hint="every row needs its entity to be split safely")
         entities = pc.unique(entity_col).to_pylist()  # one hash per distinct entity, not per row
         eval_entities = holdout(entities, d.eval_fraction)
@@ -255,8 +266,8 @@ class TabularClassification:
         if in_eval.all() or not in_eval.any():
             raise TaskError("the entity split left one side empty", hint="use more entities or change data.eval_fraction")
         features = d.features or [c for c in masked.column_names
-                                  if base_action.get(c) in FEATURE_ACTIONS and c not in (d.label_column, d.split_by)]
-        missing = [c for c in features if c not in masked.column_names or c in (d.label_column, d.split_by)]
+                                  if base_action.get(c) in FEATURE_ACTIONS and c not in (d.label_column, split_by)]
+        missing = [c for c in features if c not in masked.column_names or c in (d.label_column, split_by)]
         if missing:
             raise TaskError(f"data.features: not usable after masking: {', '.join(missing)}",
                             hint="features must survive the policy and exclude the label and split column")
@@ -269,11 +280,11 @@ class TabularClassification:
             data = sink.getvalue().to_pybytes()
             atomic_write_bytes(out / f"{split}.parquet", data, mode=0o600)
             digests[f"{split}_table"] = hashlib.sha256(data).hexdigest()
-        meta = {"classes": names, "features": features, "split_by": d.split_by, "label_column": d.label_column}
+        meta = {"classes": names, "features": features, "split_by": split_by, "label_column": d.label_column}
         atomic_write_bytes(out / "task.json", json.dumps(meta).encode(), mode=0o600)
         return MaskingSummary(
             policy=report.policy_name, policy_version=str(report.policy_version), policy_digest=report.policy_digest,
-            key_id=report.key_id, rows_in=report.rows, columns=actions, split_by=d.split_by,
+            key_id=report.key_id, rows_in=report.rows, columns=actions, split_by=split_by,
             train_rows=int((~in_eval).sum()), eval_rows=int(in_eval.sum()),
             train_entities=len(entities) - len(eval_entities), eval_entities=len(eval_entities),
             class_names=names,
