@@ -194,20 +194,31 @@ def build_model(target: str, kwargs: dict[str, Any], *, base_dir: Path | None = 
     return model
 
 
-def check_model_output(model: nn.Module, inputs: Any, num_classes: int, *, target: str) -> None:
-    """One forward pass on a real batch: the output must be ``[batch, num_classes]`` logits."""
-    batch = inputs.shape[0] if hasattr(inputs, "shape") else None
+def _plain_predict(model: nn.Module, inputs: Any) -> tuple[Any, None]:
+    return model(inputs), None
+
+
+def check_model_output(model: nn.Module, inputs: Any, num_classes: int, *, target: str,
+                       predict: Callable[[nn.Module, Any], tuple[Any, Any]] | None = None) -> None:
+    """One forward pass on a real batch: the output must be ``[batch, num_classes]`` logits.
+
+    ``inputs`` is the model's input tensor, or (with ``predict(model, batch) -> (outputs, targets)``,
+    a task's own validation step) a whole batch.
+    """
+    step = predict or _plain_predict
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            out = model(inputs)
+            out, targets = step(model, inputs)
     except Exception as exc:
-        raise ModelOutputError(f"model {target!r} failed on a batch of shape {tuple(getattr(inputs, 'shape', ()))}: "
-                               f"{type(exc).__name__}: {exc}",
+        shape = tuple(inputs.shape) if hasattr(inputs, "shape") else type(inputs).__name__
+        raise ModelOutputError(f"model {target!r} failed on a batch of shape {shape}: {type(exc).__name__}: {exc}",
                                hint="check the model's expected input shape (channels, size, features)") from None
     finally:
         model.train(was_training)
+    source = inputs if targets is None else targets
+    batch = source.shape[0] if hasattr(source, "shape") else None
     if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != batch or out.shape[1] != num_classes:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ModelOutputError(
@@ -231,9 +242,10 @@ def last_linear(model: nn.Module) -> tuple[str, nn.Linear]:
 
 
 @torch.inference_mode()
-def head_and_features(model: nn.Module, batches: Any, split: Callable[[Any], tuple[Any, Any]]
+def head_and_features(model: nn.Module, batches: Any, predict: Callable[[nn.Module, Any], tuple[Any, Any]]
                       ) -> tuple[nn.Linear, torch.Tensor, torch.Tensor]:
-    """The head, its input features over ``batches`` (via a forward pre-hook) and the labels."""
+    """The head, its input features over ``batches`` (via a forward pre-hook) and the labels;
+    ``predict(model, batch) -> (outputs, targets)`` runs one batch."""
     _, head = last_linear(model)
     captured: list[torch.Tensor] = []
     hook = head.register_forward_pre_hook(lambda _m, args: captured.append(args[0].detach().flatten(1).float()))
@@ -241,8 +253,7 @@ def head_and_features(model: nn.Module, batches: Any, split: Callable[[Any], tup
     try:
         model.eval()
         for batch in batches:
-            x, y = split(batch)
-            model(x)
+            _, y = predict(model, batch)
             labels.append(y)
     finally:
         hook.remove()

@@ -85,13 +85,16 @@ def build_task_model(config: PipelineConfig, data: TaskData):
                        num_classes=data.num_classes, **data.model_facts)
 
 
-def _first_inputs(dataset: Any) -> Any:
+def _first_batch(dataset: Any) -> Any:
     from torch.utils.data import DataLoader
 
-    from securetrain.training.trainer import split_batch
+    return next(iter(DataLoader(dataset, batch_size=2, shuffle=False)))
 
-    batch = next(iter(DataLoader(dataset, batch_size=2, shuffle=False)))
-    return split_batch(batch)[0]
+
+def _predict_fn(task: Any):  # noqa: ANN202 - (model, batch) -> (outputs, targets)
+    from securetrain.training.trainer import default_predict
+
+    return getattr(task, "predict", None) or default_predict
 
 
 # --------------------------------------------------------------------------------- stages
@@ -192,7 +195,8 @@ def train(
     if len(data.train) == 0:
         raise SecureTrainError("the training split is empty", hint="add patients or lower data.eval_fraction")
     model = build_task_model(config, data)
-    check_model_output(model, _first_inputs(data.train), data.num_classes, target=config.model.target)
+    check_model_output(model, _first_batch(data.train), data.num_classes, target=config.model.target,
+                       predict=_predict_fn(task))
     if config.he.enabled:
         from securetrain.pipeline.models import last_linear
 
@@ -206,6 +210,7 @@ def train(
         loss_fn=getattr(task, "loss", None),
         eval_data=data.eval if len(data.eval) else None,
         metrics_fn=getattr(task, "metrics", None),
+        predict_fn=getattr(task, "predict", None),
         store=_checkpoint_store(config, secrets, audit),
         best_store=_checkpoint_store(config, secrets, audit, best=True),
         callbacks=[history, *callbacks],
@@ -309,12 +314,12 @@ def extract_features(
     from securetrain.pipeline.models import head_and_features
     from securetrain.training.trainer import split_batch
 
-    _, data = task_datasets(config, secrets, audit)
+    task, data = task_datasets(config, secrets, audit)
     if len(data.eval) == 0:
         raise SecureTrainError("the evaluation split is empty", hint="use more patients or raise data.eval_fraction")
     model = load_trained_model(config, secrets, audit, data, which=config.he.checkpoint)
     loader = DataLoader(data.eval, batch_size=64, shuffle=False)
-    head, features, labels = head_and_features(model, loader, split_batch)
+    head, features, labels = head_and_features(model, loader, _predict_fn(task))
     out = {
         "features": features,
         "labels": labels,

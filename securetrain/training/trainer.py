@@ -49,7 +49,7 @@ from securetrain.training.distributed import DistContext, init_distributed
 from securetrain.training.errors import ResumeMismatchError, TrainingError
 from securetrain.training.schedulers import build_scheduler
 from securetrain.training.seeding import capture_rng_state, restore_rng_state, seed_everything
-from securetrain.training.validation import BestTracker, MetricsFn, classification_metrics, collect_outputs
+from securetrain.training.validation import BestTracker, MetricsFn, PredictFn, classification_metrics, collect_outputs
 
 #: Exit status for "stopped by SIGTERM after a clean checkpoint; rerun to resume" (BSD EX_TEMPFAIL).
 PREEMPTED_EXIT_CODE = 75
@@ -89,6 +89,12 @@ def cross_entropy_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     """Default loss: ``F.cross_entropy(model(x), y)``."""
     x, y = split_batch(batch)
     return F.cross_entropy(model(x), y)
+
+
+def default_predict(model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Default validation step: ``(model(x), y)`` with ``x, y`` from :func:`split_batch`."""
+    x, y = split_batch(batch)
+    return model(x), y
 
 
 def _to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
@@ -157,7 +163,8 @@ class Trainer:
     an IterableDataset, which are used as they are).
 
     ``eval_data`` (Dataset or DataLoader) is validated every ``config.validation.every_epochs``
-    epochs with ``metrics_fn(outputs, targets)`` (default :func:`classification_metrics`);
+    epochs: ``predict_fn(model, batch) -> (outputs, targets)`` per batch (default: ``model(x), y``),
+    then ``metrics_fn(outputs, targets)`` (default :func:`classification_metrics`);
     ``best_store`` receives the model weights whenever the named metric improves (pass an
     encrypted store for sensitive models: the trainer never picks a plaintext one for you).
     ``scheduler`` is an ``LRScheduler`` on the optimizer you passed, or a
@@ -175,6 +182,7 @@ class Trainer:
         loss_fn: LossFn | None = None,
         eval_data: Any = None,
         metrics_fn: MetricsFn | None = None,
+        predict_fn: PredictFn | None = None,
         store: CheckpointStore | None = None,
         best_store: CheckpointStore | None = None,
         callbacks: Sequence[TrainerCallback] = (),
@@ -190,6 +198,7 @@ class Trainer:
         self._scheduler_arg = scheduler
         self.loss_fn: LossFn = loss_fn or cross_entropy_loss
         self.metrics_fn: MetricsFn = metrics_fn or classification_metrics
+        self.predict_fn: PredictFn = predict_fn or default_predict
         # Secure by default: with no recorder given, $SECURETRAIN_AUDIT_URL (if set) records the run;
         # with no store given, checkpoints are encrypted whenever a key source is configured.
         self._owned_audit = default_audit_log() if audit is None else None
@@ -657,10 +666,7 @@ class Trainer:
             model = self.unwrapped_model
             model.eval()
             try:
-                outputs, targets = collect_outputs(
-                    model, self._eval_loader(), self.device, split_batch,
-                    lambda b: _to_device(b, self.device, False) if self.device.type != "cpu" else b,  # type: ignore[arg-type]
-                )
+                outputs, targets = collect_outputs(model, self._eval_loader(), self.predict_fn, self._eval_to_device)
                 metrics = self.metrics_fn(outputs, targets)
             finally:
                 model.train()
@@ -682,6 +688,10 @@ class Trainer:
             self._early_stop = bool(self.dist.broadcast_object(self._early_stop))
         self._validated_step = self.progress.step
         return metrics
+
+    def _eval_to_device(self, batch: Any) -> Any:
+        assert self.device is not None
+        return _to_device(batch, self.device, False) if self.device.type != "cpu" else batch
 
     def _eval_loader(self) -> Any:
         from torch.utils.data import DataLoader

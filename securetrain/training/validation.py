@@ -114,14 +114,18 @@ class BestTracker:
         self.history = list(state["history"])
 
 
+#: ``predict_fn(model, batch) -> (outputs, targets)`` for one validation batch.
+PredictFn = Callable[[torch.nn.Module, Any], tuple[torch.Tensor, torch.Tensor]]
+
+
 @torch.inference_mode()
-def collect_outputs(model: torch.nn.Module, loader: Any, device: torch.device, split: Callable[[Any], tuple[Any, Any]],
+def collect_outputs(model: torch.nn.Module, loader: Any, predict: PredictFn,
                     to_device: Callable[[Any], Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """Model outputs and targets over ``loader`` (eval mode; the caller restores train mode)."""
     outputs, targets = [], []
     for batch in loader:
-        x, y = split(to_device(batch))
-        outputs.append(model(x).float().cpu())
+        out, y = predict(model, to_device(batch))
+        outputs.append(out.float().cpu())
         targets.append(y.cpu())
     if not outputs:
         return torch.zeros(0, 0), torch.zeros(0, dtype=torch.long)

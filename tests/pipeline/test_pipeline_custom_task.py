@@ -26,6 +26,19 @@ from securetrain.training.validation import classification_metrics
 CALLS = []
 
 
+class Rows(torch.utils.data.Dataset):
+    """Dict items under the task's own keys (neither inputs/pixels/features nor label)."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return {"measurements": self.x[i], "outcome": self.y[i]}
+
+
 class Blobs:
     """Three Gaussian blobs; the user's own loss and an extra metric."""
 
@@ -41,7 +54,7 @@ class Blobs:
         g = torch.Generator().manual_seed(seed)
         y = torch.randint(0, 3, (self.n,), generator=g)
         x = torch.randn(self.n, self.features, generator=g) + 3 * F.one_hot(y, self.features).float()
-        return torch.utils.data.TensorDataset(x, y)
+        return Rows(x, y)
 
     def build_datasets(self, ctx):
         assert (ctx.data_dir / "prepared.json").is_file()
@@ -50,8 +63,11 @@ class Blobs:
 
     def loss(self, model, batch):
         CALLS.append("loss")
-        x, y = batch
-        return F.cross_entropy(model(x), y, label_smoothing=self.smoothing)
+        return F.cross_entropy(model(batch["measurements"]), batch["outcome"], label_smoothing=self.smoothing)
+
+    def predict(self, model, batch):
+        CALLS.append("predict")
+        return model(batch["measurements"]), batch["outcome"]
 
     def metrics(self, outputs, targets):
         m = classification_metrics(outputs, targets)
@@ -94,7 +110,7 @@ def test_custom_task_trains_with_its_loss_and_metrics(tmp_path: Path, task_dir: 
     config = _config(tmp_path, task_dir, tracking={"mlflow_uri": uri, "experiment": "custom-task"})
     result = run_pipeline(config)
     module = sys.modules["blobtask"]
-    assert module.CALLS[0] == "prepare" and "loss" in module.CALLS  # the task's own loss was used
+    assert module.CALLS[0] == "prepare" and {"loss", "predict"} <= set(module.CALLS)  # the task's own steps
     t = result.training
     assert t.class_names == ["a", "b", "c"] and result.data_details == {"rows": 120}
     assert t.best["metric"] == "balanced_accuracy" and all("balanced_accuracy" in v for v in t.validation)
