@@ -1,4 +1,4 @@
-"""Homomorphic evaluation (CKKS via TenSEAL) of linear/logistic models and small MLPs.
+"""Homomorphic evaluation (CKKS via TenSEAL) of linear heads, logistic models and small MLPs.
 
 Importing this package is cheap and works without TenSEAL or torch; names are resolved lazily.
 TenSEAL-backed operations raise :class:`HEUnavailableError` when the ``[he]`` extra is missing.
@@ -17,6 +17,7 @@ from securetrain.he.errors import (
     HEModelError,
     HEParameterError,
     HEUnavailableError,
+    HEUnsupportedLayerError,
 )
 
 _LAZY = {
@@ -40,10 +41,15 @@ _LAZY = {
     "load_sequential": "securetrain.he.model_io",
     "evaluate_encrypted": "securetrain.he.evaluate",
     "HEEvaluationReport": "securetrain.he.evaluate",
+    "split_for_he": "securetrain.he.split",
+    "calibrate": "securetrain.he.calibration",
+    "Calibration": "securetrain.he.calibration",
+    "trace_layers": "securetrain.he.layers",
 }
 
 __all__ = [
     "HEError", "HEFormatError", "HEKeyError", "HEKeySourceError", "HEModelError", "HEParameterError", "HEUnavailableError",
+    "HEUnsupportedLayerError",
     *_LAZY,
 ]
 

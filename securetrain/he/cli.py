@@ -61,13 +61,28 @@ def _read(path: Path) -> bytes:
         raise HEFormatError(f"cannot read {path}: {exc.strerror}") from exc
 
 
-def _plan_from_model(model: Path, output: str):  # noqa: ANN202
-    """(plan, SHA-256 of the model *file*). The plan's own digest is ``plan.sha256()``."""
-    from securetrain.he.model_io import load_sequential
-    from securetrain.he.plan import compile_plan
+OUTPUTS = ("logits", "probabilities", "encrypted-probabilities")
 
+
+def _plan_from_model(model: Path, output: str):  # noqa: ANN202
+    """(plan, SHA-256 of the model *file*, activation the data owner applies after decryption).
+
+    ``probabilities``: the evaluator computes logits and the data owner applies the exact sigmoid /
+    softmax after decryption. ``encrypted-probabilities``: a fitted polynomial sigmoid under
+    encryption (only correct while logits stay inside its interval; nobody can check that on the
+    evaluator's side). The plan's own digest is ``plan.sha256()``."""
+    from securetrain.he.errors import HEModelError
+    from securetrain.he.model_io import load_sequential
+    from securetrain.he.plan import compile_model
+
+    if output not in OUTPUTS:
+        raise HEModelError(f"--output must be one of {', '.join(OUTPUTS)}, got {output!r}")
     seq, file_sha = load_sequential(model)
-    return compile_plan(seq, output=output), file_sha  # type: ignore[arg-type]
+    plan, final, _ = compile_model(seq, output="probabilities" if output == "encrypted-probabilities" else "logits")
+    owner_final = None
+    if output == "probabilities":
+        owner_final = "sigmoid" if final == "sigmoid" or plan.n_outputs == 1 else "softmax"
+    return plan, file_sha, owner_final
 
 
 def _warn(message: str) -> None:
@@ -94,6 +109,10 @@ def keygen(
     poly_modulus_degree: Optional[int] = typer.Option(None, "--poly-modulus-degree", help="Explicit N (with --coeff-bits)."),
     coeff_bits: Optional[str] = typer.Option(None, "--coeff-bits", help="Explicit prime bit sizes, e.g. 60,40,40,60."),
     scale_bits: int = typer.Option(40, "--scale-bits", help="log2 of the CKKS scale (precision)."),
+    calibrate_features: Optional[Path] = typer.Option(
+        None, "--calibrate-features",
+        help="With --model: features (.npy/.csv) to run the model on in plaintext; the parameters are then searched "
+             "(ring size and scale) for the calibrated value bound instead of the fixed 2^40 scale / 20 integer bits."),
     galois_keys: bool = typer.Option(False, "--galois-keys", help="Also export rotation keys (not needed here; large)."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing context files."),
     keyring: Optional[Path] = _KEYRING,
@@ -120,6 +139,20 @@ def keygen(
         except ValueError as exc:
             raise HEParameterError(f"--coeff-bits must be comma-separated integers, got {coeff_bits!r}") from exc
         params = HEParams(poly_modulus_degree, bits, scale_bits)
+    elif calibrate_features is not None:
+        from securetrain.he.calibration import calibrate
+        from securetrain.he.errors import HEModelError
+        from securetrain.he.evaluate import min_scale_bits_for
+
+        if plan is None:
+            raise HEModelError("--calibrate-features needs --model")
+        cx = _load_array(calibrate_features, "features")
+        if cx.ndim != 2 or cx.shape[1] != plan.n_inputs:
+            raise HEModelError(f"the model takes {plan.n_inputs} features, {calibrate_features} has shape {cx.shape}")
+        bound = calibrate(plan, cx).value_bound
+        params = choose_params(plan.depth, scale_bits=None, integer_bits=None, value_bound=bound,
+                               min_scale_bits=min_scale_bits_for(5))
+        console.print(f"calibrated value bound: {bound:g} ({len(cx)} rows)")
     else:
         need = plan.depth if plan is not None else (depth if depth is not None else 1)
         params = choose_params(need, scale_bits=scale_bits)
@@ -149,6 +182,12 @@ def encrypt(
     features: Path = typer.Option(..., "--features", help="Features as .npy or numeric .csv (rows = samples)."),
     out: Path = typer.Option(..., "--out", help="Ciphertext bundle to write."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Samples per ciphertext (default: all slots)."),
+    pack: bool = typer.Option(False, "--pack", help="Few samples (≤ half the slots): pack several features per "
+                                                     "ciphertext; only for models that are one linear layer."),
+    calibrate_model: Optional[Path] = typer.Option(
+        None, "--calibrate-model",
+        help="Model file: run it in plaintext on these features and record the calibrated value bound, so the "
+             "evaluator's overflow check uses it instead of the worst case."),
 ) -> None:
     """Data owner: encrypt a feature matrix feature-major (samples in the slots)."""
     import math
@@ -159,10 +198,25 @@ def encrypt(
     owner = _load_owner(context, keyring)
     x = _load_array(features, "features")
     bs = batch_size or owner.params.slots
+    value_bound = None
+    if calibrate_model is not None:
+        from securetrain.he.calibration import calibrate
+        from securetrain.he.errors import HEModelError
+
+        cplan = _plan_from_model(calibrate_model, "logits")[0]
+        if x.ndim != 2 or x.shape[1] != cplan.n_inputs:
+            raise HEModelError(f"{calibrate_model} takes {cplan.n_inputs} features, {features} has shape {x.shape}")
+        value_bound = calibrate(cplan, x).value_bound
+        if pack:  # packed blocks hold partial sums, which can exceed the full sums
+            from securetrain.he.calibration import DEFAULT_MARGIN, packed_abs_max, pow2_ceil
+
+            blocks = min(owner.params.slots // len(x), x.shape[1])
+            value_bound = max(value_bound, pow2_ceil(DEFAULT_MARGIN * packed_abs_max(cplan, x, blocks)))
     total = math.ceil(len(x) / bs) * (x.shape[1] if x.ndim == 2 else 1)
     with progress_bar() as bar:
         task = bar.add_task("encrypting", total=total, status="")
-        bundle = owner.encrypt(x, batch_size=batch_size, progress=lambda k: bar.advance(task, k))
+        bundle = owner.encrypt(x, batch_size=batch_size, progress=lambda k: bar.advance(task, k),
+                               value_bound=value_bound, pack=pack)
     atomic_write_bytes(out, bundle, mode=0o644)
     console.print(f"wrote {out}: {len(x)} samples × {x.shape[1]} features, {len(bundle):,} bytes "
                   f"(sha256 {hashlib.sha256(bundle).hexdigest()[:16]}…)")
@@ -173,7 +227,9 @@ def evaluate(
     model: Path = typer.Option(..., "--model", help="Model file (.safetensors with securetrain metadata)."),
     inputs: Path = typer.Option(..., "--input", help="Encrypted inputs from `he encrypt`."),
     out: Path = typer.Option(..., "--out", help="Encrypted scores to write."),
-    output: str = typer.Option("logits", "--output", help="logits | probabilities (approximated sigmoid)."),
+    output: str = typer.Option("logits", "--output", help="logits | probabilities (exact sigmoid/softmax applied by "
+                                                          "the data owner at decryption) | encrypted-probabilities "
+                                                          "(polynomial sigmoid under encryption)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Worker threads (default: CPU count)."),
     audit_db: Optional[str] = _AUDIT,
 ) -> None:
@@ -189,7 +245,7 @@ def evaluate(
         raise HEKeyError(f"{context} is an encrypted secret context; the evaluator must only get the public context",
                          hint="pass the public context file (`keygen` writes public.stctx)")
     evaluator = Evaluator(ctx_bytes, source=str(context), threads=threads)
-    plan, file_sha = _plan_from_model(model, output)
+    plan, file_sha, owner_final = _plan_from_model(model, output)
     plan_sha = plan.sha256()
     digests = {"model_file_sha256": file_sha, "plan_sha256": plan_sha}
     resource = f"he-model:{plan_sha[:16]}"  # same resource as `he decrypt` and evaluate_encrypted()
@@ -198,7 +254,7 @@ def evaluate(
     with progress_bar() as bar:
         task = bar.add_task("evaluating", total=None, status=f"depth {plan.depth}")
         try:
-            result = evaluator.evaluate(plan, data, source=str(inputs),
+            result = evaluator.evaluate(plan, data, source=str(inputs), final_activation=owner_final,
                                         progress=lambda k: bar.advance(task, k),
                                         total=lambda n: bar.update(task, total=n))
         except Exception as exc:
@@ -232,7 +288,8 @@ def decrypt(
     import numpy as np
 
     from securetrain.cli.console import console
-    from securetrain.he.metrics import accuracy, roc_auc
+    from securetrain.he.metrics import accuracy, macro_auc
+    from securetrain.he.plan import apply_final
     from securetrain.he.roles import bundle_info
     from securetrain.io.atomic import atomic_writer
 
@@ -240,19 +297,27 @@ def decrypt(
     data = _read(inputs)
     scores = owner.decrypt(data, decimals=decimals, source=str(inputs))
     info = bundle_info(data, str(inputs))
+    output = info.get("output")
+    final = info.get("final_activation")
+    if final is not None:  # exact, here at the data owner, never approximated under encryption
+        scores, output = np.round(apply_final(scores, final), decimals), "probabilities"
+    elif output == "probabilities" and (np.any(scores < -0.01) or np.any(scores > 1.01)):
+        _warn(f"{int(np.sum((scores < -0.01) | (scores > 1.01)))} encrypted-polynomial 'probabilities' lie outside "
+              "[0, 1]: logits left the sigmoid's fitted interval, so these scores are wrong; evaluate with "
+              "--output probabilities (exact sigmoid at decryption) instead")
     # The bundle's `model_sha256` header field is the plan digest (what `he plan` prints as plan sha256).
     plan_sha = info.get("model_sha256")
-    result: dict[str, object] = {"n_samples": len(scores), "output": info.get("output"), "plan_sha256": plan_sha}
+    result: dict[str, object] = {"n_samples": len(scores), "output": output, "plan_sha256": plan_sha}
     if labels is not None:
         y = _load_array(labels, "labels").ravel()
         if len(y) != len(scores):
             from securetrain.he.errors import HEFormatError
 
             raise HEFormatError(f"{len(y)} labels for {len(scores)} scores")
-        threshold = 0.5 if info.get("output") == "probabilities" else 0.0
-        if scores.shape[1] == 1:
-            result["auc"] = roc_auc(y, scores[:, 0])
-        result["accuracy"] = accuracy(y, scores, threshold)
+        threshold = 0.5 if output == "probabilities" else 0.0
+        probs = scores if output == "probabilities" or scores.shape[1] == 1 else apply_final(scores, "softmax")
+        result["auc"] = macro_auc(y, probs)  # macro one-vs-rest for several classes
+        result["accuracy"] = accuracy(y, probs, threshold)
     if out is not None:
         with atomic_writer(out, mode=0o600) as fh:
             fh.write(("\n".join(",".join(f"{v:.{decimals}f}" for v in row) for row in scores) + "\n").encode())
@@ -268,15 +333,16 @@ def decrypt(
 
 def plan(
     model: Path = typer.Option(..., "--model", help="Model file (.safetensors with securetrain metadata)."),
-    output: str = typer.Option("logits", "--output", help="logits | probabilities."),
+    output: str = typer.Option("logits", "--output", help="logits | probabilities | encrypted-probabilities."),
 ) -> None:
     """Show the HE plan of a model: depth, approximations, and the parameters keygen would pick."""
     from securetrain.cli.console import console
     from securetrain.he.params import choose_params
 
-    p, file_sha = _plan_from_model(model, output)
+    p, file_sha, owner_final = _plan_from_model(model, output)
     params = choose_params(p.depth)
-    console.print(f"model {model}: {p.n_inputs} → {p.n_outputs}, depth {p.depth}, output {p.output}")
+    shown = f"probabilities ({owner_final} applied by the data owner after decryption)" if owner_final else p.output
+    console.print(f"model {model}: {p.n_inputs} → {p.n_outputs}, depth {p.depth}, output {shown}")
     console.print(f"model file sha256: {file_sha}", highlight=False, soft_wrap=True)
     # The plan digest is what `he evaluate`/`he decrypt` and the he.evaluate audit event record.
     console.print(f"plan sha256:       {p.sha256()}", highlight=False, soft_wrap=True)

@@ -39,3 +39,19 @@ class HEKeyError(HEError):
 
 class HEKeySourceError(HEError, ConfigError):
     """No key-encryption key is configured to protect (or open) the data owner's secret context."""
+
+
+class HEUnsupportedLayerError(HEModelError):
+    """A layer of the model has no HE evaluation (convolution, pooling, normalisation over
+    features, …). ``layer_path`` is its module path in the model, ``layer_type`` its class."""
+
+    def __init__(self, layer_path: str, layer_type: str, why: str = "") -> None:
+        self.layer_path = layer_path
+        self.layer_type = layer_type
+        reason = f": {why}" if why else ""
+        super().__init__(
+            f"layer '{layer_path}' ({layer_type}) cannot be evaluated under homomorphic encryption{reason}",
+            hint="HE evaluates Linear, BatchNorm1d (eval), Flatten/Identity/Dropout, PolyActivation/Square and "
+                 "polynomial-approximated ReLU/Sigmoid/Tanh/SiLU/GELU/Softplus; run the layers before the head on the "
+                 "data owner's side: trunk, tail = securetrain.he.split_for_he(model)",
+        )

@@ -8,18 +8,33 @@ ciphertexts, exactly as it would across a network boundary; the secret key never
 from __future__ import annotations
 
 import hashlib
+import logging
+import math
 import time
-from typing import Any
+import warnings
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from securetrain.audit.recorder import AuditRecorder
-from securetrain.he.errors import HEError
-from securetrain.he.metrics import accuracy, roc_auc
+from securetrain.he.approximations import ACTIVATIONS
+from securetrain.he.calibration import (
+    DEFAULT_MARGIN,
+    Calibration,
+    approximated_steps,
+    calibrate,
+    packed_abs_max,
+    pow2_ceil,
+)
+from securetrain.he.errors import HEError, HEModelError, HEParameterError
+from securetrain.he.metrics import accuracy, macro_auc
 from securetrain.he.params import HEParams, choose_params
-from securetrain.he.plan import HEPlan, LinearStep, OutputKind, PolyStep, compile_plan, reference_forward
-from securetrain.he.roles import DataOwner, Evaluator, _input_bound, check_plan_fits
+from securetrain.he.plan import HEPlan, LinearStep, OutputKind, apply_final, compile_model, exact_logits
+from securetrain.he.roles import MAX_DECIMALS, DataOwner, Evaluator, check_plan_fits
+
+log = logging.getLogger(__name__)
 
 
 class HEEvaluationReport(BaseModel):
@@ -28,23 +43,37 @@ class HEEvaluationReport(BaseModel):
     n_samples: int
     n_features: int
     n_outputs: int
-    output: str
+    n_classes: int  # 2 for one output column (binary logit), else the number of output columns
+    output: str  # logits | probabilities
+    probabilities_at: str | None  # data_owner (exact, after decryption) | encrypted (polynomial) | None for logits
+    final_activation: str | None  # the model's trailing sigmoid/softmax/log_softmax, if any
     params: dict[str, Any]
     depth: int
     max_depth: int
     scale_compensation: bool
     decimals: int
-    # accuracy of the encrypted result (as released, i.e. rounded)
-    max_abs_error: float  # vs plaintext evaluation of the same approximated model
-    max_abs_error_vs_exact: float | None  # vs the exact model (true activations)
-    approximation_error_vs_exact: float | None  # plaintext approximated vs exact: the polynomial's share
-    auc_encrypted: float | None
-    auc_plaintext: float | None
-    auc_exact: float | None
-    accuracy_encrypted: float | None
+    packed: bool  # feature-packed layout (few samples: several features per ciphertext)
+    features_per_ciphertext: int
+    # accuracy of the released (rounded) result
+    max_abs_error: float  # vs the EXACT model (true activations, exact sigmoid/softmax)
+    max_abs_error_vs_exact: float  # the same number (explicit name)
+    max_abs_error_vs_plan: float  # vs the same plan in plaintext: CKKS noise + rounding only
+    approximation_error_vs_exact: float  # plaintext plan vs exact model: the polynomials' share
+    auc_encrypted: float | None  # binary AUC, or macro one-vs-rest AUC for > 2 classes
+    auc_plaintext: float | None  # the exact model in plaintext
+    auc_exact: float | None  # alias of auc_plaintext
+    auc_approximated: float | None  # the plan (with polynomial activations) in plaintext
+    accuracy_encrypted: float | None  # threshold (binary) or argmax (multi-class)
     accuracy_plaintext: float | None
     accuracy_exact: float | None
-    activation_out_of_range: dict[str, float]  # fraction of pre-activations outside [-R, R], per poly step
+    accuracy_approximated: float | None
+    # calibration (data owner's plaintext pass, before any encryption)
+    calibration_samples: int
+    value_abs_max: float
+    value_bound: float  # power of two the overflow check and the parameter search used
+    activation_out_of_range: dict[str, float]  # per approximated layer path: fraction outside [-R, R]
+    approximation_ranges: dict[str, float]  # per approximated layer path: the fitted R
+    out_of_interval_fraction: float  # worst of the above, on calibration + evaluation features
     # speed (wall clock on this machine)
     ms_keygen: float
     ms_encrypt: float
@@ -58,30 +87,72 @@ class HEEvaluationReport(BaseModel):
     ciphertext_bytes_per_sample: float  # encrypted input bundle / n_samples
     output_bytes_per_sample: float
     # provenance
-    model_sha256: str
+    model_sha256: str  # the plan digest
     inputs_sha256: str
     outputs_sha256: str
 
 
-def _out_of_range(plan: HEPlan, x: np.ndarray) -> dict[str, float]:
-    """Plaintext walk of the plan: how often each approximated activation leaves its range."""
-    report: dict[str, float] = {}
-    h = x
-    for idx, s in enumerate(plan.steps):
-        if isinstance(s, LinearStep):
-            h = h @ s.weight.T + s.bias
-        else:
-            if s.input_range is not None:
-                report[f"step{idx}:{s.source}"] = float(np.mean(np.abs(h) > s.input_range))
-            h = np.polynomial.polynomial.polyval(h, np.asarray(s.coeffs))
-    return report
+def _array(a: Any, dtype: Any = np.float64) -> np.ndarray:
+    return np.asarray(a.detach().cpu().numpy() if hasattr(a, "detach") else a, dtype=dtype)
 
 
-def _metrics(labels: np.ndarray | None, out: np.ndarray, threshold: float) -> tuple[float | None, float | None]:
+def _class_ids(y: np.ndarray) -> np.ndarray:
+    try:
+        ids = y.astype(np.int64)
+        ok = bool(np.all(ids == y.astype(np.float64))) and bool(np.all(ids >= 0))
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise HEModelError("labels must be class ids 0..K-1 (integers; 0/1 for one output column)",
+                           hint="map string labels to stable integer ids first")
+    return ids
+
+
+def _rows(x: np.ndarray, n_inputs: int, what: str) -> np.ndarray:
+    """One row per sample; trailing dimensions are flattened (what nn.Flatten does)."""
+    if x.ndim == 1:
+        x = x.reshape(-1, 1) if n_inputs == 1 else x.reshape(1, -1)
+    if x.ndim > 2:
+        x = x.reshape(len(x), -1)
+    if x.ndim != 2 or x.shape[1] != n_inputs or len(x) == 0:
+        raise HEModelError(f"the model's HE part takes {n_inputs} features per sample, {what} have shape {x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise HEModelError(f"{what} contain NaN or inf")
+    return x
+
+
+def _metrics(labels: np.ndarray | None, scores: np.ndarray, output: str, final: str | None
+             ) -> tuple[float | None, float | None]:
+    """(AUC, accuracy). Multi-class AUC is macro one-vs-rest on class probabilities (softmax of
+    the logits, computed here in plaintext by the data owner); accuracy is by argmax."""
     if labels is None:
         return None, None
-    auc = roc_auc(labels, out[:, 0]) if out.shape[1] == 1 else None
-    return auc, accuracy(labels, out, threshold)
+    if scores.shape[1] == 1:
+        threshold = 0.5 if output == "probabilities" else 0.0
+        return macro_auc(labels, scores), accuracy(labels, scores, threshold)
+    probs = scores if output == "probabilities" else apply_final(scores, final)
+    return macro_auc(labels, probs), accuracy(labels, probs, 0.0)
+
+
+def _auto_ranges(plan: HEPlan, paths: list[str], x: np.ndarray, approx: dict[str, Any],
+                 user: Mapping[str, tuple[int | None, float | None]]) -> dict[str, Any] | None:
+    """Widen R of hidden approximated activations whose R the caller did not fix so that the
+    calibration set stays inside [-R, R] (R a power of two). None when nothing changes."""
+    steps = approximated_steps(plan)
+    if len(steps) != len(paths):
+        return None  # a degree-1 fit was folded away; keep the caller's ranges
+    cal = calibrate(plan, x)
+    changed = False
+    for path, idx, pre in zip(paths, steps, cal.preactivation_abs_max, strict=True):
+        name = plan.steps[idx].source  # type: ignore[union-attr]
+        fixed = [v for key in (path, name) if (v := user.get(key)) is not None and v[1] is not None]
+        if path.startswith("<") or fixed:
+            continue  # the output sigmoid / a caller-chosen R: measured and refused, never widened
+        current = plan.steps[idx].input_range  # type: ignore[union-attr]
+        if pow2_ceil(pre) > current:
+            approx[path] = (None, pow2_ceil(pre))
+            changed = True
+    return approx if changed else None
 
 
 def evaluate_encrypted(
@@ -90,73 +161,166 @@ def evaluate_encrypted(
     labels: Any = None,
     *,
     audit: AuditRecorder | None = None,
+    decimals: int = 5,
     params: HEParams | None = None,
     output: OutputKind = "logits",
-    approximations: dict[str, tuple[int | None, float | None]] | None = None,
-    decimals: int = 5,
+    probabilities_at: Literal["data_owner", "encrypted"] = "data_owner",
+    approximations: Mapping[str, tuple[int | None, float | None]] | None = None,
+    calibration: Any = None,
+    out_of_interval: Literal["refuse", "warn"] = "refuse",
+    max_out_of_interval: float = 0.0,
+    packing: Literal["auto", "on", "off"] = "auto",
     batch_size: int | None = None,
     threads: int | None = None,
 ) -> HEEvaluationReport:
-    """Evaluate ``model`` (``nn.Module`` or :class:`HEPlan`) on encrypted ``features``.
+    """Evaluate ``model`` (``nn.Module`` or :class:`HEPlan`) on encrypted ``features``; ``labels``
+    are class ids (0/1 for one output column, 0..K-1 for K columns).
 
-    Parameters are validated and the model's depth checked against them **before** any key or
-    ciphertext is made; ``params=None`` picks the smallest secure set that fits.
+    Everything that can refuse does so **before** any key or ciphertext is made: unsupported
+    layers (:class:`HEUnsupportedLayerError`, naming the layer), activations whose calibrated
+    inputs leave the fitted interval, depth and overflow (:class:`HEParameterError`).
+
+    * ``output="probabilities"``: by default the data owner applies the model's exact final
+      sigmoid/softmax after decryption (``probabilities_at="data_owner"``);
+      ``probabilities_at="encrypted"`` evaluates a fitted polynomial sigmoid under encryption
+      (one output only) and is refused when any calibration logit lies outside its interval
+      (``out_of_interval="warn"`` / ``max_out_of_interval`` relax that).
+    * calibration: a plaintext pass on ``calibration`` (default: none) plus ``features`` gives the
+      value bound for the overflow check and for ``choose_params``' search of ring size and scale
+      (``params=None``), and widens R of hidden approximated activations the caller did not fix.
+    * ``packing="auto"`` packs several features per ciphertext when the plan is one affine step and
+      the samples fill at most half the slots.
+    * errors and metrics are reported against the **exact** model (audit too).
     """
-    x = np.asarray(features.detach().cpu().numpy() if hasattr(features, "detach") else features, dtype=np.float64)
-    y = None if labels is None else np.asarray(labels.detach().cpu().numpy() if hasattr(labels, "detach") else labels)
-    plan = model if isinstance(model, HEPlan) else compile_plan(model, output=output, approximations=approximations)
-    model_sha = plan.sha256()
-    resource = f"he-model:{model_sha[:16]}"
+    if output not in ("logits", "probabilities"):
+        raise HEModelError(f"output must be 'logits' or 'probabilities', got {output!r}")
+    if probabilities_at not in ("data_owner", "encrypted"):
+        raise HEModelError(f"probabilities_at must be 'data_owner' or 'encrypted', got {probabilities_at!r}")
+    if out_of_interval not in ("refuse", "warn") or packing not in ("auto", "on", "off"):
+        raise HEModelError("out_of_interval must be refuse|warn and packing auto|on|off")
+    encrypted_probs = output == "probabilities" and probabilities_at == "encrypted"
+    plan_output: OutputKind = "probabilities" if encrypted_probs else "logits"
+    # activation names are case-insensitive ("ReLU" = "relu"); layer paths are not
+    user_approx = {(k.lower() if k.lower() in ACTIVATIONS else k): v for k, v in (approximations or {}).items()}
+    if not isinstance(decimals, int) or not 0 <= decimals <= MAX_DECIMALS:  # before any key exists
+        raise HEParameterError(f"decimals must be an integer in 0..{MAX_DECIMALS}, got {decimals!r}")
+    raw_x = _array(features)
+    y = None if labels is None else _class_ids(_array(labels, None).reshape(-1))
+    resource = "he-model:unknown"
+    model_sha: str | None = None
     try:
-        p = params if params is not None else choose_params(plan.depth)
-        depth = check_plan_fits(plan, p, _input_bound(x))  # fail before encrypting anything
+        if isinstance(model, HEPlan):
+            plan, final, paths = model, None, []
+        else:
+            plan, final, paths = compile_model(model, output=plan_output, approximations=user_approx)
+        x = _rows(raw_x, plan.n_inputs, "features")
+        if y is not None and len(y) != len(x):
+            raise HEModelError(f"{len(y)} labels for {len(x)} samples")
+        cal_x = x if calibration is None else np.vstack([_rows(_array(calibration), plan.n_inputs, "calibration "
+                                                                "features"), x])
+        if not isinstance(model, HEPlan):
+            approx = dict(user_approx)
+            for _ in range(len(paths)):  # later layers see the widened earlier ones
+                widened = _auto_ranges(plan, paths, cal_x, approx, user_approx)
+                if widened is None:
+                    break
+                approx = widened
+                plan, final, paths = compile_model(model, output=plan_output, approximations=approx)
+        model_sha = plan.sha256()
+        resource = f"he-model:{model_sha[:16]}"
+        cal = calibrate(plan, cal_x)
+        ranges = _named(plan, paths, [plan.steps[i].input_range for i in approximated_steps(plan)])  # type: ignore[union-attr]
+        out_of_range = _named(plan, paths, list(cal.out_of_interval))
+        _check_intervals(plan, paths, cal, out_of_interval, max_out_of_interval)
+        p = params if params is not None else choose_params(plan.depth, scale_bits=None, integer_bits=None,
+                                                            value_bound=cal.value_bound,
+                                                            min_scale_bits=min_scale_bits_for(decimals))
+        depth = check_plan_fits(plan, p, value_bound=cal.value_bound)  # fail before encrypting anything
+        single_affine = len(plan.steps) == 1 and isinstance(plan.steps[0], LinearStep)
+        can_pack = single_affine and batch_size is None and len(x) <= p.slots // 2 and plan.n_inputs > 1
+        if packing == "on" and not can_pack:
+            raise HEParameterError("packing='on' needs a single affine layer, no batch_size, more than one feature "
+                                   f"and at most {p.slots // 2} samples")
+        pack = can_pack and packing != "off"
+        value_bound = cal.value_bound
+        if pack:  # blocks hold partial sums, which the plain calibration pass never sees
+            blocks = min(p.slots // len(x), plan.n_inputs)
+            packed_bound = max(value_bound, pow2_ceil(DEFAULT_MARGIN * packed_abs_max(plan, cal_x, blocks)))
+            try:
+                check_plan_fits(plan, p, value_bound=packed_bound)
+                value_bound = packed_bound
+            except HEParameterError:
+                if packing == "on":
+                    raise
+                pack = False  # partial sums would overflow: the unpacked layout never holds them
 
         t0 = time.perf_counter()
         owner = DataOwner(p)
         public = owner.public_context()
         secret_len = len(owner.secret_context())
-        t1 = time.perf_counter()
         evaluator = Evaluator(public, threads=threads)  # from public bytes only
-        inputs = owner.encrypt(x, batch_size=batch_size, threads=threads)
+        t1 = time.perf_counter()
+        inputs = owner.encrypt(x, batch_size=batch_size, threads=threads, value_bound=value_bound, pack=pack)
         t2 = time.perf_counter()
         outputs = evaluator.evaluate(plan, inputs)
         t3 = time.perf_counter()
         released = owner.decrypt(outputs, decimals=decimals)
+        if output == "probabilities" and not encrypted_probs:
+            released = np.round(apply_final(released, final), decimals)  # exact, at the data owner
         t4 = time.perf_counter()
     except HEError as exc:
         if audit is not None:
             audit.record("he.evaluate", resource, outcome="failure",
-                         details={"plan_sha256": model_sha, "model_sha256": model_sha,
-                                  "error": type(exc).__name__})
+                         details={"plan_sha256": model_sha, "model_sha256": model_sha, "error": type(exc).__name__,
+                                  "message": str(exc)[:300]})
         raise
 
     plain = plan.evaluate_plain(x)
-    exact = reference_forward(model, x, plan.output) if not isinstance(model, HEPlan) else None
-    threshold = 0.0 if plan.output == "logits" else 0.5
-    auc_e, acc_e = _metrics(y, released, threshold)
-    auc_p, acc_p = _metrics(y, plain, threshold)
-    auc_x, acc_x = _metrics(y, exact, threshold) if exact is not None else (None, None)
+    if output == "probabilities" and not encrypted_probs:
+        plain = apply_final(plain, final)
+    if isinstance(model, HEPlan):
+        exact = plain
+    else:
+        logits, final_exact = exact_logits(model, x)
+        exact = apply_final(logits, final_exact) if output == "probabilities" else logits
+    auc_e, acc_e = _metrics(y, released, output, final)
+    auc_p, acc_p = _metrics(y, exact, output, final)
+    auc_a, acc_a = _metrics(y, plain, output, final)
     n = len(x)
+    blocks = bundle_blocks(inputs)
     report = HEEvaluationReport(
         n_samples=n,
         n_features=x.shape[1],
         n_outputs=plan.n_outputs,
-        output=plan.output,
+        n_classes=2 if plan.n_outputs == 1 else plan.n_outputs,
+        output=output,
+        probabilities_at=probabilities_at if output == "probabilities" else None,
+        final_activation=final,
         params=p.to_dict(),
         depth=depth,
         max_depth=p.max_depth,
         scale_compensation=owner.scale_compensation,
         decimals=decimals,
-        max_abs_error=float(np.max(np.abs(released - plain))),
-        max_abs_error_vs_exact=None if exact is None else float(np.max(np.abs(released - exact))),
-        approximation_error_vs_exact=None if exact is None else float(np.max(np.abs(plain - exact))),
+        packed=pack,
+        features_per_ciphertext=blocks,
+        max_abs_error=float(np.max(np.abs(released - exact))),
+        max_abs_error_vs_exact=float(np.max(np.abs(released - exact))),
+        max_abs_error_vs_plan=float(np.max(np.abs(released - plain))),
+        approximation_error_vs_exact=float(np.max(np.abs(plain - exact))),
         auc_encrypted=auc_e,
         auc_plaintext=auc_p,
-        auc_exact=auc_x,
+        auc_exact=auc_p,
+        auc_approximated=auc_a,
         accuracy_encrypted=acc_e,
         accuracy_plaintext=acc_p,
-        accuracy_exact=acc_x,
-        activation_out_of_range=_out_of_range(plan, x),
+        accuracy_exact=acc_p,
+        accuracy_approximated=acc_a,
+        calibration_samples=cal.n_samples,
+        value_abs_max=cal.value_abs_max,
+        value_bound=value_bound,
+        activation_out_of_range=out_of_range,
+        approximation_ranges={k: float(v) for k, v in ranges.items()},
+        out_of_interval_fraction=cal.out_of_interval_fraction,
         ms_keygen=(t1 - t0) * 1e3,
         ms_encrypt=(t2 - t1) * 1e3,
         ms_evaluate=(t3 - t2) * 1e3,
@@ -180,11 +344,63 @@ def evaluate_encrypted(
             "inputs_sha256": report.inputs_sha256,
             "outputs_sha256": report.outputs_sha256,
             "n_samples": n,
+            "n_classes": report.n_classes,
+            "output": output,
+            "probabilities_at": report.probabilities_at,
             "decimals": decimals,
-            "max_abs_error": report.max_abs_error,
+            "packed": pack,
+            "max_abs_error": report.max_abs_error,  # vs the exact model
+            "max_abs_error_vs_plan": report.max_abs_error_vs_plan,
+            "approximation_error_vs_exact": report.approximation_error_vs_exact,
+            "out_of_interval_fraction": report.out_of_interval_fraction,
+            "value_bound": value_bound,
             "auc_encrypted": auc_e,
             "auc_plaintext": auc_p,
             "accuracy_encrypted": acc_e,
             "accuracy_plaintext": acc_p,
         })
     return report
+
+
+#: Measured CKKS error ≈ NOISE_CONSTANT · 2^-scale_bits (fresh encryption + one plaintext product,
+#: N=4096..16384; e.g. 3.6e-6 at scale 2^32).
+NOISE_CONSTANT = 2.0**14
+
+
+def min_scale_bits_for(decimals: int) -> int:
+    """Smallest scale whose CKKS noise stays 4× below half the release rounding step 10^-decimals,
+    clamped to [30, 40] (the search range of choose_params)."""
+    need = math.ceil(math.log2(NOISE_CONSTANT * 2 * 10.0**decimals)) + 2
+    return max(30, min(40, need))
+
+
+def bundle_blocks(bundle: bytes) -> int:
+    from securetrain.he.roles import bundle_info
+
+    h = bundle_info(bundle)
+    return int(h.get("blocks", 1)) if h.get("layout") == "feature-packed" else 1
+
+
+def _named(plan: HEPlan, paths: list[str], values: list[Any]) -> dict[str, Any]:
+    steps = approximated_steps(plan)
+    keys = paths if len(paths) == len(steps) else [f"step{i}:{plan.steps[i].source}" for i in steps]  # type: ignore[union-attr]
+    return dict(zip(keys, values, strict=True))
+
+
+def _check_intervals(plan: HEPlan, paths: list[str], cal: Calibration, policy: str, limit: float) -> None:
+    """Refuse (or warn) when calibration values leave a polynomial's fitted interval."""
+    steps = approximated_steps(plan)
+    names = _named(plan, paths, list(zip(steps, cal.out_of_interval, cal.preactivation_abs_max, strict=True)))
+    for path, (idx, frac, pre) in names.items():
+        if frac <= limit:
+            continue
+        r = plan.steps[idx].input_range  # type: ignore[union-attr]
+        msg = (f"{frac:.1%} of the calibration inputs of the approximated {plan.steps[idx].source} at {path!r} "  # type: ignore[union-attr]
+               f"lie outside its fitted interval [-{r:g}, {r:g}] (largest |input| {pre:.3g}); the polynomial "
+               "diverges there and the encrypted result would be wrong")
+        hint = ("compute probabilities at the data owner (probabilities_at='data_owner', the default), or widen "
+                f"the interval: approximations={{'{plan.steps[idx].source}': (degree, {pow2_ceil(pre):g})}}")  # type: ignore[union-attr]
+        if policy == "refuse":
+            raise HEModelError(msg, hint=hint)
+        warnings.warn(f"{msg} ({hint})", RuntimeWarning, stacklevel=3)
+        log.warning("%s", msg)

@@ -32,3 +32,16 @@ def accuracy(labels: np.ndarray, outputs: np.ndarray, threshold: float) -> float
     o = np.asarray(outputs, dtype=np.float64)
     pred = (o.reshape(-1) > threshold).astype(int) if o.ndim == 1 or o.shape[1] == 1 else np.argmax(o, axis=1)
     return float(np.mean(pred == y.astype(int)))
+
+
+def macro_auc(labels: np.ndarray, scores: np.ndarray) -> float | None:
+    """Binary AUC for one score column; macro one-vs-rest AUC over the classes present (in the
+    labels, with at least one negative) for several columns of class probabilities."""
+    y = np.asarray(labels).ravel().astype(int)
+    s = np.asarray(scores, dtype=np.float64)
+    if s.ndim == 1 or s.shape[1] == 1:
+        auc = roc_auc(y, s.reshape(-1))
+        return None if np.isnan(auc) else auc
+    aucs = [roc_auc(y == k, s[:, k]) for k in range(s.shape[1])]
+    aucs = [a for a in aucs if not np.isnan(a)]
+    return float(np.mean(aucs)) if aucs else None

@@ -162,21 +162,78 @@ def validate_params(poly_modulus_degree: int, coeff_mod_bit_sizes: tuple[int, ..
         )
 
 
+def integer_bits_for(value_bound: float) -> int:
+    """Integer headroom for values bounded by ``value_bound``: the result needs
+    log2|v| + scale + 1 < log2(q0), and q0 ≥ 2^(first-1), so first − scale ≥ ⌈log2|v|⌉ + 3."""
+    if not (math.isfinite(value_bound) and value_bound > 0):
+        raise HEParameterError(f"value_bound must be a positive number, got {value_bound}")
+    return max(MIN_INTEGER_BITS, math.ceil(math.log2(value_bound)) + 3)
+
+
+MIN_INTEGER_BITS = 6
+
+
 def choose_params(
     depth: int,
     *,
-    scale_bits: int = 40,
-    integer_bits: int = 20,
+    scale_bits: int | None = 40,
+    integer_bits: int | None = 20,
     min_poly_modulus_degree: int = 1024,
+    value_bound: float | None = None,
+    min_scale_bits: int = 30,
+    max_scale_bits: int = 40,
 ) -> HEParams:
-    """Smallest secure parameter set with ``depth`` rescales, precision 2**-scale_bits and
-    ``integer_bits`` of headroom for the result."""
+    """Smallest secure parameter set with ``depth`` rescales.
+
+    Fixed mode (defaults): precision 2**-scale_bits and ``integer_bits`` of headroom, layout
+    ``[scale+int, scale×depth, scale+int]``, the smallest ring that holds it.
+
+    Search mode: ``scale_bits=None`` searches the ring size N and the scale together — the
+    smallest N (fastest: every operation is ~2× cheaper per halving) for which some scale in
+    [``min_scale_bits``, ``max_scale_bits``] fits, then the largest such scale at that N (most
+    precise). ``integer_bits=None`` derives the headroom from ``value_bound`` (the calibrated
+    largest |value| the model reaches, see :func:`securetrain.he.calibration.calibrate`) via
+    :func:`integer_bits_for`. Example: depth 3 with values below 64 → N=8192,
+    ``[48, 39, 39, 39, 48]`` instead of N=16384 ``[60, 40, 40, 40, 60]``.
+    """
     if depth < 0:
         raise HEParameterError(f"depth must be ≥ 0, got {depth}")
+    if integer_bits is None:
+        integer_bits = integer_bits_for(value_bound) if value_bound is not None else 20
+    if integer_bits < 1:
+        raise HEParameterError(f"integer_bits must be ≥ 1, got {integer_bits}")
+    if scale_bits is not None:
+        return _fixed(depth, scale_bits, integer_bits, min_poly_modulus_degree)
+    if not MIN_SCALE_BITS <= min_scale_bits <= max_scale_bits <= MAX_PRIME_BITS:
+        raise HEParameterError(f"need {MIN_SCALE_BITS} ≤ min_scale_bits ≤ max_scale_bits ≤ {MAX_PRIME_BITS}, "
+                               f"got {min_scale_bits}, {max_scale_bits}")
+    for n, limit in sorted(SECURITY_MAX_COEFF_BITS.items()):
+        if n < min_poly_modulus_degree:
+            continue
+        for s in range(max_scale_bits, min_scale_bits - 1, -1):
+            first = s + integer_bits
+            bits = (first,) + (s,) * depth + (first,)
+            if first > MAX_PRIME_BITS or sum(bits) > limit:
+                continue
+            try:
+                return HEParams(n, bits, s)
+            except HEParameterError:
+                continue  # e.g. not enough primes of that size for this N
+    raise HEParameterError(
+        f"no 128-bit secure parameter set supports depth {depth} with {integer_bits} integer bits at a scale of "
+        f"at least 2^{min_scale_bits}",
+        hint="use a shallower model (fewer layers / lower-degree activations), or lower min_scale_bits / "
+             "integer_bits in choose_params",
+    )
+
+
+def _fixed(depth: int, scale_bits: int, integer_bits: int, min_poly_modulus_degree: int) -> HEParams:
     first = scale_bits + integer_bits
     if first > MAX_PRIME_BITS:
         raise HEParameterError(
             f"scale_bits + integer_bits = {first} exceeds the {MAX_PRIME_BITS}-bit prime limit",
+            hint="lower integer_bits or scale_bits in choose_params, or let it search: choose_params(depth, "
+                 "scale_bits=None, integer_bits=None, value_bound=...)",
         )
     bits = (first,) + (scale_bits,) * depth + (first,)
     for n, limit in sorted(SECURITY_MAX_COEFF_BITS.items()):

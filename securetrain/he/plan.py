@@ -180,15 +180,93 @@ def normalise(steps: list[Step]) -> list[Step]:
 # --- from torch ---------------------------------------------------------------------------------
 
 
-def _flatten_modules(model: Any) -> list[Any]:
-    from torch import nn
+def _approx_for(layer: Any, approx_cfg: Mapping[str, tuple[int | None, float | None]]) -> tuple[int | None, float | None]:
+    """A layer path entry wins over an activation-name entry; missing parts stay default."""
+    by_path = approx_cfg.get(layer.path)
+    by_name = approx_cfg.get(str(layer.activation))
+    degree = next((v[0] for v in (by_path, by_name) if v is not None and v[0] is not None), None)
+    r = next((v[1] for v in (by_path, by_name) if v is not None and v[1] is not None), None)
+    return degree, r
 
-    if isinstance(model, nn.Sequential):
-        mods: list[Any] = []
-        for m in model:
-            mods.extend(_flatten_modules(m))
-        return mods
-    return [model]
+
+def compile_model(
+    model: Any,
+    *,
+    output: OutputKind = "logits",
+    approximations: Mapping[str, tuple[int | None, float | None]] | None = None,
+    n_inputs: int | None = None,
+) -> tuple[HEPlan, str | None, list[str]]:
+    """(plan, the model's final activation or None, the paths of approximated layers in plan order)."""
+    from securetrain.he.layers import split_final, trace_layers, unsupported
+
+    if output not in ("logits", "probabilities"):
+        raise HEModelError(f"output must be 'logits' or 'probabilities', got {output!r}")
+    approx_cfg = {k if "." in k or k not in _ACT_NAMES else k.lower(): v for k, v in (approximations or {}).items()}
+    approx_cfg |= {k.lower(): v for k, v in (approximations or {}).items() if k.lower() in _ACT_NAMES}
+    body, final = split_final(trace_layers(model))
+
+    fits: list[PolyApprox] = []
+    paths: list[str] = []
+    steps: list[Step] = []
+    for layer in body:
+        if layer.kind == "linear":
+            m = layer.module
+            w = m.weight.detach().double().cpu().numpy().copy()
+            b = (m.bias.detach().double().cpu().numpy().copy() if m.bias is not None else np.zeros(w.shape[0]))
+            steps.append(LinearStep(w, b))
+        elif layer.kind == "batchnorm":
+            steps.append(_batchnorm_step(layer.module))
+        elif layer.kind == "poly":
+            steps.append(PolyStep(layer.module.coeffs, "poly"))
+        elif layer.kind == "activation":
+            degree, r = _approx_for(layer, approx_cfg)
+            fit = fit_activation(str(layer.activation), degree, r)
+            fits.append(fit)
+            paths.append(layer.path)
+            steps.append(PolyStep(fit.coeffs, fit.activation, fit.input_range, fit.max_abs_error))
+        elif layer.kind != "noop":  # pragma: no cover - split_final handles "final"
+            raise unsupported(layer.path, layer.type_name)
+    if output == "probabilities":
+        if final not in (None, "sigmoid"):
+            raise HEModelError(
+                f"the model ends in {final}: it has no polynomial form under encryption",
+                hint="apply it at the data owner after decryption (evaluate_encrypted(..., output='probabilities') "
+                     "does this by default)",
+            )
+        degree, r = approx_cfg.get("sigmoid", (None, None))
+        fit = fit_activation("sigmoid", degree, r)
+        fits.append(fit)
+        paths.append("<output sigmoid>")
+        steps.append(PolyStep(fit.coeffs, fit.activation, fit.input_range, fit.max_abs_error))
+    if not steps:
+        raise HEModelError("the model has no layers to evaluate")
+    first_linear = next((s for s in steps if isinstance(s, LinearStep)), None)
+    width_in = n_inputs if n_inputs is not None else (first_linear.n_in if first_linear is not None else None)
+    if width_in is None:
+        raise HEModelError("cannot infer the number of inputs; pass n_inputs")
+    _check_shapes(tuple(steps), width_in)  # before fusing, so errors name the model's own shapes
+    steps = normalise(steps)
+    n_out = _check_shapes(tuple(steps), width_in)
+    if output == "probabilities" and n_out != 1:
+        raise HEModelError(f"an encrypted sigmoid needs one output, the model has {n_out}",
+                           hint="use probabilities at the data owner (the default of evaluate_encrypted)")
+    return HEPlan(tuple(steps), width_in, n_out, output, tuple(fits)), final, paths
+
+
+_ACT_NAMES = ("relu", "sigmoid", "tanh", "silu", "gelu", "softplus")
+
+
+def _batchnorm_step(bn: Any) -> LinearStep:
+    """BatchNorm1d at evaluation: y = (x − mean)/√(var+eps)·γ + β, a diagonal affine map."""
+    mean = bn.running_mean.detach().double().cpu().numpy()
+    var = bn.running_var.detach().double().cpu().numpy()
+    scale = 1.0 / np.sqrt(var + bn.eps)
+    shift = -mean * scale
+    if bn.affine:
+        gamma = bn.weight.detach().double().cpu().numpy()
+        beta = bn.bias.detach().double().cpu().numpy()
+        scale, shift = scale * gamma, shift * gamma + beta
+    return LinearStep(np.diag(scale), shift)
 
 
 def compile_plan(
@@ -198,67 +276,56 @@ def compile_plan(
     approximations: Mapping[str, tuple[int | None, float | None]] | None = None,
     n_inputs: int | None = None,
 ) -> HEPlan:
-    """Convert ``model`` (an ``nn.Sequential``, or a single ``nn.Linear``) into an :class:`HEPlan`.
+    """Convert ``model`` (any ``nn.Module`` whose forward is a chain of supported layers, see
+    :mod:`securetrain.he.layers`) into an :class:`HEPlan`.
 
-    ``output="logits"`` drops a trailing ``nn.Sigmoid`` (depth stays minimal; AUC and the 0/0.5
-    threshold are unchanged); ``"probabilities"`` keeps it (or appends one) as a fitted polynomial.
-    ``approximations`` overrides ``{activation_name: (degree, R)}`` (see approximations.py).
+    A layer HE cannot evaluate raises :class:`HEUnsupportedLayerError` naming its module path and
+    type. ``BatchNorm1d`` is folded into the neighbouring linear layer; Flatten/Identity/Dropout
+    are no-ops. ``output="logits"`` drops a trailing Sigmoid/Softmax/LogSoftmax (the data owner
+    applies it after decryption); ``"probabilities"`` evaluates a fitted polynomial sigmoid under
+    encryption (one output only). ``approximations`` maps an activation name *or a layer path* to
+    ``(degree, R)`` (see approximations.py).
     """
-    from torch import nn
+    return compile_model(model, output=output, approximations=approximations, n_inputs=n_inputs)[0]
 
-    from securetrain.he.modules import PolyActivation
 
-    if output not in ("logits", "probabilities"):
-        raise HEModelError(f"output must be 'logits' or 'probabilities', got {output!r}")
-    approx_cfg = {k.lower(): v for k, v in (approximations or {}).items()}
-    modules = [m for m in _flatten_modules(model) if not isinstance(m, nn.Identity | nn.Dropout)]
-    if modules and isinstance(modules[-1], nn.Sigmoid):
-        modules = modules[:-1]
-    if output == "probabilities":
-        modules.append(nn.Sigmoid())
+def exact_logits(model: Any, features: np.ndarray) -> tuple[np.ndarray, str | None]:
+    """The *exact* model (true activations, float64, evaluation mode) up to its final activation:
+    (logits, final activation name or None)."""
+    import copy
 
-    fits: list[PolyApprox] = []
-    steps: list[Step] = []
-    for m in modules:
-        if isinstance(m, nn.Linear):
-            w = m.weight.detach().double().cpu().numpy().copy()
-            b = (m.bias.detach().double().cpu().numpy().copy() if m.bias is not None else np.zeros(w.shape[0]))
-            steps.append(LinearStep(w, b))
-        elif isinstance(m, PolyActivation):
-            steps.append(PolyStep(m.coeffs, "poly"))
-        else:
-            name = type(m).__name__.lower()
-            degree, r = approx_cfg.get(name, (None, None))
-            fit = fit_activation(name, degree, r)  # raises HEModelError for unknown modules
-            fits.append(fit)
-            steps.append(PolyStep(fit.coeffs, fit.activation, fit.input_range, fit.max_abs_error))
-    if not steps:
-        raise HEModelError("the model has no layers")
-    first_linear = next((s for s in steps if isinstance(s, LinearStep)), None)
-    width_in = n_inputs if n_inputs is not None else (first_linear.n_in if first_linear is not None else None)
-    if width_in is None:
-        raise HEModelError("cannot infer the number of inputs; pass n_inputs")
-    _check_shapes(tuple(steps), width_in)  # before fusing, so errors name the model's own shapes
-    steps = normalise(steps)
-    n_out = _check_shapes(tuple(steps), width_in)
-    return HEPlan(tuple(steps), width_in, n_out, output, tuple(fits))
+    import torch
+
+    from securetrain.he.layers import split_final, trace_graph, traced_root, truncated
+
+    model = copy.deepcopy(model).cpu().double().eval()  # never mutate the caller's model
+    graph, chain = trace_graph(model)
+    _, final = split_final([layer for _, layer in chain])
+    # Stop at the node feeding the trailing final activation (noops after it change no values).
+    nodes = [next(node for node in graph.nodes if node.op == "placeholder")] + [node for node, _ in chain]
+    last = len(chain) - 1
+    while last >= 0 and chain[last][1].kind == "noop":
+        last -= 1
+    stop = nodes[last] if final is not None else nodes[-1]  # nodes[i] is the input of chain[i]
+    fn = truncated(graph, traced_root(model), stop)
+    x = torch.as_tensor(np.asarray(features, dtype=np.float64))
+    with torch.no_grad():
+        out = fn(x)
+    return out.numpy().reshape(len(features), -1), final
+
+
+def apply_final(logits: np.ndarray, final: str | None) -> np.ndarray:
+    """The data owner's exact final non-linearity: the model's own sigmoid (per column) or softmax
+    (log_softmax gives probabilities too); without one, sigmoid for one column, else softmax."""
+    z = np.asarray(logits, dtype=np.float64)
+    if final == "sigmoid" or (final is None and z.shape[1] == 1):  # sigmoid per column (multi-label too)
+        return 0.5 * (1.0 + np.tanh(0.5 * z))  # = 1/(1+e^-z) without overflow warnings
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
 
 
 def reference_forward(model: Any, features: np.ndarray, output: OutputKind) -> np.ndarray:
     """The *exact* model (true activations) with the same output semantics as the plan."""
-    import copy
-
-    import torch
-    from torch import nn
-
-    model = copy.deepcopy(model).double()  # never mutate the caller's model
-    modules = [m for m in _flatten_modules(model) if not isinstance(m, nn.Identity | nn.Dropout)]
-    if modules and isinstance(modules[-1], nn.Sigmoid):
-        modules = modules[:-1]
-    if output == "probabilities":
-        modules.append(nn.Sigmoid())
-    x = torch.as_tensor(np.asarray(features, dtype=np.float64))
-    with torch.no_grad():
-        for m in modules:
-            x = m(x)
-    return x.numpy().reshape(len(features), -1)
+    logits, final = exact_logits(model, features)
+    return apply_final(logits, final) if output == "probabilities" else logits

@@ -27,7 +27,7 @@ from securetrain.he import container
 from securetrain.he._lazy import require_tenseal
 from securetrain.he.errors import HEFormatError, HEKeyError, HEModelError, HEParameterError
 from securetrain.he.params import HEParams
-from securetrain.he.plan import HEPlan, PolyStep
+from securetrain.he.plan import HEPlan, LinearStep, PolyStep
 from securetrain.he.strategy import Node, Ops, _NullBackend, max_abs_bound, run_plan
 
 log = logging.getLogger(__name__)
@@ -46,9 +46,15 @@ def _default_threads() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
+def _plain(c: Any) -> Any:
+    return c.tolist() if isinstance(c, np.ndarray) else c
+
+
 class _TenSEALBackend:
-    def mul_plain(self, x: Any, c: float) -> Any:
-        return x * c
+    """Scalars, or numpy vectors (one value per slot, the packed layout)."""
+
+    def mul_plain(self, x: Any, c: Any) -> Any:
+        return x * _plain(c)
 
     def mul(self, x: Any, y: Any) -> Any:
         return x * y
@@ -56,8 +62,8 @@ class _TenSEALBackend:
     def add(self, x: Any, y: Any) -> Any:
         return x + y
 
-    def add_plain(self, x: Any, c: float) -> Any:
-        return x + c
+    def add_plain(self, x: Any, c: Any) -> Any:
+        return x + _plain(c)
 
 
 def _wrap_ts_error(what: str) -> Callable[[Exception], HEFormatError]:
@@ -169,9 +175,15 @@ class DataOwner:
 
     # -- data ----------------------------------------------------------------------------------
     def encrypt(self, features: Any, *, batch_size: int | None = None, threads: int | None = None,
-                progress: Progress | None = None) -> bytes:
+                progress: Progress | None = None, value_bound: float | None = None, pack: bool = False) -> bytes:
         """Encrypt ``features`` (n_samples, n_features) feature-major: one CKKSVector per feature
-        and batch, samples in the slots."""
+        and batch, samples in the slots.
+
+        ``pack=True`` (few samples: n ≤ slots/2) puts k = slots // n features in one ciphertext,
+        one block of n slots each ("feature-packed" layout); only single-affine-step plans run on
+        it (see :meth:`Evaluator.evaluate`). ``value_bound`` is the data owner's calibrated bound on
+        every intermediate |value| (:func:`securetrain.he.calibration.calibrate`); the evaluator
+        then checks headroom against it instead of the worst case implied by ``input_abs_max``."""
         ts = require_tenseal()
         x = np.asarray(features.detach().cpu().numpy() if hasattr(features, "detach") else features,
                        dtype=np.float64)
@@ -183,13 +195,29 @@ class DataOwner:
         if not 1 <= bs <= self.params.slots:
             raise HEParameterError(f"batch_size must be in 1..{self.params.slots} (the slot count)")
         n, cols = x.shape
-        jobs = [(b, c) for b in range(math.ceil(n / bs)) for c in range(cols)]
+        if value_bound is not None and not (math.isfinite(value_bound) and value_bound > 0):
+            raise HEParameterError(f"value_bound must be a positive number, got {value_bound}")
+        blocks = 1
+        if pack:
+            if n > self.params.slots // 2:
+                raise HEParameterError(f"packing needs n_samples ≤ {self.params.slots // 2} (half the slots), got {n}")
+            blocks, bs = min(self.params.slots // n, cols), n
+        groups = math.ceil(cols / blocks)
+        jobs = [(b, g) for b in range(math.ceil(n / bs)) for g in range(groups)]
         ops = Ops(_NullBackend(), threads=threads or _default_threads())
         lock = threading.Lock()
 
+        def column_block(b: int, g: int) -> list[float]:
+            if not pack:
+                return x[b * bs:(b + 1) * bs, g].tolist()
+            vec = np.zeros(blocks * n)
+            for i in range(blocks):
+                if g * blocks + i < cols:
+                    vec[i * n:(i + 1) * n] = x[:, g * blocks + i]
+            return vec.tolist()
+
         def enc(job: tuple[int, int]) -> bytes:
-            b, c = job
-            blob = ts.ckks_vector(self._ctx, x[b * bs:(b + 1) * bs, c].tolist()).serialize()
+            blob = ts.ckks_vector(self._ctx, column_block(*job)).serialize()
             if progress is not None:
                 with lock:
                     progress(1)
@@ -200,13 +228,17 @@ class DataOwner:
             "format_version": FORMAT_VERSION,
             "context_id": self.context_id,
             "role": "inputs",
-            "layout": "feature-major",
+            "layout": "feature-packed" if pack else "feature-major",
             "n_samples": n,
             "n_columns": cols,
             "batch_size": bs,
             "input_abs_max": _input_bound(x),
             "params": self.params.to_dict(),
         }
+        if pack:
+            fields["blocks"] = blocks
+        if value_bound is not None:
+            fields["value_bound"] = float(value_bound)
         return container.encode(CIPHERTEXTS_KIND, fields, frames)
 
     def decrypt(self, bundle: bytes, *, decimals: int = 5, source: str = "ciphertexts") -> np.ndarray:
@@ -219,6 +251,7 @@ class DataOwner:
         hdr, frames = _parse_bundle(bundle, self.context_id, source)
         factors = hdr.get("output_factors") or [1.0] * hdr["n_columns"]
         cols, bs, n = hdr["n_columns"], hdr["batch_size"], hdr["n_samples"]
+        blocks = _blocks(hdr)
         out = np.empty((n, cols))
         for i, blob in enumerate(frames):
             b, c = divmod(i, cols)
@@ -228,9 +261,10 @@ class DataOwner:
                 raise _wrap_ts_error(f"{source} frame {i}")(exc) from exc
             vals = np.asarray(vec.decrypt(), dtype=np.float64)
             want = min(bs, n - b * bs)
-            if vals.shape != (want,):
-                raise HEFormatError(f"{source} frame {i} holds {vals.shape[0]} values, expected {want}")
-            out[b * bs:b * bs + want, c] = vals / float(factors[c])
+            if vals.shape != (want * blocks,):
+                raise HEFormatError(f"{source} frame {i} holds {vals.shape[0]} values, expected {want * blocks}")
+            # Packed layout: each block holds the partial sum over its features; the score is their sum.
+            out[b * bs:b * bs + want, c] = vals.reshape(blocks, want).sum(axis=0) / float(factors[c])
         return np.round(out, decimals)
 
 
@@ -239,7 +273,7 @@ def _parse_bundle(data: bytes, context_id: str, source: str) -> tuple[dict[str, 
     h = c.header
     if h.get("format_version") != FORMAT_VERSION:
         raise HEFormatError(f"{source}: unsupported format_version {h.get('format_version')!r}")
-    if h.get("layout") != "feature-major":
+    if h.get("layout") not in ("feature-major", "feature-packed"):
         raise HEFormatError(f"{source}: unsupported layout {h.get('layout')!r}")
     if h.get("context_id") != context_id:
         raise HEKeyError(f"{source} was encrypted under a different context",
@@ -248,9 +282,22 @@ def _parse_bundle(data: bytes, context_id: str, source: str) -> tuple[dict[str, 
         n, cols, bs = int(h["n_samples"]), int(h["n_columns"]), int(h["batch_size"])
     except (KeyError, TypeError, ValueError) as exc:
         raise HEFormatError(f"{source}: header lacks sample/column counts") from exc
-    if n < 1 or cols < 1 or bs < 1 or len(c.frames) != math.ceil(n / bs) * cols:
+    blocks = _blocks(h, source)
+    per_batch = math.ceil(cols / blocks) if h.get("role") == "inputs" else cols
+    if n < 1 or cols < 1 or bs < 1 or len(c.frames) != math.ceil(n / bs) * per_batch:
         raise HEFormatError(f"{source}: {len(c.frames)} frames do not match {n} samples × {cols} columns")
+    if blocks > 1 and bs != n:
+        raise HEFormatError(f"{source}: a packed bundle holds exactly one batch")
     return h, c.frames
+
+
+def _blocks(h: dict[str, Any], source: str = "ciphertexts") -> int:
+    if h.get("layout") != "feature-packed":
+        return 1
+    blocks = h.get("blocks")
+    if not isinstance(blocks, int) or blocks < 1:
+        raise HEFormatError(f"{source}: a feature-packed bundle needs a positive integer 'blocks'")
+    return blocks
 
 
 def bundle_info(data: bytes, source: str = "ciphertexts") -> dict[str, Any]:
@@ -277,19 +324,74 @@ class Evaluator:
         self._ratio = _ratio_fn(self.params, compensate)
         self.threads = threads or _default_threads()
 
-    def check_plan(self, plan: HEPlan, input_abs_max: float | None = None) -> int:
+    def check_plan(self, plan: HEPlan, input_abs_max: float | None = None, *, value_bound: float | None = None) -> int:
         """Raise :class:`HEParameterError` unless ``plan`` fits these parameters; returns its depth."""
-        return check_plan_fits(plan, self.params, input_abs_max)
+        return check_plan_fits(plan, self.params, input_abs_max, value_bound=value_bound)
 
-    def evaluate(self, plan: HEPlan, inputs: bytes, *, source: str = "ciphertexts",
+    def _evaluate_packed(self, plan: HEPlan, inputs: bytes, h: dict[str, Any], frames: tuple[bytes, ...],
+                         source: str, final_activation: str | None) -> bytes:
+        """One affine step on feature-packed inputs: output k = Σ_g ct_g ⊙ w_k,g + b_k·[block 0], where
+        w_k,g repeats W[k, g·blocks+i] over block i. No rotation: the data owner sums the blocks."""
+        ts = require_tenseal()
+        if len(plan.steps) != 1 or not isinstance(plan.steps[0], LinearStep):
+            raise HEModelError("feature-packed inputs support a single affine layer (a linear head / logistic "
+                               f"model); this plan has depth {plan.depth}",
+                               hint="encrypt without packing (DataOwner.encrypt(..., pack=False))")
+        step = plan.steps[0]
+        n, blocks, cols = int(h["n_samples"]), _blocks(h, source), int(h["n_columns"])
+        try:
+            cts = [Node(ts.ckks_vector_from(self._ctx, f), 0) for f in frames]
+        except Exception as exc:
+            raise _wrap_ts_error(source)(exc) from exc
+        ops = Ops(_TenSEALBackend(), self._ratio, threads=self.threads)
+        bias_mask = np.zeros(blocks * n)
+        bias_mask[:n] = 1.0
+
+        def output(k: int) -> Node:
+            terms = []
+            for g, ct in enumerate(cts):
+                w = np.zeros(blocks)
+                idx = slice(g * blocks, min(cols, (g + 1) * blocks))
+                w[: idx.stop - idx.start] = step.weight[k, idx]
+                if np.any(w != 0.0):
+                    terms.append(ops.mul_plain(ct, np.repeat(w, n)))
+            acc = ops.total(terms) if terms else ops.mul_plain(cts[0], 0.0)
+            return ops.add_plain(acc, float(step.bias[k]) * bias_mask)
+
+        outs = ops.map(output, range(step.n_out))
+        fields = {
+            "format_version": FORMAT_VERSION,
+            "context_id": self.context_id,
+            "role": "outputs",
+            "layout": "feature-packed",
+            "blocks": blocks,
+            "n_samples": n,
+            "n_columns": plan.n_outputs,
+            "batch_size": n,
+            "output": plan.output,
+            "output_factors": [o.factor for o in outs],
+            "final_activation": final_activation,
+            "model_sha256": plan.sha256(),
+            "inputs_sha256": hashlib.sha256(inputs).hexdigest(),
+            "params": self.params.to_dict(),
+        }
+        return container.encode(CIPHERTEXTS_KIND, fields, [o.payload.serialize() for o in outs])
+
+    def evaluate(self, plan: HEPlan, inputs: bytes, *, source: str = "ciphertexts", final_activation: str | None = None,
                  progress: Progress | None = None, total: Callable[[int], None] | None = None) -> bytes:
+        """Run ``plan`` on an inputs bundle. ``final_activation`` ("sigmoid"/"softmax") is recorded in
+        the outputs header for the data owner to apply, exactly, after decryption."""
+        if final_activation not in (None, "sigmoid", "softmax"):
+            raise HEModelError(f"final_activation must be sigmoid or softmax, got {final_activation!r}")
         ts = require_tenseal()
         h, frames = _parse_bundle(inputs, self.context_id, source)
         if h.get("role") != "inputs":
             raise HEFormatError(f"{source} holds {h.get('role')!r}, expected encrypted inputs")
         if h["n_columns"] != plan.n_inputs:
             raise HEModelError(f"the model expects {plan.n_inputs} features, {source} has {h['n_columns']}")
-        self.check_plan(plan, h.get("input_abs_max"))
+        self.check_plan(plan, h.get("input_abs_max"), value_bound=h.get("value_bound"))
+        if h["layout"] == "feature-packed":
+            return self._evaluate_packed(plan, inputs, h, frames, source, final_activation)
         if not self._ctx.has_relin_keys() and _needs_relin(plan):
             raise HEKeyError("the public context has no relinearisation keys; this model multiplies ciphertexts")
         cols = h["n_columns"]
@@ -325,6 +427,7 @@ class Evaluator:
             "batch_size": h["batch_size"],
             "output": plan.output,
             "output_factors": factors,
+            "final_activation": final_activation,
             "model_sha256": plan.sha256(),
             "inputs_sha256": hashlib.sha256(inputs).hexdigest(),
             "params": self.params.to_dict(),
@@ -347,8 +450,13 @@ def _needs_relin(plan: HEPlan) -> bool:
     return any(isinstance(s, PolyStep) and s.degree >= 2 for s in plan.steps)
 
 
-def check_plan_fits(plan: HEPlan, params: HEParams, input_abs_max: float | None = None) -> int:
-    """Depth and (when the input range is known) overflow check, before any ciphertext exists."""
+def check_plan_fits(plan: HEPlan, params: HEParams, input_abs_max: float | None = None, *,
+                    value_bound: float | None = None) -> int:
+    """Depth and overflow check, before any ciphertext exists.
+
+    With ``value_bound`` (the data owner's calibrated bound on every intermediate |value|) each
+    level must hold it: log2(value_bound) + scale_bits + 1 < log2 Q_level. Otherwise, when the
+    input range is known, a sound but pessimistic interval bound through the plan is used."""
     depth = plan.depth
     if depth > params.max_depth:
         raise HEParameterError(
@@ -357,15 +465,44 @@ def check_plan_fits(plan: HEPlan, params: HEParams, input_abs_max: float | None 
             hint=f"generate keys for this model (`securetrain he keygen --model ...`) or use "
                  f"he.params.choose_params({depth})",
         )
-    if input_abs_max is not None:
+
+    def refuse(bound: float, level: int, basis: str) -> HEParameterError:
+        return HEParameterError(
+            f"intermediate values may reach {bound:.3g} at level {level}, beyond the "
+            f"{params.modulus_bits_at(level) - params.scale_bits - 1:.0f}-bit headroom ({basis}): the decryption "
+            "would wrap around",
+            hint=_headroom_hint(plan, depth, bound),
+        )
+
+    if value_bound is not None:
+        vb = float(value_bound)
+        if not (math.isfinite(vb) and vb > 0):
+            raise HEParameterError(f"value_bound must be a positive number, got {value_bound}")
+        top = max(depth, 1)  # the least modulus is left at the deepest level a value reaches
+        if math.log2(vb) + params.scale_bits + 1 >= params.modulus_bits_at(top):
+            raise refuse(vb, top, f"calibrated bound {vb:g}")
+    elif input_abs_max is not None:
         def check(node: Node) -> None:
             bound = max(abs(node.payload[0]), abs(node.payload[1]))
             if bound > 0 and math.log2(bound) + params.scale_bits + 1 >= params.modulus_bits_at(node.level):
-                raise HEParameterError(
-                    f"intermediate values may reach {bound:.3g} at level {node.level}, beyond the "
-                    f"{params.modulus_bits_at(node.level) - params.scale_bits - 1:.0f}-bit headroom "
-                    f"for inputs bounded by {input_abs_max:g}: the decryption would wrap around",
-                    hint="standardise/clip the features, or use a larger first prime (integer_bits)",
-                )
+                raise refuse(bound, node.level, f"worst case for inputs bounded by {input_abs_max:g}; calibrate "
+                                                "with a plaintext pass to tighten it")
         max_abs_bound(plan, float(input_abs_max), check)
     return depth
+
+
+def _headroom_hint(plan: HEPlan, depth: int, bound: float) -> str:
+    """A parameter call that choose_params accepts *and* that holds ``bound`` (tried, not guessed)."""
+    from securetrain.he.params import choose_params, integer_bits_for
+
+    bits = integer_bits_for(bound)
+    for call, kwargs in ((f"choose_params({depth}, integer_bits={bits})", {"integer_bits": bits}),
+                         (f"choose_params({depth}, scale_bits=None, integer_bits={bits})",
+                          {"scale_bits": None, "integer_bits": bits})):
+        try:
+            check_plan_fits(plan, choose_params(depth, **kwargs), value_bound=bound)  # type: ignore[arg-type]
+        except HEParameterError:
+            continue
+        return f"use {call}, or calibrate on representative data (evaluate_encrypted does) to tighten the bound"
+    return ("standardise/clip the features or shrink the weights: no secure parameter set holds values of "
+            f"{bound:.3g} at depth {depth}")

@@ -24,6 +24,11 @@ _EXPORTS = {
     "load_mapping": "securetrain.masking.dicom.mapping",
     "DicomDataset": "securetrain.masking.dicom.dataset",
     "read_manifest": "securetrain.masking.dicom.dataset",
+    "deidentify_tree": "securetrain.masking.dicom.tree",
+    "TreeReport": "securetrain.masking.dicom.tree",
+    "FileResult": "securetrain.masking.dicom.tree",
+    "FileOutcome": "securetrain.masking.dicom.tree",
+    "BatchWriter": "securetrain.masking.dicom.output",
 }
 
 __all__ = sorted(_EXPORTS)

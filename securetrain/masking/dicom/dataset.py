@@ -3,8 +3,17 @@
 The index is validated up front with header-only reads (``stop_before_pixels``): non-DICOM,
 corrupt, undecodable (no pixel decoder for the transfer syntax), pixel-less and policy-rejected
 (burned-in annotation) files are quarantined before the first epoch, so the epoch length is
-stable and deterministic. A file that still fails at load time (e.g. corrupt pixel bytes) is
-quarantined too and the next valid index is served instead; the epoch never crashes.
+stable and deterministic. A file that still fails at load time (e.g. corrupt pixel bytes, a
+multi-valued Rescale Slope) is quarantined too and its item is *dropped*: ``__getitem__`` returns
+``None``, and batched fetching (``__getitems__``, which every batching ``DataLoader`` uses, with
+any collate function) leaves it out of the batch, so no other item is served twice and the epoch
+never crashes. Any exception of
+one item is contained this way; it never reaches the DataLoader workers.
+
+Throughput: the de-identified header of each file (the ``meta`` values, rescale and frame
+parameters) is cached per process after its first load; later epochs read only the pixel-module
+attributes and the pixel data (``specific_tags``) and skip the de-identification pass. Files whose
+pixels the policy masks always take the full path.
 
 Quarantine = an entry in :meth:`DicomDataset.quarantine_report` and, when ``quarantine_dir`` is
 given, a *copy* of the file plus ``<name>.reason.json`` there (sources are never moved or
@@ -26,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
 from securetrain.errors import ConfigError
@@ -44,6 +53,34 @@ DEFAULT_META_KEYS: tuple[str, ...] = (
     "BodyPartExamined",
     "StudyDate",
 )
+
+
+# Attributes pixel decoding needs; a cached (already de-identified) file is re-read with only these.
+_PIXEL_TAGS = (
+    "SpecificCharacterSet", "Rows", "Columns", "SamplesPerPixel", "PhotometricInterpretation", "PlanarConfiguration",
+    "BitsAllocated", "BitsStored", "HighBit", "PixelRepresentation", "NumberOfFrames", "PixelData",
+    "FloatPixelData", "DoubleFloatPixelData", "ExtendedOffsetTable", "ExtendedOffsetTableLengths",
+    "RedPaletteColorLookupTableDescriptor", "GreenPaletteColorLookupTableDescriptor",
+    "BluePaletteColorLookupTableDescriptor", "RedPaletteColorLookupTableData", "GreenPaletteColorLookupTableData",
+    "BluePaletteColorLookupTableData", "SegmentedRedPaletteColorLookupTableData",
+    "SegmentedGreenPaletteColorLookupTableData", "SegmentedBluePaletteColorLookupTableData",
+)
+
+
+def _single_float(ds: Any, keyword: str, default: float) -> float:
+    """A Rescale Slope/Intercept as one number; multi-valued or non-numeric is a data error."""
+    value = ds.get(keyword, None)
+    if value is None or value == "":
+        return default
+    if isinstance(value, list | tuple) or type(value).__name__ == "MultiValue":
+        raise DeidError(f"{keyword} is multi-valued ({len(value)} values); one value expected")
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise DeidError(f"{keyword} is not a number") from None
+    if out != out or out in (float("inf"), float("-inf")):
+        raise DeidError(f"{keyword} is not finite")
+    return out
 
 
 @dataclass(frozen=True)
@@ -133,6 +170,7 @@ class DicomDataset(Dataset):
             else:
                 self._quarantine_file(path, reason)
         self._deid: Any = None  # created lazily in each process
+        self._headers: dict[str, dict[str, Any]] = {}  # path -> cached de-identified header
         self.audit.record(
             "deid.policy_applied",
             f"policy:{self.policy.name}",
@@ -167,6 +205,11 @@ class DicomDataset(Dataset):
             return str(exc).split(": ", 1)[-1]
         if "Rows" not in ds or "Columns" not in ds:
             return "no image (Rows/Columns absent)"
+        try:
+            _single_float(ds, "RescaleSlope", 1.0)
+            _single_float(ds, "RescaleIntercept", 0.0)
+        except DeidError as exc:
+            return str(exc)
         meta = getattr(ds, "file_meta", None)
         tsyntax = getattr(meta, "TransferSyntaxUID", None)
         if tsyntax is not None:
@@ -182,6 +225,8 @@ class DicomDataset(Dataset):
 
     def _quarantine_file(self, path: Path | str, reason: str) -> None:
         entry = QuarantineEntry(self._rel(path), reason)
+        if any(e.path == entry.path for e in self._quarantine):
+            return  # each file once, with its first reason
         self._quarantine.append(entry)
         if self.quarantine_dir is None:
             return
@@ -196,8 +241,8 @@ class DicomDataset(Dataset):
         atomic_write_bytes(target.with_name(target.name + ".reason.json"), json.dumps(entry.to_dict()).encode())
 
     def quarantine_report(self) -> list[dict[str, str]]:
-        """Every quarantined file with its reason (index-time, plus load-time from any worker)."""
-        seen = {(e.path, e.reason) for e in self._quarantine}
+        """Every quarantined file once, with its (first) reason: index-time, plus load-time from any worker."""
+        seen = {e.path for e in self._quarantine}
         out = [e.to_dict() for e in self._quarantine]
         if self.quarantine_dir is not None and self.quarantine_dir.is_dir():
             for sidecar in sorted(self.quarantine_dir.glob("*.reason.json")):
@@ -205,8 +250,8 @@ class DicomDataset(Dataset):
                     d = json.loads(sidecar.read_text(encoding="utf-8"))
                 except (OSError, ValueError):
                     continue
-                if (d.get("path"), d.get("reason")) not in seen:
-                    seen.add((d.get("path"), d.get("reason")))
+                if d.get("path") not in seen:
+                    seen.add(d.get("path"))
                     out.append({"path": d.get("path", ""), "reason": d.get("reason", "")})
         return out
 
@@ -214,6 +259,7 @@ class DicomDataset(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_deid"] = None  # caches and keys are rebuilt per worker
+        state["_headers"] = {}
         return state
 
     def _deidentifier(self) -> Any:
@@ -226,33 +272,57 @@ class DicomDataset(Dataset):
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
+    def __getitem__(self, index: int) -> dict[str, Any] | None:
+        """The item, or ``None`` when its file fails to load (it is quarantined; see module doc)."""
         n = len(self.items)
         if not -n <= index < n:
             raise IndexError(index)
-        index %= n
-        for attempt in range(n):
-            i = (index + attempt) % n
-            path, label = self.items[i]
-            try:
-                return self._load(path, label)
-            except (DeidError, ValueError, RuntimeError, OSError) as exc:
-                reason = str(exc) if isinstance(exc, DeidError) else f"load failed ({type(exc).__name__})"
-                self._quarantine_file(path, reason)
-        raise DeidError("every file of the dataset failed to load; see quarantine_report()")
+        path, label = self.items[index % n]
+        try:
+            return self._load(path, label)
+        except Exception as exc:  # one bad file must never end the epoch or kill a worker
+            reason = str(exc) if isinstance(exc, DeidError) else f"load failed ({type(exc).__name__})"
+            self._quarantine_file(path, reason)
+            return None
+
+    def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
+        """Batched fetch (used by every ``DataLoader`` with a batch size, whatever its collate
+        function): the batch without its failed items, so even the default collate never sees a
+        ``None``. A batch whose every item failed raises, naming the quarantine report."""
+        items = [item for item in (self[i] for i in indices) if item is not None]
+        if not items and indices:
+            raise DeidError(f"all {len(indices)} items of a batch failed to load; see quarantine_report()")
+        return items
+
+    @staticmethod
+    def collate_fn(batch: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+        """``default_collate`` without the dropped (``None``) items; ``None`` if all were dropped."""
+        kept = [b for b in batch if b is not None]
+        return default_collate(kept) if kept else None
 
     def _load(self, path: str, label: int | None) -> dict[str, Any]:
         import numpy as np
-        import pydicom
 
-        data = Path(path).read_bytes()
-        digest = hashlib.sha256(data).hexdigest()
-        try:
-            ds = pydicom.dcmread(io.BytesIO(data))
-        except Exception as exc:
-            raise DeidError(f"corrupt DICOM ({type(exc).__name__})") from None
-        self.audit.record("dicom.read", f"sha256:{digest}", details={"sha256": digest, "bytes": len(data)})
-        ds, _ = self._deidentifier().deidentify_dataset(ds)
+        from securetrain.masking.dicom.engine import read_dicom
+
+        header = self._headers.get(path)
+        if header is None:
+            data = Path(path).read_bytes()
+            digest = hashlib.sha256(data).hexdigest()
+            ds = read_dicom(io.BytesIO(data), name=Path(path).name)
+            self.audit.record("dicom.read", f"sha256:{digest}", details={"sha256": digest, "bytes": len(data)})
+            ds, report = self._deidentifier().deidentify_dataset(ds)
+            header = {
+                "meta": {k: str(ds.get(k, "") or "") for k in self.meta_keys},
+                "slope": _single_float(ds, "RescaleSlope", 1.0),
+                "intercept": _single_float(ds, "RescaleIntercept", 0.0),
+            }
+            if not report.pixels_masked:  # masked pixels must be re-masked on every load
+                self._headers[path] = header
+        else:
+            import pydicom
+
+            ds = pydicom.dcmread(path, specific_tags=list(_PIXEL_TAGS), force=True)
         try:
             arr = ds.pixel_array
         except Exception as exc:
@@ -266,26 +336,24 @@ class DicomDataset(Dataset):
             arr = arr.mean(axis=-1)
         if arr.ndim != 2:
             raise DeidError(f"unexpected pixel array shape {arr.shape}")
-        slope = float(ds.get("RescaleSlope", 1) or 1)
-        intercept = float(ds.get("RescaleIntercept", 0) or 0)
-        arr = arr * slope + intercept
+        arr = arr * header["slope"] + header["intercept"]
         lo, hi = float(arr.min()), float(arr.max())
+        if not (np.isfinite(lo) and np.isfinite(hi)):
+            raise DeidError("pixel values are not finite")
         arr = (arr - lo) / (hi - lo) if hi > lo else np.zeros_like(arr)
         pixels = torch.from_numpy(np.ascontiguousarray(arr)).unsqueeze(0)
         if self.size is not None and tuple(pixels.shape[-2:]) != self.size:
             pixels = torch.nn.functional.interpolate(
                 pixels.unsqueeze(0), size=self.size, mode="bilinear", align_corners=False
             ).squeeze(0)
-        item: dict[str, Any] = {
-            "pixels": pixels.float(),
-            "meta": {k: str(ds.get(k, "") or "") for k in self.meta_keys},
-        }
+        item: dict[str, Any] = {"pixels": pixels.float(), "meta": dict(header["meta"])}
         if self.has_labels:
             item["label"] = torch.tensor(-1 if label is None else label, dtype=torch.long)
         return item
 
     def dataloader(self, *, batch_size: int = 8, num_workers: int = 0, shuffle: bool = False, **kwargs: Any) -> DataLoader:
         """A DataLoader with this dataset's ``pin_memory`` advice (from the device backend)."""
+        kwargs.setdefault("collate_fn", self.collate_fn)
         return DataLoader(
             self, batch_size=batch_size, num_workers=num_workers, shuffle=shuffle, pin_memory=self.pin_memory, **kwargs
         )

@@ -4,6 +4,12 @@ One pass walks every element of every item of every sequence at any depth and ap
 compiled per-tag action (see :mod:`profile_table`); a second pass redacts, from the text that is
 retained, every value that the first pass removed or replaced anywhere in the same object. The
 report names tags, keywords and actions only, never values.
+
+Speed comes from not decoding: the action is decided from the raw element's tag and VR; kept
+elements stay raw (and are copied byte for byte by :mod:`writer`); removed, emptied and remapped
+string values are read and replaced as raw bytes; retained text is searched as bytes and decoded
+only on a hit; pixel data is never touched unless the policy masks it (:meth:`_check_pixels`,
+the one place burned-in handling happens).
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from typing import Any, BinaryIO
 
 import pydicom
 from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.filebase import DicomBytesIO
+from pydicom.filewriter import write_dataset, write_file_meta_info
 from pydicom.datadict import dictionary_VR, keyword_for_tag
 from pydicom.errors import InvalidDicomError
 from pydicom.sequence import Sequence
@@ -41,6 +49,9 @@ from securetrain.masking.dicom.mapping import export_mapping
 from securetrain.masking.dicom.pixels import apply_pixel_masks, burned_in_status, matching_masks
 from securetrain.masking.dicom.policy import DicomPolicy
 from securetrain.masking.dicom.profile_table import CID7050, RECURSE_UIDS, Option, compile_profile, load_table
+from securetrain.masking.dicom.safe_attributes import is_safe_unlisted_text
+from securetrain.masking.dicom.scrub import Redactor, name_needles, value_needles
+from securetrain.masking.dicom.writer import write_dataset_le
 
 TAG_PATIENT_ID = 0x00100020
 TAG_PATIENT_NAME = 0x00100010
@@ -49,8 +60,13 @@ TAG_PIXEL_DATA = 0x7FE00010
 
 TEXT_VRS = frozenset({"LO", "SH", "ST", "LT", "UT", "UC", "PN"})
 # VRs whose removed values feed the retained-text scrub (dates too: they may be typed in text).
-COLLECT_VRS = frozenset({"LO", "SH", "ST", "LT", "UT", "UC", "PN", "AE", "DA", "DT", "UI", "CS", "AS"})
-MIN_SCRUB_LEN = 4
+COLLECT_VRS = frozenset({"LO", "SH", "ST", "LT", "UT", "UC", "PN", "AE", "DA", "DT", "UI", "CS", "AS", "UR"})
+# Free-text VRs of attributes Table E.1-1 does not list: removed unless safe-listed or kept by policy.
+FREE_TEXT_VRS = frozenset({"LO", "SH", "ST", "LT", "UT", "UC", "UR", "AE"})
+# Character sets whose encoded bytes can be searched for ASCII needles without decoding.
+_ASCII_COMPATIBLE = frozenset({"", "ISO_IR 6", "ISO 2022 IR 6", "ISO_IR 100", "ISO_IR 192", "ISO_IR 101",
+                               "ISO_IR 109", "ISO_IR 110", "ISO_IR 148", "ISO_IR 203", "ISO_IR 144",
+                               "ISO_IR 127", "ISO_IR 126", "ISO_IR 138", "ISO_IR 166"})
 
 # UI attributes that name *kinds* of things (classes, syntaxes, coding schemes), never instances.
 _KEEP_UI_KEYWORDS = frozenset(
@@ -87,6 +103,45 @@ _DUMMY_TEXT = "ANONYMIZED"
 _NUMERIC_VRS = frozenset({"US", "SS", "UL", "SL", "FL", "FD", "UV", "SV", "AT"})
 
 _METHOD_REMOVE_META = (0x00020016, 0x00020017, 0x00020018, 0x00020100, 0x00020102)
+
+
+_RAW_ACTIONS = frozenset({"X", "Z", "D", "U"})
+# String VRs whose raw bytes we can decode ourselves (PN/text only in ASCII-compatible charsets).
+_RAW_VRS = frozenset({"AE", "AS", "CS", "DA", "DT", "TM", "UI", "LO", "SH", "ST", "LT", "UT", "UC", "UR", "PN",
+                      "IS", "DS"})
+_ASCII_ONLY_VRS = frozenset({"AE", "AS", "CS", "DA", "DT", "TM", "UI", "IS", "DS", "UR"})
+
+
+def _raw_value(text: str, vr: str) -> dict[str, Any]:
+    """length/value fields of a raw element holding ASCII ``text`` (padded to even length)."""
+    data = text.encode("ascii")
+    if len(data) % 2:
+        data += b"\x00" if vr == "UI" else b" "
+    return {"length": len(data), "value": data}
+
+
+def _raw_strings(ds: Dataset, raw: Any) -> list[str] | None:
+    """The values of a raw string element, or None when the bytes cannot be decoded here exactly
+    (non-ASCII text in a character set with code extensions, or not bytes at all)."""
+    data = raw.value
+    if data is None:
+        return []
+    if not isinstance(data, bytes):
+        return None
+    if b"\x1b" in data:
+        return None  # ISO 2022 escape sequences: 7-bit bytes that are not ASCII text
+    if raw.VR in _ASCII_ONLY_VRS or data.isascii():
+        text = data.decode("ascii", "replace")
+    else:
+        charset = ds.get("SpecificCharacterSet", "") or ""
+        charset = charset if isinstance(charset, str) else "\\".join(charset)
+        if charset.strip() == "ISO_IR 192":
+            text = data.decode("utf-8", "replace")
+        elif charset.strip() in ("", "ISO_IR 100", "ISO_IR 6"):
+            text = data.decode("latin-1")
+        else:
+            return None
+    return [v.strip(" \x00") for v in text.split("\\")]
 
 
 def is_well_known_uid(uid: str) -> bool:
@@ -164,7 +219,7 @@ class _Ctx:
     def __init__(self, report: DeidReport, day_offset: int | None) -> None:
         self.report = report
         self.day_offset = day_offset
-        self.phi: set[str] = set()
+        self.phi: set[str] = set()  # needles (see scrub.py), not raw values
         self.retained_text: list[tuple[Dataset, int, str]] = []
 
 
@@ -191,6 +246,7 @@ class Deidentifier:
         self.profile = compile_profile(policy.option_values, policy.override_tags)
         self.mapper = KeyedMapper(self.keys, max_shift_days=policy.max_date_shift_days)
         self.pseudonyms: dict[str, str] = {}
+        self._mark_cache: dict[bool, list[Any]] = {}
         opts = policy.option_values
         self._full_dates = Option.RETAIN_LONGITUDINAL_FULL_DATES.value in opts
         self._modified_dates = Option.RETAIN_LONGITUDINAL_MODIFIED_DATES.value in opts
@@ -201,7 +257,7 @@ class Deidentifier:
             f"securetrain {__version__} DICOM de-identification",
             "PS3.15 E.1-1 Basic Application Confidentiality Profile",
             f"table: {table.edition.removeprefix('DICOM ')}@{table.source['commit'][:12]}",  # LO: 64 chars max
-            f"policy: {policy.name} v{policy.policy_version} sha256:{policy.digest[:16]}",
+            _policy_line(policy),
         ]
         self.audit.record(
             "deid.policy_applied",
@@ -239,8 +295,12 @@ class Deidentifier:
         dst: str | os.PathLike[str] | None = None,
         *,
         dry_run: bool = False,
+        writer: Any = None,
     ) -> DeidReport:
-        """Read ``src``, de-identify, and atomically write ``dst`` (nothing written on dry runs)."""
+        """Read ``src``, de-identify, and atomically write ``dst`` (nothing written on dry runs).
+
+        With a :class:`~securetrain.masking.dicom.output.BatchWriter` the file is staged and appears
+        at the writer's next ``flush`` (one fsync per file instead of two)."""
         src_path = Path(src)
         try:
             data = src_path.read_bytes()
@@ -252,7 +312,10 @@ class Deidentifier:
         self.audit.record("dicom.read", f"sha256:{digest}", details={"sha256": digest, "bytes": len(data)})
         _, report = self.deidentify_dataset(ds, source=src_path.name)
         if dst is not None and not dry_run:
-            atomic_write_bytes(dst, encode_dataset(ds))
+            if writer is not None:
+                writer.write(dst, encode_dataset(ds))
+            else:
+                atomic_write_bytes(dst, encode_dataset(ds))
             report.output = str(dst)
         return report
 
@@ -301,12 +364,22 @@ class Deidentifier:
             ctx.report.changes.append(TagChange(path, tag, action))
         ctx.report.counts[action] += 1
 
-    def _fallback(self, tag: int, vr: str, value: Any) -> str:
-        """Action for an attribute that Table E.1-1 does not list (the VR safety net)."""
+    def _fallback(self, tag: int, vr: str, cleaning: bool = False) -> str:
+        """Action for an attribute that Table E.1-1 does not list (the VR safety net).
+
+        Fails closed: person names are emptied, dates follow the dates rule, instance UIDs are
+        remapped, free text is removed (kept and scrubbed inside a sequence that an option cleans,
+        kept as is when safe-listed) and attributes the data dictionary does not know are removed."""
         if not self.policy.vr_safety_net:
             return "K"
         if vr == "PN":
             return "Z"
+        if vr in FREE_TEXT_VRS:
+            if is_safe_unlisted_text(tag):
+                return "K"
+            return "C" if cleaning and vr != "AE" else "X"
+        if vr == "UN":
+            return "X"  # unknown to the dictionary (and not private): we cannot tell what it holds
         if vr in ("DA", "DT", "TM"):
             if self._full_dates:
                 return "K"
@@ -330,11 +403,12 @@ class Deidentifier:
             return
         values = value if isinstance(value, list | tuple | pydicom.multival.MultiValue) else [value]
         for v in values:
+            if isinstance(v, bytes):
+                v = v.decode("latin-1", "replace")
             s = str(v).strip()
-            if len(s) >= MIN_SCRUB_LEN and not (vr == "UI" and is_well_known_uid(s)):
-                ctx.phi.add(s)
-                if vr == "PN":
-                    ctx.phi.update(p for p in re.split(r"[\^=]", s) if len(p.strip()) >= MIN_SCRUB_LEN)
+            if not s or (vr == "UI" and is_well_known_uid(s)):
+                continue
+            ctx.phi.update(name_needles(s) if vr == "PN" else value_needles(s))
 
     def _overlays(self, ds: Dataset, ctx: _Ctx, prefix: str) -> None:
         """Overlay planes go as a whole: without Overlay Data (60xx,3000) the rest of the group is a
@@ -350,7 +424,7 @@ class Deidentifier:
                 del ds[tag]
                 self._note(ctx, f"{prefix}{_fmt(tag)}", tag, "X")
 
-    def _walk(self, ds: Dataset, ctx: _Ctx, prefix: str) -> None:
+    def _walk(self, ds: Dataset, ctx: _Ctx, prefix: str, cleaning: bool = False) -> None:
         self._private(ds, ctx, prefix)
         self._overlays(ds, ctx, prefix)
         for btag in list(ds.keys()):
@@ -378,18 +452,65 @@ class Deidentifier:
                 vr = _dictionary_vr(tag)
             action = self.profile.action_for(tag)
             if action is None:
-                action = self._fallback(tag, vr, None)
-            if action == "K" and vr != "SQ" and vr not in TEXT_VRS:
+                action = self._fallback(tag, vr, cleaning)
+            if action == "K" and vr != "SQ":
+                if vr in TEXT_VRS:
+                    ctx.retained_text.append((ds, tag, path))  # scrubbed later, decoded only on a hit
                 continue
-            elem = ds[btag]
-            self._apply(ds, elem, elem.VR, action, ctx, path)
+            if (
+                action in _RAW_ACTIONS
+                and vr in _RAW_VRS
+                and getattr(raw, "is_raw", False)
+                and self._apply_raw(ds, raw, tag, vr, action, ctx, path)
+            ):
+                continue
+            try:
+                elem = ds[btag]
+            except Exception:  # a value pydicom cannot decode: remove it (fail closed)
+                del ds[btag]
+                self._note(ctx, path, tag, "X")
+                continue
+            self._apply(ds, elem, elem.VR if elem.VR != "UN" else vr, action, ctx, path, cleaning)
 
-    def _apply(self, ds: Dataset, elem: Any, vr: str, action: str, ctx: _Ctx, path: str) -> None:
+    def _apply_raw(self, ds: Dataset, raw: Any, tag: int, vr: str, action: str, ctx: _Ctx, path: str) -> bool:
+        """X/Z/D/U on a still-raw string element without converting it to a Python value: the
+        removed text is decoded straight from its bytes (for character sets where that is exact).
+        Returns False when the element needs the general path."""
+        values = _raw_strings(ds, raw)
+        if values is None:
+            return False
+        if vr in COLLECT_VRS:
+            self._collect(ctx, vr, values)
+        if action == "X":
+            del ds._dict[raw.tag]  # public tag: no private-block bookkeeping to update
+        elif action == "Z":
+            ds._dict[raw.tag] = raw._replace(VR=vr, length=0, value=b"")
+        elif action == "D" and vr != "UI":
+            ds._dict[raw.tag] = raw._replace(VR=vr, **_raw_value(str(self._dummy(vr)), vr))
+        else:  # U, or D on a UID: keyed remap
+            if vr == "UI":
+                new = [v if (not v or is_well_known_uid(v)) else self.mapper.uid(v) for v in values]
+                ds._dict[raw.tag] = raw._replace(VR=vr, **_raw_value("\\".join(new), vr))
+                action = "U"
+            else:
+                ds._dict[raw.tag] = raw._replace(VR=vr, length=0, value=b"")
+        self._note(ctx, path, tag, action)
+        return True
+
+    def _remap_values(self, values: list[str]) -> Any:
+        out = [v if (not v or is_well_known_uid(v)) else self.mapper.uid(v) for v in values]
+        return out if len(out) > 1 else (out[0] if out else None)
+
+    def _apply(
+        self, ds: Dataset, elem: Any, vr: str, action: str, ctx: _Ctx, path: str, cleaning: bool = False
+    ) -> None:
         tag = int(elem.tag)
+        if " or " in vr:  # ambiguous dictionary VR ("US or SS", "OB or OW"): both forms act alike here
+            vr = vr.split(" or ")[0]
         if action == "K" or action == RECURSE_UIDS or (action == "C" and vr == "SQ"):
             if vr == "SQ":
                 for i, item in enumerate(elem.value or ()):
-                    self._walk(item, ctx, f"{path}[{i}].")
+                    self._walk(item, ctx, f"{path}[{i}].", cleaning or action == "C")
                 if action != "K":
                     self._note(ctx, path, tag, action)
             elif vr in TEXT_VRS:
@@ -415,7 +536,7 @@ class Deidentifier:
                 self._remap(elem)
             elif vr == "SQ":  # U on a sequence: keep it, recurse (its UID rows remap)
                 for i, item in enumerate(elem.value or ()):
-                    self._walk(item, ctx, f"{path}[{i}].")
+                    self._walk(item, ctx, f"{path}[{i}].", cleaning)
             else:
                 elem.value = None  # a U row with a non-UI VR: fail closed
         self._note(ctx, path, tag, action)
@@ -444,7 +565,10 @@ class Deidentifier:
                 self.pseudonyms[original] = self.mapper.pseudonym(original)
             elem.value = self.mapper.pseudonym(original) if original else pseudonym
         else:
-            elem.value = (ctx.report.patient_pseudonym or "ANONYMOUS") + "^"
+            # One family-name component, no trailing "^": an empty component breaks some encoders
+            # (e.g. single-valued ISO 2022 IR 87), and the pseudonym is plain ASCII, valid in every
+            # specific character set.
+            elem.value = ctx.report.patient_pseudonym or "ANONYMOUS"
         self._note(ctx, path, int(elem.tag), "P")
 
     def _clean(self, ds: Dataset, elem: Any, vr: str, ctx: _Ctx, path: str) -> None:
@@ -507,7 +631,7 @@ class Deidentifier:
                 elem = ds[tag]
                 if elem.VR == "SQ":
                     for i, item in enumerate(elem.value or ()):
-                        self._walk(item, ctx, f"{path}[{i}].")
+                        self._walk(item, ctx, f"{path}[{i}].", True)
                 elif elem.VR in TEXT_VRS:
                     ctx.retained_text.append((ds, tag, path))
                 continue
@@ -529,25 +653,61 @@ class Deidentifier:
     def _scrub(self, ctx: _Ctx) -> None:
         if not ctx.phi or not ctx.retained_text:
             return
-        # Plain case-insensitive substring search: far cheaper than compiling one big regex per
-        # object, and there are only tens of values and tens of retained strings.
-        needles = sorted({v.lower() for v in ctx.phi}, key=len, reverse=True)
+        redactor = Redactor(ctx.phi)
+        lowered_needles = [n.lower() for n in redactor.needles]
+        ascii_needles = [n.encode("ascii") for n in lowered_needles if n.isascii()]
+        all_ascii = len(ascii_needles) == len(lowered_needles)
         for ds, tag, path in ctx.retained_text:
             if tag not in ds:
                 continue
-            elem = ds[tag]
+            raw = ds.get_item(tag)
+            if getattr(raw, "is_raw", False) and isinstance(raw.value, bytes) and all_ascii:
+                # Search the encoded bytes first: most retained text holds no needle, and then it
+                # is never decoded. Only for character sets where ASCII bytes mean ASCII letters.
+                charset = ds.get("SpecificCharacterSet", "") or ""
+                charset = charset if isinstance(charset, str) else "\\".join(charset)
+                if all(c.strip() in _ASCII_COMPATIBLE for c in charset.split("\\")):
+                    low = raw.value.lower()
+                    if not any(n in low for n in ascii_needles):
+                        continue
+            try:
+                elem = ds[tag]
+            except Exception:
+                del ds[tag]  # undecodable retained text: remove rather than keep unchecked
+                self._note(ctx, path, tag, "X")
+                continue
             value = elem.value
             if value is None:
                 continue
             multi = isinstance(value, pydicom.multival.MultiValue)
             old = [str(v) for v in value] if multi else [str(value)]
-            new = [_redact(text, needles) for text in old]
+            new = [redactor.redact(text) if redactor.could_match(text.lower()) else text for text in old]
             if new != old:
                 elem.value = new if multi else new[0]
                 self._note(ctx, path, tag, "C")
 
     def _mark(self, ds: Dataset, report: DeidReport) -> None:
-        """PS3.15 E.1.1 attributes that declare what was done."""
+        """PS3.15 E.1.1 attributes that declare what was done. They are the same for every object
+        of a run, so they are encoded once per encoding and inserted as raw elements."""
+        implicit, little = ds.original_encoding
+        if little is True and implicit is not None:
+            raws = self._mark_cache.get(implicit)
+            if raws is None:
+                template = Dataset()
+                self._mark_into(template)
+                buf = DicomBytesIO()
+                buf.is_implicit_VR, buf.is_little_endian = implicit, True
+                write_dataset(buf, template)
+                from pydicom.filereader import read_dataset
+
+                parsed = read_dataset(io.BytesIO(buf.getvalue()), implicit, True)
+                raws = self._mark_cache[implicit] = [parsed.get_item(t) for t in sorted(parsed._dict)]
+            for raw in raws:
+                ds._dict[raw.tag] = raw  # immutable raw tuples: safe to share between objects
+            return
+        self._mark_into(ds)
+
+    def _mark_into(self, ds: Dataset) -> None:
         ds.PatientIdentityRemoved = "YES"
         ds.DeidentificationMethod = self._method_text
         codes = [CID7050["basic"]] + [CID7050[o.value] for o in self.policy.options]
@@ -600,51 +760,71 @@ class Deidentifier:
             report.changes.append(TagChange(_fmt(tag), tag, action))
 
 
-def _redact(text: str, needles: list[str]) -> str:
-    """Replace every case-insensitive occurrence of any needle with X's (same length)."""
-    low = text.lower()
-    hits = [n for n in needles if n in low]
-    if not hits:
-        return text
-    if len(low) != len(text):  # rare case-mapping that changes length: use a regex
-        pattern = re.compile("|".join(re.escape(h) for h in hits), re.IGNORECASE)
-        return pattern.sub(lambda m: "X" * len(m.group(0)), text)
-    chars = list(text)
-    for needle in hits:
-        pos = low.find(needle)
-        while pos != -1:
-            chars[pos : pos + len(needle)] = "X" * len(needle)
-            pos = low.find(needle, pos + 1)
-    return "".join(chars)
+def _policy_line(policy: DicomPolicy) -> str:
+    """``policy: NAME vN sha256:...`` within LO's 64 characters: a long name is shortened, the
+    digest (which identifies the policy exactly) never is."""
+    tail = f" v{policy.policy_version} sha256:{policy.digest[:16]}"
+    room = 64 - len("policy: ") - len(tail)
+    name = policy.name if len(policy.name) <= room else policy.name[: room - 1] + "~"
+    return f"policy: {name}{tail}"
+
+
+_UID_RE = re.compile(r"^[0-9]+(\.[0-9]+)+$")
 
 
 def read_dicom(
     path: str | os.PathLike[str] | BinaryIO, *, stop_before_pixels: bool = False, name: str | None = None
 ) -> Dataset:
-    """dcmread that turns every failure into :class:`UnreadableDicomError` with a short reason."""
+    """dcmread that turns every failure into :class:`UnreadableDicomError` with a short reason.
+
+    Files without the 128-byte preamble and ``DICM`` prefix (raw data sets, e.g. images a DICOMDIR
+    references after stripping, or older exports) are read with ``force=True`` and accepted only
+    when the content is a valid data set: it parses to the end and carries a well-formed SOP Class
+    UID and SOP Instance UID. Anything else is refused, always with the reason."""
     label = name or (Path(path).name if isinstance(path, str | os.PathLike) else "<stream>")
+    source = os.fspath(path) if isinstance(path, str | os.PathLike) else path
     try:
-        source = os.fspath(path) if isinstance(path, str | os.PathLike) else path
         return pydicom.dcmread(source, stop_before_pixels=stop_before_pixels)
     except InvalidDicomError:
-        raise UnreadableDicomError(f"{label}: not a DICOM file (no DICM preamble/prefix)") from None
+        pass  # no preamble/prefix: maybe a raw data set
     except (OSError, EOFError) as exc:
         raise UnreadableDicomError(f"{label}: cannot read ({type(exc).__name__})") from None
     except Exception as exc:  # pydicom raises many types on corrupt input
         raise UnreadableDicomError(f"{label}: corrupt DICOM ({type(exc).__name__})") from None
+    if not isinstance(source, str):
+        source.seek(0)
+    try:
+        ds = pydicom.dcmread(source, stop_before_pixels=stop_before_pixels, force=True)
+        sop_class = str(ds.get("SOPClassUID", "") or "")
+        sop_instance = str(ds.get("SOPInstanceUID", "") or "")
+    except Exception:
+        ds, sop_class, sop_instance = None, "", ""
+    if ds is None or not (_UID_RE.match(sop_class) and _UID_RE.match(sop_instance)):
+        raise UnreadableDicomError(
+            f"{label}: not a DICOM file (no DICM preamble/prefix, and the content is not a data set "
+            "with a SOP Class UID and SOP Instance UID)"
+        ) from None
+    return ds
 
 
 def check_complete(ds: Dataset, label: str) -> None:
     """pydicom stops silently at EOF, so a truncated file reads "fine". For images we can tell:
     image attributes without pixel data, or native pixel data shorter than Rows x Columns x
     frames x samples x bytes, mean the file was cut. (A non-image object cut exactly between two
-    elements cannot be told from a complete one; nor can a text value cut short.)"""
-    pixel_tags = (TAG_PIXEL_DATA, 0x7FE00008, 0x7FE00009)
+    elements cannot be told from a complete one; nor can a text value cut short. Header-only image
+    objects -- e.g. the stripped images a DICOMDIR references -- carry no image attributes at all
+    and are accepted: they hold no pixels to leak.)"""
+    if not ds._dict:
+        raise UnreadableDicomError(f"{label}: no data elements (empty or truncated file)")
+    for tag in reversed(sorted(ds._dict)):  # a cut file ends inside its last element
+        raw = ds.get_item(tag)
+        if getattr(raw, "is_raw", False) and raw.value is not None and raw.length != 0xFFFFFFFF:
+            if len(raw.value) < raw.length:
+                raise UnreadableDicomError(
+                    f"{label}: element {_fmt(int(tag))} holds {len(raw.value)} of {raw.length} bytes (truncated file?)"
+                )
+        break
     if "Rows" not in ds or "Columns" not in ds:
-        sop_class = ds.get("SOPClassUID")
-        name = getattr(sop_class, "name", "") if sop_class else ""
-        if "Image Storage" in str(name) and not any(t in ds for t in pixel_tags):
-            raise UnreadableDicomError(f"{label}: image storage object without image attributes (truncated file?)")
         return
     pixel_tags = (TAG_PIXEL_DATA, 0x7FE00008, 0x7FE00009)
     if not any(t in ds for t in pixel_tags):
@@ -664,14 +844,50 @@ def check_complete(ds: Dataset, label: str) -> None:
         bits = int(ds.get("BitsAllocated", 8) or 8)
     except (TypeError, ValueError):
         raise UnreadableDicomError(f"{label}: malformed image attributes") from None
+    photometric = str(ds.get("PhotometricInterpretation", "") or "").strip().upper()
+    if samples == 3 and photometric in ("YBR_FULL_422", "YBR_PARTIAL_422"):
+        samples = 2  # 4:2:2 subsampled: two values per pixel on average
     expected = (rows * cols * frames * samples * bits + 7) // 8
     actual = len(ds.get_item(TAG_PIXEL_DATA).value or b"")
     if actual < expected:
         raise UnreadableDicomError(f"{label}: pixel data is {actual} bytes, {expected} expected (truncated file?)")
 
 
+_FAST_SYNTAXES = frozenset({ImplicitVRLittleEndian, ExplicitVRLittleEndian, ExplicitVRBigEndian})
+
+
 def encode_dataset(ds: Dataset) -> bytes:
-    """Encode as a DICOM Part 10 file; datasets without SOP identity are written as-is."""
+    """Encode as a DICOM Part 10 file; datasets without SOP identity are written as-is.
+
+    The common case is written directly (preamble, meta, data set): ``dcmwrite`` deep-copies the
+    file meta and re-validates it, which costs as much as the whole de-identification pass. Still-raw
+    elements are copied as they were read. Deflated and unusual syntaxes go through ``dcmwrite``."""
+    meta = getattr(ds, "file_meta", None)
+    tsyntax = meta.get("TransferSyntaxUID") if meta is not None else None
+    try:
+        fast = tsyntax is not None and (tsyntax in _FAST_SYNTAXES or (tsyntax.is_compressed and not tsyntax.is_deflated))
+    except ValueError:
+        fast = False
+    if fast and "SOPClassUID" in ds and "MediaStorageSOPInstanceUID" in meta:
+        try:
+            fp = DicomBytesIO()
+            fp.write(b"\x00" * 128 + b"DICM")
+            write_file_meta_info(fp, meta, enforce_standard=True)
+            implicit = tsyntax == ImplicitVRLittleEndian
+            fp.is_implicit_VR, fp.is_little_endian = implicit, tsyntax != ExplicitVRBigEndian
+            pixels = ds._dict.get(TAG_PIXEL_DATA)
+            if pixels is not None and not pixels.is_raw:
+                # re-encoded pixels (masking/cleaning): the length form follows the transfer syntax
+                pixels.is_undefined_length = tsyntax.is_compressed
+            if ds.original_encoding == (implicit, True) and fp.is_little_endian:
+                write_dataset_le(fp, ds, implicit)
+            else:
+                if TAG_PIXEL_DATA in ds:
+                    ds[TAG_PIXEL_DATA].is_undefined_length = tsyntax.is_compressed
+                write_dataset(fp, ds)
+            return fp.getvalue()
+        except Exception:  # fall back to the general writer (it reports its own errors)
+            pass
     buf = io.BytesIO()
     try:
         pydicom.dcmwrite(buf, ds, enforce_file_format=True)

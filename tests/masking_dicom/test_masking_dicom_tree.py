@@ -1,0 +1,71 @@
+"""deidentify_tree (the library behind `securetrain deid`) and the batch-fsync writer."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pydicom
+import pytest
+from dicom_fixtures import POLICY_DIR, SECRET
+
+from securetrain.audit.recorder import MemoryAuditRecorder
+from securetrain.masking.dicom.output import BatchWriter
+from securetrain.masking.dicom.policy import load_policy
+from securetrain.masking.dicom.tree import FileOutcome, deidentify_tree
+
+BASIC = load_policy(POLICY_DIR / "dicom-basic.yaml")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_tree_outcomes_reasons_and_audit(synthetic_set: Path, tmp_path: Path, workers: int) -> None:
+    import shutil
+
+    src = tmp_path / "in"
+    shutil.copytree(synthetic_set.parent, src)  # the session fixture stays untouched
+    (src / "junk.dcm").write_bytes(b"not dicom" * 20)
+    audit = MemoryAuditRecorder()
+    report = deidentify_tree(src, tmp_path / "out", BASIC, SECRET, workers=workers, audit=audit)
+    inputs = sorted(str(p.relative_to(src)) for p in src.rglob("*") if p.is_file())
+    assert sorted(r.source for r in report.results) == inputs  # one result per input
+    by = {o: [r for r in report.results if r.outcome == o] for o in FileOutcome}
+    assert by[FileOutcome.WRITTEN] and by[FileOutcome.REJECTED] and by[FileOutcome.QUARANTINED]
+    assert all(r.reason for r in by[FileOutcome.REJECTED] + by[FileOutcome.QUARANTINED])
+    assert any(r.source == "junk.dcm" for r in by[FileOutcome.QUARANTINED])
+    for r in by[FileOutcome.WRITTEN]:
+        assert pydicom.dcmread(tmp_path / "out" / r.source).PatientIdentityRemoved == "YES"
+    for r in by[FileOutcome.REJECTED] + by[FileOutcome.QUARANTINED]:
+        assert not (tmp_path / "out" / r.source).exists()
+    assert not [p for p in (tmp_path / "out").rglob("*.tmp")]
+    actions = [e["action"] for e in audit.events]
+    assert actions[0] == "deid.policy_applied"
+    assert actions.count("dicom.read") == len(by[FileOutcome.WRITTEN]) + len(by[FileOutcome.REJECTED])
+    assert actions.count("deid.quarantine") == len(by[FileOutcome.QUARANTINED])
+    assert len(set(report.pseudonyms.values())) == 3  # 3 synthetic patients
+
+
+def test_tree_dry_run_writes_nothing(synthetic_set: Path, tmp_path: Path) -> None:
+    report = deidentify_tree(synthetic_set.parent, tmp_path / "out", BASIC, SECRET, dry_run=True)
+    assert not (tmp_path / "out").exists()
+    assert report.count(FileOutcome.WOULD_WRITE) > 0 and report.count(FileOutcome.WRITTEN) == 0
+    assert any(r.changes for r in report.results)
+
+
+def test_batch_writer_one_fsync_per_file_plus_one_per_directory(tmp_path: Path, monkeypatch) -> None:
+    calls = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real(fd))[1])
+    with BatchWriter(max_pending=100) as w:
+        for i in range(10):
+            w.write(tmp_path / "a" / f"{i}.dcm", b"x" * 10)
+        assert not list((tmp_path / "a").glob("*.dcm"))  # nothing visible before the flush
+    assert len(list((tmp_path / "a").glob("*.dcm"))) == 10
+    assert len(calls) == 10 + 1  # not 2 per file
+
+
+def test_batch_writer_abort_leaves_nothing(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError):
+        with BatchWriter() as w:
+            w.write(tmp_path / "x.dcm", b"data")
+            raise RuntimeError("boom")
+    assert list(tmp_path.iterdir()) == []
