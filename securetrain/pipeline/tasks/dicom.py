@@ -177,16 +177,13 @@ class FramesDicomDataset(DicomDataset):
 
     def _load_frames(self, path: str, label: int | None) -> dict[str, Any]:
         import numpy as np
-        import pydicom
 
+        from securetrain.masking.dicom.engine import read_dicom
         from securetrain.masking.dicom.errors import DeidError
 
         data = Path(path).read_bytes()
         digest = hashlib.sha256(data).hexdigest()
-        try:
-            ds = pydicom.dcmread(io.BytesIO(data))
-        except Exception as exc:
-            raise DeidError(f"corrupt DICOM ({type(exc).__name__})") from None
+        ds = read_dicom(io.BytesIO(data), name=Path(path).name)
         self.audit.record("dicom.read", f"sha256:{digest}", details={"sha256": digest, "bytes": len(data)})
         ds, _ = self._deidentifier().deidentify_dataset(ds)
         try:
@@ -204,10 +201,10 @@ class FramesDicomDataset(DicomDataset):
             arr = arr[arr.shape[0] // 2][None]
         elif self.depth is not None and arr.shape[0] != self.depth:
             arr = arr[np.linspace(0, arr.shape[0] - 1, self.depth).round().astype(int)]
-        slope = float(ds.get("RescaleSlope", 1) or 1)
-        intercept = float(ds.get("RescaleIntercept", 0) or 0)
-        arr = arr * slope + intercept
+        arr = arr * _single_number(ds, "RescaleSlope", 1.0) + _single_number(ds, "RescaleIntercept", 0.0)
         lo, hi = float(arr.min()), float(arr.max())
+        if not (np.isfinite(lo) and np.isfinite(hi)):
+            raise DeidError("pixel values are not finite")
         arr = (arr - lo) / (hi - lo) if hi > lo else np.zeros_like(arr)
         pixels = torch.from_numpy(np.ascontiguousarray(arr))
         if self.size is not None and tuple(pixels.shape[-2:]) != self.size:
@@ -219,6 +216,19 @@ class FramesDicomDataset(DicomDataset):
         if self.has_labels:
             item["label"] = torch.tensor(-1 if label is None else label, dtype=torch.long)
         return item
+
+
+def _single_number(ds: Any, keyword: str, default: float) -> float:
+    """A one-valued numeric attribute (a multi-valued or non-numeric one fails the item, not the epoch)."""
+    from securetrain.masking.dicom.errors import DeidError
+
+    value = ds.get(keyword, None)
+    if value is None or value == "":
+        return default
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise DeidError(f"{keyword} is not a single number") from None
 
 
 def dicom_dataset(config: PipelineConfig, manifest: Path, secrets: RunSecrets, audit: AuditRecorder | None):
@@ -255,5 +265,6 @@ class DicomClassification:
         names = json.loads(labels.read_text())["classes"]
         train = dicom_dataset(ctx.config, deid_dir / "train.csv", ctx.secrets, ctx.audit)
         evaluation = dicom_dataset(ctx.config, deid_dir / "eval.csv", ctx.secrets, ctx.audit)
-        facts = {"in_channels": int(train[0]["pixels"].shape[0])} if len(train) else {}
+        first = next((item for item in (train[i] for i in range(len(train))) if item is not None), None)
+        facts = {"in_channels": int(first["pixels"].shape[0])} if first is not None else {}
         return TaskData(train=train, eval=evaluation, class_names=names, model_facts=facts)
