@@ -65,6 +65,10 @@ def plot_training_curve(training: TrainingSummary, path: Path) -> Path:
     return path
 
 
+def _sci(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3e}"
+
+
 def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
@@ -229,7 +233,9 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
                 ("scope", "whole model" if h.scope == "model" else "linear head on data-owner features"),
                 ("samples × features", f"{h.samples} × {h.features}"),
                 ("encrypted scores per sample", h.outputs),
-                ("max abs error vs plaintext", f"{h.max_abs_error:.3e}"),
+                ("max abs error vs the exact model", f"{h.max_abs_error:.3e}"),
+                ("of which CKKS noise / polynomial approximation",
+                 f"{_sci(h.max_abs_error_vs_plan)} / {_sci(h.approximation_error)}"),
                 ("AUC plaintext / encrypted", f"{_num(h.plaintext_auc)} / {_num(h.encrypted_auc)}"),
                 ("accuracy plaintext / encrypted", f"{_num(h.plaintext_accuracy)} / {_num(h.encrypted_accuracy)}"),
                 ("time", f"{h.ms_per_sample:.3f} ms/sample"),

@@ -107,6 +107,11 @@ class HESummary(BaseModel):
     public_context_bytes: int
     scope: str = "head"  # head: the last linear layer on plaintext features; model: the whole model
     outputs: int = 1
+    # max_abs_error is against the exact model; these split it into CKKS noise and the polynomials' share
+    max_abs_error_vs_plan: float | None = None
+    approximation_error: float | None = None
+    out_of_interval_fraction: float | None = None
+    packed: bool | None = None
 
 
 class AuditSummary(BaseModel):

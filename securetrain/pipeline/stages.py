@@ -427,6 +427,10 @@ def he_evaluate(
         public_context_bytes=report.public_context_bytes,
         scope=scope,
         outputs=out_features,
+        max_abs_error_vs_plan=getattr(report, "max_abs_error_vs_plan", None),
+        approximation_error=getattr(report, "approximation_error_vs_exact", None),
+        out_of_interval_fraction=getattr(report, "out_of_interval_fraction", None),
+        packed=getattr(report, "packed", None),
     )
 
 

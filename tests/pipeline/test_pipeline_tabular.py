@@ -41,10 +41,10 @@ def test_every_stage_of_the_finance_pipeline(finance_run) -> None:
     assert m["policy"] == "finance-pii" and m["rows_in"] == 600 and m["train_rows"] + m["eval_rows"] == 600
     assert m["columns"]["customer_id"] == "tokenize" and m["columns"]["notes"] == "drop"
     assert set(m["feature_columns"]) == {"amount", "balance", "txn_date", "category", "hour"}  # never identifier tokens
-    assert t["model_target"] == "mlp" and t["class_names"] == ["0", "1"] and len(t["validation"]) >= 1
+    assert t["model_target"] == "logistic" and t["class_names"] == ["0", "1"] and len(t["validation"]) >= 1
     assert all(v["auc"] is not None for v in t["validation"])
     assert he["scope"] == "model" and he["samples"] == m["eval_rows"] and he["max_abs_error"] < 1e-3
-    assert he["encrypted_accuracy"] == he["plaintext_accuracy"]
+    assert he["encrypted_accuracy"] == he["plaintext_accuracy"] and he["encrypted_auc"] == pytest.approx(he["plaintext_auc"])
     assert result["audit"]["verified"] is True
 
 
