@@ -49,7 +49,8 @@ def test_result_json_holds_the_whole_run(cli_run) -> None:
     assert t["best"]["metric"] == "accuracy" and t["best_checkpoint"]["path"].endswith(".stenc")
     assert t["checkpoints"] and all(c["path"].endswith(".stenc") for c in t["checkpoints"])
     assert result["he"]["outputs"] == 3 and result["he"]["max_abs_error"] < 1e-3
-    assert result["he"]["encrypted_accuracy"] == result["he"]["plaintext_accuracy"]  # arg-max after decryption
+    he = result["he"]  # arg-max after decryption: only a near-tie of two class scores could move
+    assert abs(he["encrypted_accuracy"] - he["plaintext_accuracy"]) <= 1 / he["samples"]
     assert result["audit"]["verified"] is True
     assert "run result" in output and "validation" in output
 

@@ -44,7 +44,9 @@ def test_every_stage_of_the_finance_pipeline(finance_run) -> None:
     assert t["model_target"] == "logistic" and t["class_names"] == ["0", "1"] and len(t["validation"]) >= 1
     assert all(v["auc"] is not None for v in t["validation"])
     assert he["scope"] == "model" and he["samples"] == m["eval_rows"] and he["max_abs_error"] < 1e-3
-    assert he["encrypted_accuracy"] == he["plaintext_accuracy"] and he["encrypted_auc"] == pytest.approx(he["plaintext_auc"])
+    # Exact up to CKKS noise (~1e-5): at most a score sitting on the threshold or a tie may move.
+    assert abs(he["encrypted_accuracy"] - he["plaintext_accuracy"]) <= 1 / he["samples"]
+    assert he["encrypted_auc"] == pytest.approx(he["plaintext_auc"], abs=2e-3)
     assert result["audit"]["verified"] is True
 
 
