@@ -46,7 +46,7 @@ from securetrain.masking.dicom.errors import BurnedInAnnotationError, DeidError,
 from securetrain.masking.dicom.keys import DeidKeys, KeyedMapper
 from securetrain.masking.dicom.dates import shift_da, shift_dt
 from securetrain.masking.dicom.mapping import export_mapping
-from securetrain.masking.dicom.pixels import apply_pixel_masks, burned_in_status, matching_masks
+from securetrain.masking.dicom.burned_in.cleaner import BurnedInCleaner
 from securetrain.masking.dicom.policy import DicomPolicy
 from securetrain.masking.dicom.profile_table import CID7050, RECURSE_UIDS, Option, compile_profile, load_table
 from securetrain.masking.dicom.safe_attributes import is_safe_unlisted_text
@@ -175,8 +175,9 @@ class DeidReport:
     patient_pseudonym: str | None = None
     changes: list[TagChange] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
-    burned_in: str = "none"  # none | masked
+    burned_in: str = "none"  # none | masked | cleaned | allowed-flagged
     pixels_masked: bool = False
+    burned_in_detail: Any = None  # burned_in.BurnedInOutcome: masked regions (coordinates only)
 
     @property
     def tags_changed(self) -> int:
@@ -195,6 +196,7 @@ class DeidReport:
             "actions": self.action_counts(),
             "burned_in": self.burned_in,
             "pixels_masked": self.pixels_masked,
+            "burned_in_detail": self.burned_in_detail.to_dict() if self.burned_in_detail is not None else None,
             "changes": [c.to_dict() for c in self.changes],
         }
 
@@ -246,6 +248,7 @@ class Deidentifier:
         self.profile = compile_profile(policy.option_values, policy.override_tags)
         self.mapper = KeyedMapper(self.keys, max_shift_days=policy.max_date_shift_days)
         self.pseudonyms: dict[str, str] = {}
+        self.burned_in = BurnedInCleaner(policy)  # .counts: cleaned/refused/... for the report
         self._mark_cache: dict[bool, list[Any]] = {}
         opts = policy.option_values
         self._full_dates = Option.RETAIN_LONGITUDINAL_FULL_DATES.value in opts
@@ -285,6 +288,7 @@ class Deidentifier:
         if self.policy.scrub_retained_text:
             self._scrub(ctx)
         self._mark(ds, report)
+        self.burned_in.record(ds, report)
         self._file_meta(ds, report)
         report.sop_instance_uid = str(ds.get("SOPInstanceUID", "")) or None
         return ds, report
@@ -336,28 +340,7 @@ class Deidentifier:
         return pseudonym
 
     def _check_pixels(self, ds: Dataset, report: DeidReport) -> None:
-        if TAG_PIXEL_DATA not in ds:
-            return
-        status = burned_in_status(ds, self.policy.burned_in_modalities)
-        masks = matching_masks(ds, self.policy.pixel_masks) if Option.CLEAN_PIXEL_DATA in self.policy.options else []
-        if status != "no":
-            if self.policy.burned_in_annotation == "reject":
-                raise BurnedInAnnotationError(
-                    f"pixel data may contain burned-in annotation ({status}); rejected by policy {self.policy.name}",
-                    hint="set burned_in_annotation: mask with clean_pixel_data regions for this modality/size",
-                )
-            if not masks:
-                raise BurnedInAnnotationError(
-                    f"pixel data may contain burned-in annotation ({status}) and no pixel_masks entry matches "
-                    f"modality {ds.get('Modality', '?')} {ds.get('Rows', '?')}x{ds.get('Columns', '?')}",
-                    hint="add a pixel_masks entry for this modality and image size",
-                )
-        if masks:
-            apply_pixel_masks(ds, masks)
-            report.pixels_masked = True
-            if status != "no":
-                report.burned_in = "masked"
-            ds.BurnedInAnnotation = "NO"
+        self.burned_in.process(ds, report)  # refuses with BurnedInAnnotationError, or cleans in place
 
     def _note(self, ctx: _Ctx, path: str, tag: int, action: str) -> None:
         if self.record_changes:

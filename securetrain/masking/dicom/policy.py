@@ -99,6 +99,66 @@ class PixelMask(BaseModel):
         )
 
 
+class KnownRegion(BaseModel):
+    """A CTP-style known place of burned-in text: rectangles masked without OCR on every image
+    whose Manufacturer / ManufacturerModelName (case-insensitive substring, as in CTP's
+    ``containsIgnoreCase``), Rows and Columns match. At least one selector is required."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    manufacturer: str | None = Field(default=None, min_length=1)
+    manufacturer_model_name: str | None = Field(default=None, min_length=1)
+    rows: int | None = Field(default=None, ge=1)
+    columns: int | None = Field(default=None, ge=1)
+    # Why this region is masked (e.g. "patient banner"); written into the output's record.
+    label: str = Field(default="", max_length=24, pattern=r"^[A-Za-z0-9 ._/-]*$")
+    rects: tuple[tuple[int, int, int, int], ...] = Field(min_length=1)
+
+    @field_validator("rects")
+    @classmethod
+    def _rects(cls, v: tuple[tuple[int, int, int, int], ...]) -> tuple[tuple[int, int, int, int], ...]:
+        for x0, y0, x1, y1 in v:
+            if x0 < 0 or y0 < 0 or x1 <= x0 or y1 <= y0:
+                raise ValueError(f"rectangle {(x0, y0, x1, y1)} must satisfy 0 <= x0 < x1 and 0 <= y0 < y1")
+        return v
+
+    @model_validator(mode="after")
+    def _selective(self) -> KnownRegion:
+        if self.manufacturer is None and self.manufacturer_model_name is None and self.rows is None and self.columns is None:
+            raise ValueError("a known region needs at least one of manufacturer, manufacturer_model_name, rows, columns")
+        return self
+
+    def matches(self, manufacturer: str, model: str, rows: int, columns: int) -> bool:
+        return (
+            (self.manufacturer is None or self.manufacturer.casefold() in manufacturer.casefold())
+            and (self.manufacturer_model_name is None or self.manufacturer_model_name.casefold() in model.casefold())
+            and (self.rows is None or self.rows == rows)
+            and (self.columns is None or self.columns == columns)
+        )
+
+
+class BurnedInOcr(BaseModel):
+    """Settings of ``burned_in: clean`` (OCR with Tesseract)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    language: str = Field(default="eng", pattern=r"^[a-z_]{3,16}(\+[a-z_]{3,16})*$")
+    # Pixels added on every side of each text box before masking (anti-aliasing, OCR box slack).
+    margin: int = Field(default=4, ge=0, le=64)
+    # An OCR word counts as text when it has this many letters/digits at this confidence (0-100).
+    min_confidence: float = Field(default=40.0, ge=0, le=100)
+    min_alnum: int = Field(default=3, ge=1, le=16)
+    # Gray levels (of the 8-bit view) a stroke must rise above its surroundings to be a candidate.
+    min_contrast: int = Field(default=30, ge=5, le=200)
+    # Also OCR each whole frame and its inverse in every pass (about twice the time; catches, and
+    # in the last pass refuses, text that the line candidates miss).
+    full_frame: bool = True
+    # Files with more frames (after dropping identical ones) are refused: OCR would take too long.
+    max_frames: int = Field(default=64, ge=1, le=10000)
+    # Refuse when the masks would cover more than this fraction of the image: nothing useful is left.
+    max_masked_fraction: float = Field(default=0.5, gt=0, le=1)
+    # Mask, re-OCR and mask again up to this many times before the final verifying OCR.
+    rounds: int = Field(default=3, ge=1, le=5)
+
+
 class DicomPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -109,6 +169,11 @@ class DicomPolicy(BaseModel):
     options: tuple[Option, ...] = ()
     overrides: dict[str, str] = Field(default_factory=dict)
     burned_in_annotation: Literal["reject", "mask"] = "reject"
+    # What to do with files flagged or suspected of burned-in text: refuse them (default), remove
+    # the text (OCR + known_regions, verified by a second OCR) or pass them on still flagged.
+    burned_in: Literal["reject", "clean", "allow-flagged"] = "reject"
+    known_regions: tuple[KnownRegion, ...] = ()
+    burned_in_ocr: BurnedInOcr = Field(default_factory=BurnedInOcr)
     # Modalities treated as burned-in when BurnedInAnnotation (0028,0301) is absent.
     burned_in_modalities: tuple[str, ...] = ("US", "SC", "OT", "XC", "ES", "GM", "SM", "DOC")
     safe_private: tuple[SafePrivateEntry, ...] = ()
@@ -145,6 +210,11 @@ class DicomPolicy(BaseModel):
             )
         if self.burned_in_annotation == "mask" and not (Option.CLEAN_PIXEL_DATA in opts and self.pixel_masks):
             raise ValueError("burned_in_annotation: 'mask' needs option clean_pixel_data and at least one pixel_masks entry")
+        if self.burned_in != "reject" and self.burned_in_annotation == "mask":
+            raise ValueError("burned_in_annotation: 'mask' is the older spelling of known masks; with burned_in: "
+                             f"{self.burned_in} leave it at 'reject' (use known_regions / pixel_masks instead)")
+        if self.known_regions and self.burned_in != "clean":
+            raise ValueError("known_regions: only used with burned_in: clean")
         if self.pixel_masks and Option.CLEAN_PIXEL_DATA not in opts:
             raise ValueError("pixel_masks: given but option clean_pixel_data is not selected")
         if self.safe_private and Option.RETAIN_SAFE_PRIVATE not in opts:

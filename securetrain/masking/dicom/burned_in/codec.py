@@ -1,0 +1,162 @@
+"""Decode pixel data to frames, paint masks, and re-encode so the output stays valid DICOM.
+
+Transfer syntax rules after masking (nothing is re-encoded when nothing was masked):
+
+* native (uncompressed) input: written back in the same transfer syntax (big endian becomes
+  Explicit VR Little Endian);
+* lossless compressed input (RLE, JPEG 2000 lossless, ...): re-encoded in the same syntax when
+  pydicom has an encoder for it, else written as Explicit VR Little Endian;
+* lossy compressed input (JPEG baseline/extended, JPEG 2000, ...): re-encoded *losslessly*
+  (JPEG 2000 Lossless when available, else Explicit VR Little Endian) so that masking adds no
+  second generation of loss. Lossy Image Compression (0028,2110) stays ``01`` (set if it was
+  missing): the pixels did go through lossy compression once; its method and ratio are kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+from pydicom.dataset import Dataset
+from pydicom.uid import UID, ExplicitVRBigEndian, ExplicitVRLittleEndian, JPEG2000Lossless
+
+from securetrain.masking.dicom.burned_in.regions import Region
+from securetrain.masking.dicom.errors import BurnedInAnnotationError
+
+_LOSSY = frozenset(
+    {
+        "1.2.840.10008.1.2.4.50",  # JPEG Baseline
+        "1.2.840.10008.1.2.4.51",  # JPEG Extended
+        "1.2.840.10008.1.2.4.81",  # JPEG-LS Near-Lossless
+        "1.2.840.10008.1.2.4.91",  # JPEG 2000 (lossy allowed)
+        "1.2.840.10008.1.2.4.203",  # HTJ2K (lossy allowed)
+        "1.2.840.10008.1.2.4.93",  # JPEG 2000 Part 2 multi-component (lossy allowed)
+    }
+)
+
+
+def transfer_syntax(ds: Dataset) -> UID:
+    meta = getattr(ds, "file_meta", None)
+    ts = getattr(meta, "TransferSyntaxUID", None)
+    if ts is None:
+        implicit, little = ds.original_encoding if ds.original_encoding[0] is not None else (False, True)
+        from pydicom.uid import ImplicitVRLittleEndian
+
+        return ImplicitVRLittleEndian if implicit else (ExplicitVRLittleEndian if little else ExplicitVRBigEndian)
+    return UID(str(ts))
+
+
+def decode_frames(ds: Dataset) -> np.ndarray:
+    """All frames as ``(frames, rows, columns, samples)``; colour (YBR) arrives as RGB.
+
+    Refuses (with the reason) what cannot be masked safely: no decoder, 1-bit or float data,
+    a shape that does not match the header."""
+    if "PixelData" not in ds:
+        raise BurnedInAnnotationError("burned-in text check needs (7FE0,0010) Pixel Data; float/double pixel data is not supported")
+    if int(ds.get("BitsAllocated", 8) or 8) == 1:
+        raise BurnedInAnnotationError("cannot clean burned-in text in 1-bit pixel data")
+    try:
+        arr = ds.pixel_array
+    except Exception as exc:
+        ts = transfer_syntax(ds)
+        raise BurnedInAnnotationError(
+            f"cannot decode pixel data ({ts.name}: {type(exc).__name__}) to look for burned-in text",
+            hint="install a pydicom decoder for this transfer syntax (pylibjpeg, pylibjpeg-openjpeg, pylibjpeg-rle)",
+        ) from None
+    rows, cols = int(ds.Rows), int(ds.Columns)
+    frames = int(ds.get("NumberOfFrames", 1) or 1)
+    samples = int(ds.get("SamplesPerPixel", 1) or 1)
+    if arr.size != frames * rows * cols * samples:
+        raise BurnedInAnnotationError("pixel data shape does not match Rows/Columns/NumberOfFrames/SamplesPerPixel")
+    return arr.reshape((frames, rows, cols, samples))
+
+
+def fill_value(ds: Dataset, frames: np.ndarray) -> int | float:
+    """The "black" of this image: the darkest displayed value (MONOCHROME1 shows high as dark;
+    PALETTE COLOR: the index whose palette entry is darkest)."""
+    photometric = str(ds.get("PhotometricInterpretation", "")).upper()
+    if photometric == "MONOCHROME1":
+        return frames.max()
+    if photometric == "PALETTE COLOR":
+        used = np.unique(frames)
+        rgb = displayed(ds, used.reshape(1, -1, 1)).reshape(-1, 3).astype(np.float64)
+        return used[int(np.argmin(rgb @ np.array([0.299, 0.587, 0.114])))]
+    return frames.min() if photometric.startswith("MONOCHROME") else 0
+
+
+def displayed(ds: Dataset, frames: np.ndarray) -> np.ndarray:
+    """What a viewer shows, for OCR: PALETTE COLOR indexes go through the palette (they are not
+    intensities; a LUT need not be monotonic); everything else is already displayable."""
+    if str(ds.get("PhotometricInterpretation", "")).upper() != "PALETTE COLOR":
+        return frames
+    from pydicom.pixels import apply_color_lut
+
+    try:
+        return apply_color_lut(frames[..., 0], ds)
+    except Exception as exc:
+        raise BurnedInAnnotationError(f"cannot apply the palette to look for burned-in text ({type(exc).__name__})") from None
+
+
+def paint(frames: np.ndarray, regions: Iterable[Region], value: int | float) -> np.ndarray:
+    """A copy of ``frames`` with every region set to ``value`` in every frame and sample."""
+    out = frames.copy()
+    _, rows, cols, _ = out.shape
+    for r in regions:
+        out[:, max(0, r.y0) : min(rows, r.y1), max(0, r.x0) : min(cols, r.x1), :] = value
+    return out
+
+
+def _encoder_available(ts: UID) -> bool:
+    from pydicom.pixels import get_encoder
+
+    try:
+        return bool(get_encoder(ts).is_available)
+    except (ValueError, NotImplementedError, KeyError):
+        return False
+
+
+def target_syntax(original: UID) -> UID:
+    """Where masked pixels are written (see the module docstring)."""
+    if not original.is_compressed:
+        return ExplicitVRLittleEndian if original == ExplicitVRBigEndian else original
+    if str(original) in _LOSSY:
+        return JPEG2000Lossless if _encoder_available(JPEG2000Lossless) else ExplicitVRLittleEndian
+    return original if _encoder_available(original) else ExplicitVRLittleEndian
+
+
+def write_pixels(ds: Dataset, masked: np.ndarray) -> UID:
+    """Store ``masked`` (frames, rows, cols, samples) as the object's pixel data; returns the
+    transfer syntax written. Raises :class:`BurnedInAnnotationError` if it cannot be encoded."""
+    original = transfer_syntax(ds)
+    target = target_syntax(original)
+    was_lossy = str(original) in _LOSSY or str(ds.get("LossyImageCompression", "")).strip() == "01"
+    frames, rows, cols, samples = masked.shape
+    arr = masked[0] if frames == 1 else masked
+    if samples == 1:
+        arr = arr[..., 0]
+    # The decoded array is native: colour is RGB and interleaved, whatever the source said.
+    if samples == 3:
+        if str(ds.get("PhotometricInterpretation", "")).upper().startswith("YBR"):
+            ds.PhotometricInterpretation = "RGB"
+        ds.PlanarConfiguration = 0
+    for tag in ("ExtendedOffsetTable", "ExtendedOffsetTableLengths"):
+        if tag in ds:
+            del ds[tag]
+    bits = int(ds.get("BitsAllocated", 8) or 8)
+    arr = np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("<"), copy=False))
+    ds.PixelData = arr.tobytes()
+    ds["PixelData"].VR = "OB" if bits <= 8 else "OW"
+    ds["PixelData"].is_undefined_length = False
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    if target.is_compressed:
+        try:
+            ds.compress(target, arr, generate_instance_uid=False)
+        except Exception as exc:
+            raise BurnedInAnnotationError(
+                f"masked pixel data cannot be re-encoded as {target.name} ({type(exc).__name__})"
+            ) from None
+    else:
+        ds.file_meta.TransferSyntaxUID = target
+    if was_lossy:
+        ds.LossyImageCompression = "01"
+    return target
