@@ -17,8 +17,8 @@ from prefect.cache_policies import NO_CACHE
 from securetrain.pipeline import stages
 from securetrain.pipeline.config import PipelineConfig, load_pipeline_config
 from securetrain.pipeline.report import markdown_summary
-from securetrain.pipeline.results import AuditSummary, DeidSummary, HESummary, PipelineResult, TrainingSummary
-from securetrain.pipeline.runner import config_digest, finish_report, open_run_audit
+from securetrain.pipeline.results import AuditSummary, HESummary, PipelineResult, PreparedData, TrainingSummary
+from securetrain.pipeline.runner import assemble_result, config_digest, finish_report, open_run_audit
 from securetrain.pipeline.secrets import export_passphrase_for_children, load_run_secrets, run_keyring_path
 from securetrain.redaction import install_redaction
 
@@ -43,23 +43,24 @@ def _not_preempted(task: Any, task_run: Any, state: Any) -> bool:
 
 
 @task(name="ingest", retries=2, retry_delay_seconds=2, result_serializer="json")
-def ingest_task(config: PipelineConfig) -> str:
-    return str(stages.ingest(config))
+def ingest_task(config: PipelineConfig) -> str | None:
+    raw = stages.ingest(config)
+    return None if raw is None else str(raw)
 
 
-# De-identification writes atomically and is deterministic for a key, so it is safe to retry.
-@task(name="de-identify", retries=2, retry_delay_seconds=2, result_serializer="json")
-def deidentify_task(config: PipelineConfig, raw_manifest: str) -> DeidSummary:
+# De-identification / masking write atomically and are deterministic for a key: safe to retry.
+@task(name="prepare-data", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, result_serializer="json")
+def prepare_task(config: PipelineConfig, raw: str | None) -> PreparedData:
     with open_run_audit(config) as audit:
-        return stages.deidentify(config, Path(raw_manifest), load_run_secrets(config), audit)
+        return stages.prepare(config, Path(raw) if raw else None, load_run_secrets(config), audit)
 
 
 # Training resumes from its latest encrypted checkpoint, so a retry continues rather than restarts.
 @task(name="train", retries=1, retry_condition_fn=_not_preempted, cache_policy=NO_CACHE, result_serializer="json")
-def train_task(config: PipelineConfig, deid: DeidSummary) -> TrainingSummary:
+def train_task(config: PipelineConfig, prepared: PreparedData) -> TrainingSummary:
     logger = get_run_logger()
     with open_run_audit(config) as audit:
-        summary = stages.train(config, deid, load_run_secrets(config), audit)
+        summary = stages.train(config, prepared, load_run_secrets(config), audit)
     logger.info("trained %d steps on %s, final loss %.3g", summary.steps, summary.device, summary.final_loss)
     return summary
 
@@ -90,12 +91,26 @@ def publish_artifacts(result: PipelineResult) -> None:
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     create_markdown_artifact(markdown_summary(result), key="securetrain-run", description="securetrain run summary")
-    d = result.deid
-    create_table_artifact(
-        [{"files_in": d.files_in, "files_out": d.files_out, "tags_changed": d.tags_changed,
-          "rejected": d.rejected, "quarantined": d.quarantined, "policy": f"{d.policy} v{d.policy_version}"}],
-        key="securetrain-deid", description="de-identification counts",
-    )
+    if result.deid:
+        d = result.deid
+        create_table_artifact(
+            [{"files_in": d.files_in, "files_out": d.files_out, "tags_changed": d.tags_changed,
+              "rejected": d.rejected, "quarantined": d.quarantined, "policy": f"{d.policy} v{d.policy_version}"}],
+            key="securetrain-deid", description="de-identification counts",
+        )
+    if result.masking:
+        m = result.masking
+        create_table_artifact(
+            [{"rows": m.rows_in, "train_rows": m.train_rows, "eval_rows": m.eval_rows,
+              "train_entities": m.train_entities, "eval_entities": m.eval_entities,
+              "policy": f"{m.policy} v{m.policy_version}", "key_id": m.key_id}],
+            key="securetrain-masking", description="tabular masking and entity split",
+        )
+    if result.training.validation:
+        create_table_artifact(
+            [{k: v.get(k) for k in ("epoch", "step", "loss", "accuracy", "auc")} for v in result.training.validation],
+            key="securetrain-validation", description="validation metrics per epoch",
+        )
     create_table_artifact(
         [{"step": step, "loss": round(loss, 6)} for step, loss in result.training.curve],
         key="securetrain-training-curve", description="training loss per logged step",
@@ -114,24 +129,30 @@ def publish_artifacts(result: PipelineResult) -> None:
 
 @flow(name="secure_training", result_serializer="json", log_prints=False)
 def secure_training(config_path: str | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """ingest → de-identify → train → (HE evaluation) → seal audit log → report."""
+    """ingest → prepare (de-identify / mask, split) → train → (HE evaluation) → seal audit log → report."""
     install_redaction()
     logger = get_run_logger()
     config = load_pipeline_config(config_path, data=overrides)
+    stages.preflight(config)  # a bad model/task target fails before any work
     load_run_secrets(config)  # fail fast (and create demo secrets) before any work
     export_passphrase_for_children(config)  # after creation: the serializer reads it from the env
     with open_run_audit(config) as audit:
         audit.record("pipeline.start", f"run:{config.name}", details={"config_sha256": config_digest(config)})
     raw = ingest_task(config)
-    deid = deidentify_task(config, raw)
-    logger.info("de-identified %d/%d files (%d rejected)", deid.files_out, deid.files_in, deid.rejected)
-    training = train_task(config, deid)
+    prepared = prepare_task(config, raw)
+    if prepared.deid:
+        d = prepared.deid
+        logger.info("de-identified %d/%d files (%d rejected)", d.files_out, d.files_in, d.rejected)
+    if prepared.masking:
+        m = prepared.masking
+        logger.info("masked %d rows; split %d/%d entities", m.rows_in, m.train_entities, m.eval_entities)
+    training = train_task(config, prepared)
     he = None
     if config.he.enabled:
         features = extract_features_task.with_options(result_serializer=_tensor_serializer(config))(config)
         he = he_evaluate_task(config, features)
     sealed = seal_audit_task(config, training.steps)
-    result = finish_report(PipelineResult(run_dir=config.run_dir, deid=deid, training=training, he=he, audit=sealed))
+    result = finish_report(assemble_result(config, prepared, training, he, sealed), config)
     publish_artifacts(result)
     logger.info("report: %s", result.report_html)
     return result.model_dump(mode="json")

@@ -38,12 +38,24 @@ def _print_result(result) -> None:  # noqa: ANN001 - PipelineResult
     table.add_column("stage")
     table.add_column("result")
     table.add_column("where", overflow="fold")
-    d, t = result.deid, result.training
-    table.add_row("de-identification", f"{d.files_out}/{d.files_in} files, {d.tags_changed} tags changed, "
-                  f"{d.rejected} rejected, {d.quarantined} quarantined", str(d.output_dir))
+    d, m, t = result.deid, result.masking, result.training
+    if d:
+        table.add_row("de-identification", f"{d.files_out}/{d.files_in} files, {d.tags_changed} tags changed, "
+                      f"{d.rejected} rejected, {d.quarantined} quarantined", str(d.output_dir))
+    if m:
+        table.add_row("masking", f"{m.rows_in} rows, policy {m.policy} v{m.policy_version}, split by {m.split_by}: "
+                      f"{m.train_entities}/{m.eval_entities} entities", str(m.output_dir))
     last = t.checkpoints[-1] if t.checkpoints else None
-    table.add_row("training", f"{t.steps} steps on {t.device}, final loss {t.final_loss:.3g}",
+    table.add_row("model", f"{t.model_target}: {t.parameters:,} parameters, {len(t.class_names)} classes", "")
+    table.add_row("training", f"{t.steps} steps on {t.device}, final loss {t.final_loss:.3g} ({t.reason})",
                   str(last.path.parent) if last else "-")
+    if t.validation:
+        from securetrain.pipeline.report import best_validation
+
+        b = best_validation(t) or {}
+        table.add_row("validation", f"best epoch {b.get('epoch')}: accuracy {_fmt(b.get('accuracy'))}, "
+                      f"macro AUC {_fmt(b.get('auc'))}, loss {_fmt(b.get('loss'))}",
+                      str(t.best_checkpoint.path) if t.best_checkpoint else "-")
     if last:
         table.add_row("encrypted checkpoint", f"step {last.step}, key id {last.key_id}", str(last.path))
     if result.he:
@@ -57,6 +69,7 @@ def _print_result(result) -> None:  # noqa: ANN001 - PipelineResult
         table.add_row("audit export", f"root {a.root_hash[:16]}…", str(a.export_dir))
     table.add_row("training curve", "PNG", str(result.curve_png))
     table.add_row("run report", "HTML", str(result.report_html))
+    table.add_row("run result", "JSON", str(result.result_json))
     console.print(table)
 
 
@@ -67,6 +80,9 @@ def _run(config_path: Path | None, *, use_prefect: bool, overrides: dict | None 
     from securetrain.pipeline.stages import PREEMPTED_EXIT_CODE, PipelinePreempted
 
     config = load_pipeline_config(config_path, data=overrides)  # validate before starting Prefect
+    from securetrain.pipeline.stages import preflight
+
+    preflight(config)  # model.target / task.target resolve, or one line and nothing written
     try:
         if use_prefect:
             os.environ.setdefault("DO_NOT_TRACK", "1")

@@ -4,12 +4,15 @@ YAML example (``examples/demo.yaml``)::
 
     name: demo
     output_dir: runs
+    task: dicom-classification          # or tabular-classification, or {target: "pkg.mod:make_task"}
     data: {synthetic: {n_patients: 8}, policy: policies/dicom-basic.yaml, image_size: 32}
-    training: {epochs: 4, batch_size: 16}
+    model: {target: cnn, kwargs: {channels: 8, hidden: 16}}   # or "mypkg.nets:build"
+    training: {epochs: 4, batch_size: 16, scheduler: {name: cosine, warmup_steps: 5}}
     he: {enabled: true}
 
 Environment overrides: ``SECURETRAIN_TRAINING__EPOCHS=2``. Paths that are relative are resolved
-against the working directory, then against the config file's folder.
+against the working directory, then against the config file's folder; ``model.target`` and
+``task.target`` modules import from the config file's folder first.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from securetrain.config.loader import load_model
 from securetrain.errors import ConfigError
@@ -35,24 +40,102 @@ class SyntheticStudyConfig(BaseModel):
     blob_contrast: float = Field(1800.0, gt=0, description="Label-1 blob peak over noise sigma 60; lower is harder.")
 
 
+class SyntheticTableConfig(BaseModel):
+    """The synthetic transactions table (PII columns, a fraud label) used when ``data.source`` is unset."""
+
+    model_config = ConfigDict(extra="forbid")
+    rows: PositiveInt = 2000
+    customers: PositiveInt | None = Field(400, description="Distinct customers (rows share them); None: one per row.")
+    seed: int = Field(0, ge=0)
+
+
 class DataConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    source: Path | None = Field(None, description="DICOM folder or manifest CSV; None generates synthetic studies.")
+    source: Path | None = Field(
+        None,
+        description="DICOM: manifest CSV (path,label). Tables: CSV/Parquet file. None generates synthetic data.",
+    )
     synthetic: SyntheticStudyConfig = Field(default_factory=SyntheticStudyConfig)
-    policy: Path = Path("policies/dicom-basic.yaml")
+    synthetic_table: SyntheticTableConfig = Field(default_factory=SyntheticTableConfig)
+    policy: Path | None = Field(None, description="De-identification (DICOM) or masking (tables) policy; "
+                                "default policies/dicom-basic.yaml for DICOM, required for tables.")
     image_size: PositiveInt = 32
-    eval_fraction: float = Field(0.25, gt=0.0, lt=1.0, description="Share of patients held out for evaluation.")
+    eval_fraction: float = Field(0.25, gt=0.0, lt=1.0, description="Share of patients/entities held out for evaluation.")
+    label_column: str = Field("label", description="Manifest/table column holding the class label.")
+    classes: list[str] | None = Field(
+        None, description="Class names in id order; default: the sorted distinct labels (integers numerically)."
+    )
+    frames: Literal["first", "middle", "all"] | int = Field(
+        "first", description="Multi-frame DICOM: which frame (index, first, middle), or all frames stacked.")
+    depth: PositiveInt | None = Field(None, description="frames: all -> resample every file to this many frames.")
+    frames_as: Literal["channels", "depth"] = Field("channels", description="frames: all -> [F,H,W] or [1,F,H,W].")
+    split_by: str | None = Field(
+        None, description="Tables: the entity column (e.g. customer_id); the policy must tokenise it. "
+        "No entity is on both sides of the split. Default: the one tokenised column named id or *_id.")
+    features: list[str] | None = Field(None, description="Tables: feature columns; default every kept/generalised column.")
+    max_categories: PositiveInt = Field(32, description="Tables: one-hot width cap per categorical column (+1 'other').")
 
 
 class ModelConfig(BaseModel):
+    """``target``: a built-in name (cnn, mlp, logistic), an entry point, or ``package.module:callable``."""
+
     model_config = ConfigDict(extra="forbid")
-    channels: PositiveInt = 8
-    hidden: PositiveInt = 16
+    target: str = Field("cnn", min_length=1)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_cnn_fields(cls, data: Any) -> Any:
+        # `model: {channels: 8, hidden: 16}` (the earlier schema) still configures the built-in CNN.
+        if isinstance(data, dict) and ({"channels", "hidden"} & set(data)):
+            data = dict(data)
+            legacy = {k: data.pop(k) for k in ("channels", "hidden") if k in data}
+            data["kwargs"] = {**legacy, **dict(data.get("kwargs") or {})}
+        return data
+
+
+TaskKind = Literal["dicom-classification", "tabular-classification", "custom"]
+
+
+class TaskConfig(BaseModel):
+    """``task: dicom-classification`` | ``tabular-classification`` | ``{target: "pkg.mod:make_task", kwargs}``."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: TaskKind = "dicom-classification"
+    target: str | None = Field(None, description="Custom task factory 'package.module:callable' (see docs/tasks.md).")
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            return {"kind": "custom", "target": data} if ":" in data else {"kind": data}
+        if isinstance(data, dict) and data.get("target") and "kind" not in data:
+            return {**data, "kind": "custom"}
+        return data
+
+    @model_validator(mode="after")
+    def _custom_needs_target(self) -> TaskConfig:
+        if (self.kind == "custom") != (self.target is not None):
+            raise ValueError("a custom task needs task.target ('package.module:callable'), and only a custom task takes one")
+        return self
+
+
+class TrackingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mlflow_uri: str | None = Field(None, description="Log params/metrics to MLflow here, e.g. sqlite:///mlflow.db "
+                                   "or http://mlflow:5000 (needs the [mlflow] extra).")
+    experiment: str = "securetrain"
+    artifact_location: str | None = Field(None, description="For a new experiment; default <output_dir>/mlflow-artifacts.")
 
 
 class HEConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     enabled: bool = True
+    scope: Literal["auto", "head", "model"] = Field(
+        "auto", description="head: the last linear layer on plaintext features; model: the whole model "
+        "(tabular MLP/logistic); auto: model for tables, head otherwise.")
+    checkpoint: Literal["best", "last"] = Field("best", description="Which weights are scored: the best validation's or the last.")
     decimals: int = Field(5, ge=1, le=8, description="Decrypted scores are rounded to this many decimals.")
 
 
@@ -77,6 +160,7 @@ class PipelineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     output_dir: Path = Path("runs")
+    task: TaskConfig = Field(default_factory=TaskConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     training: TrainingConfig = Field(default_factory=lambda: TrainingConfig(epochs=4, batch_size=16, checkpoint_every=10))
@@ -84,7 +168,8 @@ class PipelineConfig(BaseModel):
     # Not "keys": pydantic models with a keys attribute are mistaken for mappings by Prefect.
     secrets: SecretsConfig = Field(default_factory=SecretsConfig)
     audit: AuditConfig = Field(default_factory=AuditConfig)
-
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    base_dir: Path | None = Field(None, description="Set by the loader: the config file's folder (imports start there).")
 
     @property
     def run_dir(self) -> Path:
@@ -104,15 +189,25 @@ def load_pipeline_config(
     """Load and validate a pipeline config (YAML/TOML + env overrides), resolving relative paths."""
     config = load_model(PipelineConfig, path, data=data)
     base = Path(path).resolve().parent if path is not None else None
-    config.data.policy = _resolve(config.data.policy, base)
-    if not config.data.policy.exists() and not config.data.policy.is_absolute():
-        from securetrain.pipeline.locate import find_project_file
+    if config.base_dir is None:
+        config.base_dir = base
+    kind = config.task.kind
+    if config.data.policy is None and kind == "dicom-classification":
+        config.data.policy = Path("policies/dicom-basic.yaml")
+    if config.data.policy is None and kind == "tabular-classification":
+        raise ConfigError("data.policy: a tabular task needs a masking policy",
+                          hint="e.g. policy: policies/finance-pii.yaml (unknown columns then fail closed)")
+    if config.data.policy is not None:
+        config.data.policy = _resolve(config.data.policy, base)
+        if not config.data.policy.exists() and not config.data.policy.is_absolute():
+            from securetrain.pipeline.locate import find_project_file
 
-        config.data.policy = find_project_file(str(config.data.policy), required=False) or config.data.policy
+            config.data.policy = find_project_file(str(config.data.policy), required=False) or config.data.policy
+        if not config.data.policy.is_file():
+            raise ConfigError(f"data.policy: policy file {config.data.policy} not found",
+                              hint="run from the repository root or give an absolute path")
     if config.data.source is not None:
         config.data.source = _resolve(config.data.source, base)
         if not config.data.source.exists():
             raise ConfigError(f"data.source: {config.data.source} does not exist")
-    if not config.data.policy.is_file():
-        raise ConfigError(f"data.policy: policy file {config.data.policy} not found", hint="run from the repository root or give an absolute path")
     return config

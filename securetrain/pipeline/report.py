@@ -1,16 +1,25 @@
-"""Human-facing outputs of a run: a PNG training curve and a self-contained HTML report."""
+"""Human-facing outputs of a run: PNG curves and a self-contained HTML report.
+
+The report shows train and validation curves, the confusion matrix of the best validation, and
+the model card facts (model target, parameter count, classes, data and policy digests).
+"""
 
 from __future__ import annotations
 
 import html
 from pathlib import Path
+from typing import Any
 
 from securetrain.io.atomic import atomic_write_bytes
 from securetrain.pipeline.results import PipelineResult, TrainingSummary
 
 
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and value == value
+
+
 def plot_training_curve(training: TrainingSummary, path: Path) -> Path:
-    """Write the loss curve as a PNG (matplotlib's Agg backend: no display needed)."""
+    """Loss (train and validation) and validation accuracy/AUC as one PNG (matplotlib Agg: no display)."""
     import io
 
     import matplotlib
@@ -18,23 +27,46 @@ def plot_training_curve(training: TrainingSummary, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    has_val = bool(training.validation)
+    fig, axes = plt.subplots(1, 2 if has_val else 1, figsize=(11 if has_val else 7, 4), dpi=110, squeeze=False)
+    ax = axes[0][0]
     if training.curve:
         steps, losses = zip(*training.curve)
         ax.plot(steps, losses, color="#1f6feb", linewidth=1.8, label="training loss")
         for ckpt in training.checkpoints:
             ax.axvline(ckpt.step, color="#999999", linewidth=0.8, linestyle=":")
+    val = [(v["step"], v["loss"]) for v in training.validation if _finite(v.get("loss"))]
+    if val:
+        ax.plot(*zip(*val), color="#d1242f", marker="o", linewidth=1.5, label="validation loss")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss")
-    ax.set_title(f"Training loss on {training.device} (dotted: encrypted checkpoints)")
+    ax.set_title(f"Loss on {training.device} (dotted: encrypted checkpoints)")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper right")
+    if has_val:
+        ax2 = axes[0][1]
+        for key, colour in (("accuracy", "#1a7f37"), ("auc", "#8250df")):
+            points = [(v["epoch"], v[key]) for v in training.validation if _finite(v.get(key))]
+            if points:
+                ax2.plot(*zip(*points), marker="o", color=colour, label=f"validation {key}")
+        if training.best and _finite(training.best.get("epoch")):
+            ax2.axvline(training.best["epoch"], color="#999999", linestyle="--", linewidth=0.8,
+                        label=f"best {training.best['metric']}")
+        ax2.set_xlabel("epoch")
+        ax2.set_ylim(-0.02, 1.02)
+        ax2.set_title("Validation on the held-out split")
+        ax2.grid(alpha=0.3)
+        ax2.legend(loc="lower right")
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     plt.close(fig)
     atomic_write_bytes(path, buffer.getvalue(), mode=0o644)
     return path
+
+
+def _sci(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3e}"
 
 
 def _num(value: float | None) -> str:
@@ -46,23 +78,63 @@ def _table(rows: list[tuple[str, object]]) -> str:
     return f"<table>{body}</table>"
 
 
+def best_validation(training: TrainingSummary) -> dict[str, Any] | None:
+    """The validation entry of the best epoch (else the last one)."""
+    if not training.validation:
+        return None
+    if training.best:
+        for v in training.validation:
+            if v.get("step") == training.best.get("step") and v.get("epoch") == training.best.get("epoch"):
+                return v
+    return training.validation[-1]
+
+
+def _confusion_html(names: list[str], confusion: list[list[int]]) -> str:
+    head = "".join(f"<th>{html.escape(n)}</th>" for n in names)
+    rows = "".join(
+        f"<tr><th>{html.escape(names[i] if i < len(names) else str(i))}</th>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>"
+        for i, row in enumerate(confusion)
+    )
+    return f"<table class='confusion'><tr><th>true \\ predicted</th>{head}</tr>{rows}</table>"
+
+
+def _data_rows(result: PipelineResult) -> list[tuple[str, object]]:
+    rows: list[tuple[str, object]] = []
+    digests: dict[str, str] = {}
+    if result.deid:
+        digests = result.deid.digests
+    elif result.masking:
+        digests = result.masking.digests
+    for name, value in sorted(digests.items()):
+        rows.append((f"sha256 {name}", value))
+    return rows
+
+
 def markdown_summary(result: PipelineResult) -> str:
     """The run summary as markdown (used for the Prefect artifact)."""
-    t, d = result.training, result.deid
-    lines = [
-        "# securetrain run",
-        "",
-        "| stage | result |",
-        "| --- | --- |",
-        f"| de-identification | {d.files_out}/{d.files_in} files, {d.tags_changed} tags changed, "
-        f"{d.rejected} rejected, {d.quarantined} quarantined (policy {d.policy} v{d.policy_version}) |",
-        f"| training | {t.steps} steps on {t.device}, final loss {t.final_loss:.4f}, {t.samples_per_second:.0f} samples/s |",
+    t = result.training
+    lines = ["# securetrain run", "", "| stage | result |", "| --- | --- |"]
+    if result.deid:
+        d = result.deid
+        lines.append(f"| de-identification | {d.files_out}/{d.files_in} files, {d.tags_changed} tags changed, "
+                     f"{d.rejected} rejected, {d.quarantined} quarantined (policy {d.policy} v{d.policy_version}) |")
+    if result.masking:
+        m = result.masking
+        lines.append(f"| masking | {m.rows_in} rows, policy {m.policy} v{m.policy_version}; split by `{m.split_by}`: "
+                     f"{m.train_entities}/{m.eval_entities} entities train/eval |")
+    lines += [
+        f"| model | `{t.model_target}`, {t.parameters:,} parameters, classes {', '.join(t.class_names)} |",
+        f"| training | {t.steps} steps on {t.device}, final loss {t.final_loss:.4f}, {t.samples_per_second:.0f} samples/s ({t.reason}) |",
         f"| checkpoints | {len(t.checkpoints)} encrypted; last key id `{t.checkpoints[-1].key_id if t.checkpoints else '-'}` |",
     ]
+    best = best_validation(t)
+    if best:
+        lines.append(f"| validation (best epoch {best['epoch']}) | loss {_num(best.get('loss'))}, accuracy "
+                     f"{_num(best.get('accuracy'))}, macro AUC {_num(best.get('auc'))} |")
     if result.he:
         h = result.he
         lines.append(
-            f"| HE evaluation | {h.samples} samples, max abs error {h.max_abs_error:.2e}, "
+            f"| HE evaluation ({h.scope}) | {h.samples} samples, max abs error {h.max_abs_error:.2e}, "
             f"AUC plain {_num(h.plaintext_auc)} / encrypted {_num(h.encrypted_auc)}, {h.ms_per_sample:.2f} ms/sample |"
         )
     if result.audit:
@@ -75,31 +147,75 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
     """A single self-contained HTML file (the PNG is embedded) summarising every stage."""
     import base64
 
-    t, d = result.training, result.deid
-    sections = [
-        "<h2>De-identification</h2>",
-        _table(
-            [
+    t = result.training
+    sections: list[str] = []
+    if result.deid:
+        d = result.deid
+        sections += [
+            "<h2>De-identification</h2>",
+            _table([
                 ("policy", f"{d.policy} (version {d.policy_version})"),
                 ("files in / out", f"{d.files_in} / {d.files_out}"),
                 ("tags changed", d.tags_changed),
                 ("rejected (burned-in annotation)", d.rejected),
                 ("quarantined (unreadable)", d.quarantined),
-            ]
-        ),
+                ("split (patients train / eval)", f"{d.train_patients} / {d.eval_patients}"),
+                ("files train / eval", f"{d.train_files} / {d.eval_files}"),
+            ]),
+        ]
+    if result.masking:
+        m = result.masking
+        sections += [
+            "<h2>Tabular masking</h2>",
+            _table([
+                ("policy", f"{m.policy} (version {m.policy_version})"),
+                ("masking key id", m.key_id),
+                ("rows", m.rows_in),
+                ("actions", ", ".join(f"{c}: {a}" for c, a in m.columns.items())),
+                (f"split by {m.split_by} (entities train / eval)", f"{m.train_entities} / {m.eval_entities}"),
+                ("rows train / eval", f"{m.train_rows} / {m.eval_rows}"),
+                ("feature columns", ", ".join(m.feature_columns)),
+            ]),
+        ]
+    sections += [
+        "<h2>Model card</h2>",
+        _table([
+            ("model target", t.model_target),
+            ("parameters", f"{t.parameters:,}"),
+            ("classes (id: name)", ", ".join(f"{i}: {n}" for i, n in enumerate(t.class_names))),
+            ("task", result.task),
+            ("config sha256", result.config_sha256 or "-"),
+            *_data_rows(result),
+        ]),
         "<h2>Training</h2>",
-        _table(
-            [
-                ("device", t.device),
-                ("steps / epochs", f"{t.steps} / {t.epochs_completed}"),
-                ("final loss", f"{t.final_loss:.5f}"),
-                ("throughput", f"{t.samples_per_second:.1f} samples/s"),
-            ]
-        ),
+        _table([
+            ("device", t.device),
+            ("steps / epochs", f"{t.steps} / {t.epochs_completed}"),
+            ("stopped", t.reason),
+            ("final training loss", f"{t.final_loss:.5f}"),
+            ("throughput", f"{t.samples_per_second:.1f} samples/s"),
+        ]),
     ]
     if result.curve_png and result.curve_png.exists():
         png = base64.b64encode(result.curve_png.read_bytes()).decode()
-        sections.append(f'<img alt="training curve" src="data:image/png;base64,{png}">')
+        sections.append(f'<img alt="training and validation curves" src="data:image/png;base64,{png}">')
+    if t.validation:
+        rows = "".join(
+            f"<tr><td>{v.get('epoch')}</td><td>{v.get('step')}</td><td>{_num(v.get('loss'))}</td>"
+            f"<td>{_num(v.get('accuracy'))}</td><td>{_num(v.get('auc'))}</td>"
+            f"<td>{html.escape(str(v.get('class_counts', '-')))}</td></tr>"
+            for v in t.validation
+        )
+        sections.append("<h3>Validation per epoch</h3><table><tr><th>epoch</th><th>step</th><th>loss</th>"
+                        f"<th>accuracy</th><th>macro AUC</th><th>class counts</th></tr>{rows}</table>")
+        best = best_validation(t)
+        if t.best:
+            where = t.best_checkpoint.path.name if t.best_checkpoint else "-"
+            sections.append(f"<p>Best {html.escape(str(t.best['metric']))}: {_num(t.best.get('value'))} at epoch "
+                            f"{t.best.get('epoch')} (encrypted best checkpoint <code>{html.escape(where)}</code>).</p>")
+        if best and best.get("confusion"):
+            sections.append(f"<h3>Confusion matrix (epoch {best.get('epoch')})</h3>")
+            sections.append(_confusion_html(t.class_names, best["confusion"]))
     ckpt_rows = "".join(
         f"<tr><td>{c.step}</td><td>{html.escape(c.path.name)}</td><td><code>{html.escape(c.key_id or '-')}</code></td>"
         f"<td><code>{c.sha256[:16]}…</code></td></tr>"
@@ -113,33 +229,33 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
         h = result.he
         sections += [
             "<h2>Homomorphic evaluation (CKKS)</h2>",
-            _table(
-                [
-                    ("samples × features", f"{h.samples} × {h.features}"),
-                    ("max abs error vs plaintext", f"{h.max_abs_error:.3e}"),
-                    ("AUC plaintext / encrypted", f"{_num(h.plaintext_auc)} / {_num(h.encrypted_auc)}"),
-                    ("accuracy plaintext / encrypted", f"{_num(h.plaintext_accuracy)} / {_num(h.encrypted_accuracy)}"),
-                    ("time", f"{h.ms_per_sample:.3f} ms/sample"),
-                    ("poly modulus degree", h.poly_modulus_degree),
-                    ("public context size", f"{h.public_context_bytes:,} bytes"),
-                ]
-            ),
+            _table([
+                ("scope", "whole model" if h.scope == "model" else "linear head on data-owner features"),
+                ("samples × features", f"{h.samples} × {h.features}"),
+                ("encrypted scores per sample", h.outputs),
+                ("max abs error vs the exact model", f"{h.max_abs_error:.3e}"),
+                ("of which CKKS noise / polynomial approximation",
+                 f"{_sci(h.max_abs_error_vs_plan)} / {_sci(h.approximation_error)}"),
+                ("AUC plaintext / encrypted", f"{_num(h.plaintext_auc)} / {_num(h.encrypted_auc)}"),
+                ("accuracy plaintext / encrypted", f"{_num(h.plaintext_accuracy)} / {_num(h.encrypted_accuracy)}"),
+                ("time", f"{h.ms_per_sample:.3f} ms/sample"),
+                ("poly modulus degree", h.poly_modulus_degree),
+                ("public context size", f"{h.public_context_bytes:,} bytes"),
+            ]),
         ]
     if result.audit:
         a = result.audit
         verdict = "verified" if a.verified else "VERIFICATION FAILED"
         sections += [
             "<h2>Audit log</h2>",
-            _table(
-                [
-                    ("database", a.url),
-                    ("entries", a.entries),
-                    ("Merkle root", a.root_hash),
-                    ("signed checkpoint", a.checkpoint_note),
-                    ("export", a.export_dir),
-                    ("standalone verifier", verdict),
-                ]
-            ),
+            _table([
+                ("database", a.url),
+                ("entries", a.entries),
+                ("Merkle root", a.root_hash),
+                ("signed checkpoint", a.checkpoint_note),
+                ("export", a.export_dir),
+                ("standalone verifier", verdict),
+            ]),
             f"<pre>{html.escape(a.verifier_output)}</pre>",
         ]
     page = f"""<!doctype html>
@@ -149,6 +265,7 @@ body {{ font-family: system-ui, sans-serif; max-width: 60rem; margin: 2rem auto;
 table {{ border-collapse: collapse; margin: .5rem 0 1rem; }}
 th, td {{ border: 1px solid #d0d7de; padding: .3rem .6rem; text-align: left; }}
 th {{ background: #f6f8fa; }}
+table.confusion td {{ text-align: right; }}
 img {{ max-width: 100%; }}
 pre {{ background: #f6f8fa; padding: .6rem; overflow-x: auto; }}
 </style></head><body>

@@ -7,8 +7,9 @@ counts, digests, key ids, paths and metrics.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 
 class DeidSummary(BaseModel):
@@ -21,6 +22,45 @@ class DeidSummary(BaseModel):
     quarantined: int
     output_dir: Path
     manifest: Path
+    class_names: list[str] = Field(default_factory=list)  # id order
+    train_files: int = 0
+    eval_files: int = 0
+    train_patients: int = 0
+    eval_patients: int = 0
+    train_class_counts: list[int] = Field(default_factory=list)
+    eval_class_counts: list[int] = Field(default_factory=list)
+    digests: dict[str, str] = Field(default_factory=dict)  # sha256 of manifests, policy digest
+
+
+class MaskingSummary(BaseModel):
+    """Tabular masking + entity split (counts, digests, the policy's actions per column; no values)."""
+
+    policy: str
+    policy_version: str
+    policy_digest: str
+    key_id: str
+    rows_in: int
+    columns: dict[str, str]  # column -> action applied
+    split_by: str
+    train_rows: int
+    eval_rows: int
+    train_entities: int
+    eval_entities: int
+    class_names: list[str]
+    train_class_counts: list[int]
+    eval_class_counts: list[int]
+    feature_columns: list[str]
+    output_dir: Path
+    digests: dict[str, str] = Field(default_factory=dict)  # input table, masked splits, policy
+
+
+class PreparedData(BaseModel):
+    """What the prepare stage (de-identify / mask / a custom task's prepare) produced."""
+
+    task: str
+    deid: DeidSummary | None = None
+    masking: MaskingSummary | None = None
+    details: dict[str, Any] = Field(default_factory=dict)  # a custom task's prepare() summary
 
 
 class CheckpointSummary(BaseModel):
@@ -37,7 +77,21 @@ class TrainingSummary(BaseModel):
     final_loss: float
     samples_per_second: float
     curve: list[tuple[int, float]] = Field(default_factory=list)  # (step, loss)
+    lr_curve: list[tuple[int, float]] = Field(default_factory=list)  # (step, learning rate)
     checkpoints: list[CheckpointSummary] = Field(default_factory=list)
+    reason: str = "completed"  # completed | early_stopped
+    model_target: str = "cnn"
+    parameters: int = 0
+    class_names: list[str] = Field(default_factory=list)  # class id -> name
+    validation: list[dict[str, Any]] = Field(default_factory=list)  # per validation: epoch, step, loss, accuracy, auc, ...
+    best: dict[str, Any] | None = None  # metric, value, epoch, step, checkpoint
+    best_checkpoint: CheckpointSummary | None = None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def label_map(self) -> dict[str, int]:
+        """Class name -> class id (the ids the model's outputs are indexed by)."""
+        return {name: i for i, name in enumerate(self.class_names)}
 
 
 class HESummary(BaseModel):
@@ -51,6 +105,13 @@ class HESummary(BaseModel):
     ms_per_sample: float
     poly_modulus_degree: int
     public_context_bytes: int
+    scope: str = "head"  # head: the last linear layer on plaintext features; model: the whole model
+    outputs: int = 1
+    # max_abs_error is against the exact model; these split it into CKKS noise and the polynomials' share
+    max_abs_error_vs_plan: float | None = None
+    approximation_error: float | None = None
+    out_of_interval_fraction: float | None = None
+    packed: bool | None = None
 
 
 class AuditSummary(BaseModel):
@@ -64,10 +125,44 @@ class AuditSummary(BaseModel):
 
 
 class PipelineResult(BaseModel):
+    """The whole run; also written to ``<run_dir>/result.json``."""
+
     run_dir: Path
-    deid: DeidSummary
+    task: str = "dicom-classification"
+    deid: DeidSummary | None = None
+    masking: MaskingSummary | None = None
+    data_details: dict[str, Any] = Field(default_factory=dict)
     training: TrainingSummary
     he: HESummary | None = None
     audit: AuditSummary | None = None
     curve_png: Path | None = None
     report_html: Path | None = None
+    result_json: Path | None = None
+    config_sha256: str | None = None
+
+    # Shortcuts into ``training`` so result.json answers the common questions at the top level.
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def label_map(self) -> dict[str, int]:
+        return self.training.label_map
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def model_target(self) -> str:
+        return self.training.model_target
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def parameter_count(self) -> int:
+        return self.training.parameters
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def validation(self) -> list[dict[str, Any]]:
+        return self.training.validation
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def checkpoint_paths(self) -> list[Path]:
+        paths = [c.path for c in self.training.checkpoints]
+        return paths + ([self.training.best_checkpoint.path] if self.training.best_checkpoint else [])

@@ -30,34 +30,60 @@ def open_run_audit(config: PipelineConfig):
     return AuditLog(url, signing_key=signing_key, origin=f"securetrain/{config.name}", anchors=[FileAnchor(anchor)])
 
 
-def finish_report(result: PipelineResult) -> PipelineResult:
-    """Draw the training curve and write the HTML report next to the run's outputs."""
+def finish_report(result: PipelineResult, config: PipelineConfig | None = None) -> PipelineResult:
+    """Draw the curves, write the HTML report and ``result.json``; log to MLflow when configured."""
     result.curve_png = plot_training_curve(result.training, result.run_dir / "training-curve.png")
     result.report_html = write_html_report(result, result.run_dir / "report.html")
+    result.result_json = result.run_dir / "result.json"
+    write_result_json(result)
+    if config is not None and config.tracking.mlflow_uri:
+        from securetrain.pipeline.tracking import log_to_mlflow
+
+        log_to_mlflow(config, result)
     return result
 
 
+def write_result_json(result: PipelineResult) -> None:
+    """The whole :class:`PipelineResult` as JSON (atomic; counts, metrics, digests, paths: no PHI)."""
+    from securetrain.io.atomic import atomic_write_bytes
+
+    assert result.result_json is not None
+    atomic_write_bytes(result.result_json, result.model_dump_json(indent=2).encode(), mode=0o644)
+
+
 def run_pipeline(config: PipelineConfig, *, show_progress: bool = False) -> PipelineResult:
-    """ingest → de-identify → train (encrypted checkpoints) → HE evaluation → seal audit → report."""
+    """ingest → prepare (de-identify / mask, split) → train (encrypted checkpoints, validation)
+    → HE evaluation → seal audit → report + result.json."""
+    stages.preflight(config)
     secrets = load_run_secrets(config)
     with open_run_audit(config) as audit:
-        audit.record("pipeline.start", f"run:{config.name}", details={"config_sha256": config_digest(config)})
+        audit.record("pipeline.start", f"run:{config.name}", details={
+            "config_sha256": config_digest(config), "task": config.task.target or config.task.kind,
+            "model_target": config.model.target,
+        })
         raw = stages.ingest(config)
-        deid = stages.deidentify(config, raw, secrets, audit, show_progress=show_progress)
+        prepared = stages.prepare(config, raw, secrets, audit, show_progress=show_progress)
         callbacks = []
         if show_progress:
             from securetrain.training.progress import RichProgressCallback
 
             callbacks.append(RichProgressCallback("train"))
-        training = stages.train(config, deid, secrets, audit, callbacks=callbacks)
+        training = stages.train(config, prepared, secrets, audit, callbacks=callbacks)
         he = None
         if config.he.enabled:
             features = stages.extract_features(config, secrets, audit)
             he = stages.he_evaluate(config, features, audit)
         audit.record("pipeline.stop", f"run:{config.name}", details={"steps": training.steps})
         sealed = stages.seal_audit(config, audit)
-    result = PipelineResult(run_dir=config.run_dir, deid=deid, training=training, he=he, audit=sealed)
-    return finish_report(result)
+    result = assemble_result(config, prepared, training, he, sealed)
+    return finish_report(result, config)
+
+
+def assemble_result(config: PipelineConfig, prepared, training, he, sealed) -> PipelineResult:  # noqa: ANN001
+    return PipelineResult(
+        run_dir=config.run_dir, task=prepared.task, deid=prepared.deid, masking=prepared.masking,
+        data_details=prepared.details, training=training, he=he, audit=sealed, config_sha256=config_digest(config),
+    )
 
 
 def config_digest(config: PipelineConfig) -> str:

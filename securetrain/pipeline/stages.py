@@ -1,5 +1,9 @@
 """The pipeline's stages as plain functions (no Prefect): each is a Prefect task in ``flows/``.
 
+ingest -> prepare (de-identify DICOM / mask a table / a custom task's prepare, then split by
+patient or entity) -> train (the configured model, validation every epoch, encrypted checkpoints)
+-> extract features (data owner) -> HE evaluation -> seal the audit log.
+
 Stages take the validated :class:`PipelineConfig` and small JSON-safe summaries, never secrets:
 each stage resolves the run's secrets itself (:func:`load_run_secrets`), so no key material
 appears in Prefect task parameters or results. Tensors passed between stages (the HE features)
@@ -8,9 +12,6 @@ travel in Prefect through the encrypted result serializer.
 
 from __future__ import annotations
 
-import csv
-import hashlib
-import io
 import logging
 import subprocess
 import sys
@@ -30,11 +31,16 @@ from securetrain.pipeline.results import (
     CheckpointSummary,
     DeidSummary,
     HESummary,
+    PreparedData,
     TrainingSummary,
 )
 from securetrain.pipeline.secrets import RunSecrets
+from securetrain.pipeline.tasks.base import TaskContext, TaskData, resolve_task
 
 log = logging.getLogger("securetrain.pipeline")
+
+#: Metrics the built-in tasks' validation reports that can select the best checkpoint.
+CLASSIFICATION_METRICS = ("loss", "accuracy", "auc")
 
 #: Exit status of ``securetrain run``/``demo`` after a preemption (same as ``securetrain train``).
 PREEMPTED_EXIT_CODE = 75
@@ -45,53 +51,74 @@ class PipelinePreempted(SecureTrainError):
 
 
 # --------------------------------------------------------------------------------- helpers
-def _write_manifest(path: Path, rows: Sequence[tuple[str, int | None]]) -> None:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["path", "label"])
-    writer.writerows((p, "" if label is None else label) for p, label in rows)
-    atomic_write_bytes(path, buffer.getvalue().encode(), mode=0o600)
-
-
-def _progress(enabled: bool):  # noqa: ANN202 - rich Progress or a no-op stand-in
-    from securetrain.cli.console import progress_bar
-
-    return progress_bar(transient=True, disable=not enabled)
-
-
-def _checkpoint_store(config: PipelineConfig, secrets: RunSecrets, audit: AuditRecorder | None):
+def _checkpoint_store(config: PipelineConfig, secrets: RunSecrets, audit: AuditRecorder | None, *, best: bool = False):
     from securetrain.crypto.checkpoint import EncryptedCheckpointStore
 
+    if best:  # the best validation's weights: kept apart so rotation never drops them
+        return EncryptedCheckpointStore(config.run_dir / "checkpoints" / "best", secrets.keyring, keep_last=1, audit=audit)
     return EncryptedCheckpointStore(
         config.run_dir / "checkpoints", secrets.keyring, keep_last=config.training.keep_last, audit=audit
     )
 
 
-def _dicom_dataset(config: PipelineConfig, manifest: Path, secrets: RunSecrets, audit: AuditRecorder | None):
-    from securetrain.devices import resolve_backend
-    from securetrain.masking.dicom.dataset import DicomDataset
-
-    return DicomDataset(
-        manifest,
-        config.data.policy,
-        secrets.deid_secret,
-        size=config.data.image_size,
-        quarantine_dir=config.run_dir / "quarantine",
-        audit=audit,
-        pin_memory=resolve_backend(config.training.device).pin_memory,  # the backend's advice
-    )
+def _summary(info: Any) -> CheckpointSummary:
+    return CheckpointSummary(path=info.path, step=info.step, sha256=info.sha256, key_id=info.key_id)
 
 
-def _build_model(config: PipelineConfig):
-    from securetrain.pipeline.models import SmallCNN
+def task_datasets(config: PipelineConfig, secrets: RunSecrets, audit: AuditRecorder | None = None) -> tuple[Any, TaskData]:
+    """The configured task and its train/eval datasets (built from the prepared, protected data)."""
+    task = resolve_task(config)
+    data = task.build_datasets(TaskContext(config, secrets, audit or NullAuditRecorder()))
+    if not isinstance(data, TaskData):
+        raise SecureTrainError(f"{type(task).__name__}.build_datasets returned {type(data).__name__}, not TaskData",
+                               hint="see docs/tasks.md")
+    if data.num_classes < 2:
+        raise SecureTrainError(f"the task has {data.num_classes} class(es); classification needs at least 2",
+                               hint="check the labels (data.label_column) or data.classes")
+    return task, data
 
-    torch.manual_seed(config.training.seed)
-    return SmallCNN(channels=config.model.channels, hidden=config.model.hidden)
+
+def build_task_model(config: PipelineConfig, data: TaskData):
+    from securetrain.pipeline.models import build_model
+
+    return build_model(config.model.target, config.model.kwargs, base_dir=config.base_dir, seed=config.training.seed,
+                       num_classes=data.num_classes, **data.model_facts)
+
+
+def _first_batch(dataset: Any) -> Any:
+    from torch.utils.data import DataLoader
+
+    return next(iter(DataLoader(dataset, batch_size=2, shuffle=False)))
+
+
+def _predict_fn(task: Any):  # noqa: ANN202 - (model, batch) -> (outputs, targets)
+    from securetrain.training.trainer import default_predict
+
+    return getattr(task, "predict", None) or default_predict
 
 
 # --------------------------------------------------------------------------------- stages
-def ingest(config: PipelineConfig) -> Path:
-    """Locate the raw studies: the configured manifest, or a freshly generated synthetic set."""
+def preflight(config: PipelineConfig) -> None:
+    """Resolve the model (and a custom task) target now, so a typo fails before any data is touched."""
+    from securetrain.pipeline.models import resolve_model_factory
+
+    resolve_model_factory(config.model.target, base_dir=config.base_dir)
+    task = resolve_task(config) if config.task.kind == "custom" else None
+    metric = config.training.validation.metric
+    if getattr(task, "metrics", None) is None and metric not in CLASSIFICATION_METRICS:
+        raise ConfigError(f"training.validation.metric: {metric!r} is not a validation metric of this task",
+                          hint=f"use one of {', '.join(CLASSIFICATION_METRICS)}")
+
+
+def ingest(config: PipelineConfig) -> Path | None:
+    """Locate the raw data: the configured source, or freshly generated synthetic data."""
+    kind = config.task.kind
+    if kind == "tabular-classification":
+        from securetrain.pipeline.tasks.tabular import TabularClassification
+
+        return TabularClassification().ingest(config)
+    if kind == "custom":
+        return config.data.source  # a custom task reads what it needs itself
     if config.data.source is not None:
         source = config.data.source
         if source.is_dir():
@@ -114,94 +141,78 @@ def deidentify(
     *,
     show_progress: bool = False,
 ) -> DeidSummary:
-    """De-identify every study into ``<run_dir>/deid`` and split train/eval by patient pseudonym.
+    """DICOM: de-identify every study and split train/eval by patient pseudonym (see tasks.dicom)."""
+    from securetrain.pipeline.tasks.dicom import deidentify as _deidentify
 
-    Files with burned-in annotation are rejected and unreadable ones quarantined — both counted
-    and audited, never passed on. Output names are sequence numbers (input names may carry PHI).
-    The pseudonym map is exported AES-256-GCM encrypted for the data owner.
-    """
-    from securetrain.masking.dicom.dataset import read_manifest
-    from securetrain.masking.dicom.engine import Deidentifier
-    from securetrain.masking.dicom.errors import BurnedInAnnotationError, DeidError
-    from securetrain.masking.dicom.policy import load_policy
+    return _deidentify(config, raw_manifest, secrets, audit, show_progress=show_progress)
 
-    recorder = audit or NullAuditRecorder()
-    policy = load_policy(config.data.policy)
-    deid = Deidentifier(policy, secrets.deid_keys, recorder, record_changes=False)
-    out_dir = config.run_dir / "deid"
-    out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    rows = read_manifest(raw_manifest)
-    kept: list[tuple[str, int | None, str]] = []
-    tags_changed = rejected = quarantined = 0
-    with _progress(show_progress) as progress:
-        task = progress.add_task("de-identify", total=len(rows), status="")
-        for index, (path, label) in enumerate(rows):
-            name = f"{index:06d}.dcm"
-            try:
-                report = deid.deidentify_file(path, out_dir / name)
-            except BurnedInAnnotationError:
-                rejected += 1
-                recorder.record("deid.reject", f"input:{index}", outcome="refused", details={"reason": "burned_in_annotation"})
-            except DeidError as exc:
-                quarantined += 1
-                recorder.record("deid.quarantine", f"input:{index}", outcome="refused", details={"reason": type(exc).__name__})
-            else:
-                tags_changed += report.tags_changed
-                kept.append((name, label, report.patient_pseudonym or ""))
-            progress.update(task, advance=1, status=f"{rejected} rejected")
-    if not kept:
-        raise SecureTrainError("no study survived de-identification", hint="check the policy and the input files")
 
-    # Hold out whole patients (never images of one patient on both sides), chosen by a keyed order.
-    patients = sorted({p for _, _, p in kept}, key=lambda p: hashlib.sha256(p.encode()).hexdigest())
-    n_eval = max(1, round(len(patients) * config.data.eval_fraction)) if len(patients) > 1 else 0
-    eval_patients = set(patients[:n_eval])
-    _write_manifest(out_dir / "train.csv", [(n, lab) for n, lab, p in kept if p not in eval_patients])
-    _write_manifest(out_dir / "eval.csv", [(n, lab) for n, lab, p in kept if p in eval_patients])
-    mapping_key = hashlib.sha256(b"securetrain/pipeline/pseudonym-map\x00" + secrets.deid_secret).digest()
-    deid.export_mapping(out_dir / "pseudonyms.enc", mapping_key)
-    return DeidSummary(
-        policy=policy.name,
-        policy_version=str(policy.policy_version),
-        files_in=len(rows),
-        files_out=len(kept),
-        tags_changed=tags_changed,
-        rejected=rejected,
-        quarantined=quarantined,
-        output_dir=out_dir,
-        manifest=out_dir / "train.csv",
-    )
+def prepare(
+    config: PipelineConfig,
+    raw: Path | None,
+    secrets: RunSecrets,
+    audit: AuditRecorder | None = None,
+    *,
+    show_progress: bool = False,
+) -> PreparedData:
+    """Protect and split the raw data the task's way (de-identify, mask, or the custom task's prepare)."""
+    kind = config.task.kind
+    if kind == "dicom-classification":
+        assert raw is not None
+        return PreparedData(task=kind, deid=deidentify(config, raw, secrets, audit, show_progress=show_progress))
+    ctx = TaskContext(config, secrets, audit or NullAuditRecorder())
+    task = resolve_task(config)
+    if kind == "tabular-classification":
+        assert raw is not None
+        return PreparedData(task=kind, masking=task.prepare(ctx, raw))
+    hook = getattr(task, "prepare", None)
+    details = hook(ctx) if callable(hook) else None
+    return PreparedData(task=config.task.target or kind, details=dict(details or {}))
 
 
 def train(
     config: PipelineConfig,
-    deid: DeidSummary,
+    prepared: PreparedData | DeidSummary | None,
     secrets: RunSecrets,
     audit: AuditRecorder | None = None,
     *,
     callbacks: Sequence[Any] = (),
 ) -> TrainingSummary:
-    """Train the CNN on the de-identified studies; checkpoints are encrypted under the run's KEK.
+    """Train the configured model on the task's data; checkpoints are encrypted under the run's KEK.
 
-    Resumes from the latest checkpoint when one exists (so retrying this stage after a
+    The model's output shape is checked on one real batch first. Validation runs every epoch on the
+    held-out split; the best weights (by ``training.validation.metric``) go to an encrypted store of
+    their own. Resumes from the latest checkpoint when one exists (so retrying this stage after a
     preemption continues rather than restarts). Raises :class:`PipelinePreempted` on SIGTERM.
     """
     from securetrain.devices import resolve_backend
+    from securetrain.pipeline.models import check_model_output, parameter_count
     from securetrain.training.callbacks import MetricsHistory
     from securetrain.training.trainer import Trainer
 
     backend = resolve_backend(config.training.device)
-    dataset = _dicom_dataset(config, deid.manifest, secrets, audit)
-    if len(dataset) == 0:
+    task, data = task_datasets(config, secrets, audit)
+    if len(data.train) == 0:
         raise SecureTrainError("the training split is empty", hint="add patients or lower data.eval_fraction")
+    model = build_task_model(config, data)
+    check_model_output(model, _first_batch(data.train), data.num_classes, target=config.model.target,
+                       predict=_predict_fn(task))
+    if config.he.enabled:
+        from securetrain.pipeline.models import last_linear
+
+        last_linear(model)  # HE scores a linear head: refuse a model without one before training
     training_config = config.training.model_copy(update={"output_dir": config.run_dir / "train"})
     history = MetricsHistory()
-    model = _build_model(config)
     result = Trainer(
         model,
-        dataset,
+        data.train,
         training_config,
+        loss_fn=getattr(task, "loss", None),
+        eval_data=data.eval if len(data.eval) else None,
+        metrics_fn=getattr(task, "metrics", None),
+        predict_fn=getattr(task, "predict", None),
         store=_checkpoint_store(config, secrets, audit),
+        best_store=_checkpoint_store(config, secrets, audit, best=True),
         callbacks=[history, *callbacks],
         audit=audit,
         backend=backend,
@@ -210,6 +221,8 @@ def train(
     if result.reason == "preempted":
         raise PipelinePreempted(f"training preempted at step {result.steps}", hint="run the same command again to resume")
     store = _checkpoint_store(config, secrets, None)
+    best_store = _checkpoint_store(config, secrets, None, best=True)
+    best_info = best_store.latest()
     rates = [m.samples_per_s for m in history.history if m.samples_per_s > 0]
     return TrainingSummary(
         device=result.device,
@@ -218,67 +231,189 @@ def train(
         final_loss=float(result.final_loss if result.final_loss is not None else float("nan")),
         samples_per_second=sum(rates) / len(rates) if rates else 0.0,
         curve=[(m.step, m.loss) for m in history.history],
-        checkpoints=[
-            CheckpointSummary(path=c.path, step=c.step, sha256=c.sha256, key_id=c.key_id) for c in store.list()
-        ],
+        lr_curve=[(m.step, m.lr) for m in history.history],
+        checkpoints=[_summary(c) for c in store.list()],
+        reason=result.reason,
+        model_target=config.model.target,
+        parameters=parameter_count(model),
+        class_names=list(data.class_names),
+        validation=[_json_safe(v) for v in result.validation],
+        best=_json_safe(result.best) if result.best else None,
+        best_checkpoint=_summary(best_info) if best_info else None,
     )
 
 
-def load_trained_model(config: PipelineConfig, secrets: RunSecrets, audit: AuditRecorder | None = None):
-    """The CNN restored from the latest encrypted checkpoint (authenticated before use)."""
-    loaded = _checkpoint_store(config, secrets, audit).load()
-    model = _build_model(config)
+def _json_safe(value: Any) -> Any:
+    """Metrics as JSON: NaN/inf become None (JSON has no NaN), tensors/numpy become numbers."""
+    import math
+
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if hasattr(value, "tolist"):
+        return _json_safe(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def load_trained_model(config: PipelineConfig, secrets: RunSecrets, audit: AuditRecorder | None = None,
+                       data: TaskData | None = None, *, which: str = "last"):
+    """The model restored from the latest (``which="best"``: the best validation's) encrypted
+    checkpoint, authenticated before use."""
+    store = _checkpoint_store(config, secrets, audit, best=which == "best")
+    if which == "best" and store.latest() is None:
+        store = _checkpoint_store(config, secrets, audit)  # no validation ran: the last weights
+    loaded = store.load()
+    if data is None:
+        _, data = task_datasets(config, secrets, None)
+    model = build_task_model(config, data)
     prefix = "model/"
     state = {k[len(prefix):]: v for k, v in loaded.tensors.items() if k.startswith(prefix)}
     model.load_state_dict(state, strict=True)
     return model.eval()
 
 
+def _he_scope(config: PipelineConfig) -> str:
+    if config.he.scope != "auto":
+        return config.he.scope
+    return "model" if config.task.kind == "tabular-classification" else "head"
+
+
+def _as_chain(model: torch.nn.Module, sample: torch.Tensor) -> torch.nn.Sequential | None:
+    """The model as a plain chain of its leaf layers, if that chain computes exactly the model."""
+    from torch import nn
+
+    leaves = [m for m in model.modules() if not list(m.children())]
+    if not leaves:
+        return None
+    chain = nn.Sequential(*leaves)
+    with torch.no_grad():
+        try:
+            same = torch.allclose(chain(sample), model(sample), atol=1e-5, rtol=1e-4)
+        except Exception:  # noqa: BLE001 - a layer that cannot run in a chain: not chain-shaped
+            return None
+    return chain if same else None
+
+
 def extract_features(
     config: PipelineConfig, secrets: RunSecrets, audit: AuditRecorder | None = None
 ) -> dict[str, torch.Tensor]:
-    """Data-owner side: CNN trunk features of the held-out patients, plus the logistic head.
+    """Data-owner side: the held-out inputs for HE scoring, plus the layers to evaluate.
 
-    Returns tensors only (``features``, ``labels``, ``head_weight``, ``head_bias``) so Prefect can
-    store the result with the encrypted serializer.
+    Always: the model up to its last linear layer runs in plaintext where the data is; the result
+    holds those ``features`` and the head (``head_weight``, ``head_bias``). ``model`` scope (tabular
+    MLP / logistic models) adds the encoded rows themselves (``model_inputs``) and the whole model as
+    the tensors of its layer chain (``layer_kinds``, ``layer/<i>/<name>``), so the HE stage can fall
+    back to the head when HE cannot evaluate a layer. Tensors only, so Prefect stores the result
+    with the encrypted serializer.
     """
-    from securetrain.pipeline.models import logistic_head
+    from torch.utils.data import DataLoader
 
-    model = load_trained_model(config, secrets, audit)
-    manifest = config.run_dir / "deid" / "eval.csv"
-    dataset = _dicom_dataset(config, manifest, secrets, audit)
-    if len(dataset) == 0:
+    from securetrain.pipeline.models import head_and_features
+    from securetrain.training.trainer import split_batch
+
+    task, data = task_datasets(config, secrets, audit)
+    if len(data.eval) == 0:
         raise SecureTrainError("the evaluation split is empty", hint="use more patients or raise data.eval_fraction")
-    features, labels = [], []
-    with torch.inference_mode():
-        for batch in dataset.dataloader(batch_size=64):
-            features.append(model.trunk(batch["pixels"]))
-            labels.append(batch["label"])
-    head = logistic_head(model)[0]
-    return {
-        "features": torch.cat(features),
-        "labels": torch.cat(labels),
+    model = load_trained_model(config, secrets, audit, data, which=config.he.checkpoint)
+    loader = DataLoader(data.eval, batch_size=64, shuffle=False)
+    head, features, labels = head_and_features(model, loader, _predict_fn(task))
+    out = {
+        "features": features,
+        "labels": labels,
         "head_weight": head.weight.detach().clone(),
         "head_bias": head.bias.detach().clone(),
     }
+    if _he_scope(config) == "model":
+        with torch.no_grad():
+            inputs = torch.cat([split_batch(b)[0].flatten(1).float() for b in loader])
+            chain = _as_chain(model, inputs[:8])
+            carried = _chain_to_tensors(chain) if chain is not None else None
+            # Only if the rebuilt chain computes exactly what the trained model computes.
+            if carried is not None and torch.allclose(_chain_from_tensors(carried)(inputs[:8]), model(inputs[:8]), atol=1e-5):
+                out.update(carried, model_inputs=inputs)
+            elif config.he.scope == "model":
+                raise SecureTrainError("he.scope is 'model' but the model is not a plain chain of "
+                                       f"{', '.join(_CHAIN_LAYERS)} layers", hint="use he.scope: head or auto")
+            else:
+                log.warning("the model is not a plain layer chain; HE evaluates its last linear layer instead")
+    return out
+
+
+#: Layers the whole-model HE scope can carry between stages as tensors (kinds by name, no pickle).
+_CHAIN_LAYERS = ("Linear", "BatchNorm1d", "ReLU", "Sigmoid", "Tanh", "GELU", "SiLU", "Flatten", "Identity", "Dropout")
+
+
+def _chain_to_tensors(chain: torch.nn.Sequential) -> dict[str, torch.Tensor] | None:
+    import json
+
+    kinds = [type(layer).__name__ for layer in chain]
+    if any(k not in _CHAIN_LAYERS for k in kinds):
+        return None
+    out = {f"layer/{i}/{k}": v.detach().clone() for i, layer in enumerate(chain) for k, v in layer.state_dict().items()}
+    out["layer_kinds"] = torch.tensor(list(json.dumps(kinds).encode()), dtype=torch.uint8)
+    return out
+
+
+def _chain_from_tensors(features: dict[str, torch.Tensor]) -> torch.nn.Sequential:
+    """Rebuild the whole-model chain from ``layer_kinds`` + ``layer/<i>/<param>`` tensors."""
+    import json
+
+    from torch import nn
+
+    kinds = json.loads(bytes(features["layer_kinds"].tolist()).decode())
+    layers: list[nn.Module] = []
+    for i, kind in enumerate(kinds):
+        if kind not in _CHAIN_LAYERS:
+            raise SecureTrainError(f"HE scope 'model' cannot carry a {kind} layer", hint="set he.scope: head")
+        params = {k.split("/", 2)[2]: v for k, v in features.items() if k.startswith(f"layer/{i}/")}
+        if kind == "Linear":
+            layer: nn.Module = nn.Linear(params["weight"].shape[1], params["weight"].shape[0])
+        elif kind == "BatchNorm1d":
+            layer = nn.BatchNorm1d(params["weight"].shape[0])
+        else:
+            layer = getattr(nn, kind)()
+        layer.load_state_dict(params)
+        layers.append(layer)
+    return nn.Sequential(*layers).eval()
 
 
 def he_evaluate(
     config: PipelineConfig, features: dict[str, torch.Tensor], audit: AuditRecorder | None = None
 ) -> HESummary:
-    """Evaluate the logistic head on CKKS-encrypted features (the evaluator sees no secret key)."""
+    """Evaluate the head (or the whole tabular model) on CKKS-encrypted inputs (no secret key at the evaluator).
+
+    Two classes: one logistic score (logit of class 1 minus class 0). More: one encrypted score per
+    class, arg-maxed by the data owner after decryption.
+    """
     from torch import nn
 
     from securetrain.he import evaluate_encrypted
+    from securetrain.pipeline.models import he_head
 
-    weight, bias = features["head_weight"], features["head_bias"]
-    head = nn.Linear(weight.shape[1], 1)
-    with torch.no_grad():
-        head.weight.copy_(weight)
-        head.bias.copy_(bias)
-    report = evaluate_encrypted(
-        nn.Sequential(head), features["features"], features["labels"], audit=audit, decimals=config.he.decimals
-    )
+    from securetrain.he import HEModelError
+
+    head = he_head(features["head_weight"], features["head_bias"])
+    report = None
+    if "layer_kinds" in features:
+        scope, model = "model", _he_model_from_chain(features)
+        try:
+            report = evaluate_encrypted(
+                model, features["model_inputs"], features["labels"], audit=audit, decimals=config.he.decimals
+            )
+        except HEModelError as exc:
+            if config.he.scope == "model":
+                raise
+            # (checked before any encryption) a layer HE cannot evaluate: score the linear head instead
+            log.warning("HE cannot evaluate the whole model (%s); evaluating its last linear layer", exc)
+    if report is None:
+        scope, model = "head", head
+        report = evaluate_encrypted(
+            model, features["features"], features["labels"], audit=audit, decimals=config.he.decimals
+        )
+    out_features = [m for m in model.modules() if isinstance(m, nn.Linear)][-1].out_features
     return HESummary(
         samples=report.n_samples,
         features=report.n_features,
@@ -290,7 +425,26 @@ def he_evaluate(
         ms_per_sample=report.ms_per_sample_end_to_end,
         poly_modulus_degree=int(report.params["poly_modulus_degree"]),
         public_context_bytes=report.public_context_bytes,
+        scope=scope,
+        outputs=out_features,
+        max_abs_error_vs_plan=getattr(report, "max_abs_error_vs_plan", None),
+        approximation_error=getattr(report, "approximation_error_vs_exact", None),
+        out_of_interval_fraction=getattr(report, "out_of_interval_fraction", None),
+        packed=getattr(report, "packed", None),
     )
+
+
+def _he_model_from_chain(features: dict[str, torch.Tensor]) -> torch.nn.Sequential:
+    """The whole model for HE; with two classes its last linear layer becomes one logistic unit."""
+    from torch import nn
+
+    from securetrain.pipeline.models import he_head
+
+    layers = list(_chain_from_tensors(features))
+    last = max(i for i, m in enumerate(layers) if isinstance(m, nn.Linear))
+    if layers[last].out_features == 2:
+        layers[last] = he_head(layers[last].weight.detach(), layers[last].bias.detach())[0]
+    return nn.Sequential(*layers).eval()
 
 
 def seal_audit(config: PipelineConfig, audit_log: Any) -> AuditSummary:

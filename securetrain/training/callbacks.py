@@ -7,7 +7,7 @@ so callbacks never force an extra device sync.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from securetrain.training.checkpoint_store import CheckpointInfo
@@ -36,6 +36,9 @@ class TrainerCallback:
 
     def on_checkpoint(self, trainer: Trainer, info: CheckpointInfo) -> None: ...
 
+    def on_validation(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        """After each validation: ``epoch``, ``step`` and the task's metrics (loss, accuracy, auc, ...)."""
+
     def on_end(self, trainer: Trainer, result: TrainResult) -> None: ...
 
     def on_error(self, trainer: Trainer, error: BaseException) -> None:
@@ -43,14 +46,30 @@ class TrainerCallback:
 
 
 class MetricsHistory(TrainerCallback):
-    """Keeps every :class:`StepMetrics` (what the pipeline uses to draw the training curve)."""
+    """Keeps every :class:`StepMetrics` and validation (what the pipeline draws its curves from).
+
+    Stateful: the trainer saves its history in each checkpoint, so the curves of a resumed run
+    start at step 1, not at the resume point.
+    """
 
     def __init__(self) -> None:
         self.history: list[StepMetrics] = []
+        self.validations: list[dict[str, Any]] = []
         self.checkpoints: list[CheckpointInfo] = []
 
     def on_step(self, trainer: Trainer, metrics: StepMetrics) -> None:
         self.history.append(metrics)
+
+    def on_validation(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        self.validations.append(dict(metrics))
+
+    def state_dict(self) -> dict[str, Any]:
+        steps = [{k: v for k, v in asdict(m).items() if k != "memory"} for m in self.history]
+        return {"steps": steps, "validations": self.validations}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.history = [StepMetrics(**m) for m in state.get("steps", [])]
+        self.validations = list(state.get("validations", []))
 
     def on_checkpoint(self, trainer: Trainer, info: CheckpointInfo) -> None:
         self.checkpoints.append(info)

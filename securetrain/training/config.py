@@ -12,6 +12,48 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
 Precision = Literal["auto", "bf16", "fp16", "fp32"]
+SchedulerName = Literal["none", "constant", "cosine", "step", "onecycle"]
+
+
+class SchedulerConfig(BaseModel):
+    """A learning-rate schedule from ``torch.optim.lr_scheduler``, stepped once per optimizer step.
+
+    ``cosine``: CosineAnnealingLR down to ``min_lr`` over the run; ``step``: StepLR, lr x ``gamma``
+    every ``step_epochs`` epochs (or ``step_steps`` steps); ``onecycle``: OneCycleLR peaking at
+    ``lr``. ``warmup_steps`` / ``warmup_epochs`` prepend a linear warm-up from ``warmup_start_factor``
+    x lr (for ``onecycle`` the warm-up sets its rising phase). Its state is checkpointed, so a resumed
+    run continues the schedule exactly.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: SchedulerName = "none"
+    warmup_steps: int = Field(0, ge=0)
+    warmup_epochs: float = Field(0.0, ge=0.0, description="Warm-up length in epochs (added to warmup_steps).")
+    warmup_start_factor: float = Field(0.1, gt=0.0, le=1.0)
+    min_lr: float = Field(0.0, ge=0.0, description="cosine: the final learning rate.")
+    step_epochs: PositiveInt | None = Field(None, description="step: decay every N epochs.")
+    step_steps: PositiveInt | None = Field(None, description="step: decay every N optimizer steps.")
+    gamma: float = Field(0.1, gt=0.0, le=1.0, description="step: multiplicative decay.")
+
+
+class ValidationConfig(BaseModel):
+    """Validation on held-out data after every ``every_epochs`` epochs (when eval data is given)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    every_epochs: PositiveInt = 1
+    metric: str = Field("loss", description="Metric that selects the best checkpoint: loss, accuracy, auc, or a custom task metric.")
+    mode: Literal["auto", "min", "max"] = Field("auto", description="auto: min for *loss*, max otherwise.")
+    patience: PositiveInt | None = Field(None, description="Stop after this many validations without improvement.")
+    min_delta: float = Field(0.0, ge=0.0, description="Smallest change that counts as an improvement.")
+    batch_size: PositiveInt | None = Field(None, description="Default: training batch_size.")
+
+    @property
+    def maximize(self) -> bool:
+        if self.mode != "auto":
+            return self.mode == "max"
+        return "loss" not in self.metric
 
 
 class TrainingConfig(BaseModel):
@@ -37,6 +79,8 @@ class TrainingConfig(BaseModel):
     drop_last: bool = False
     num_workers: int = Field(0, ge=0)
     deterministic: bool = Field(False, description="torch.use_deterministic_algorithms (slower on GPU).")
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    validation: ValidationConfig = Field(default_factory=ValidationConfig)
 
     @model_validator(mode="after")
     def _has_a_stop(self) -> TrainingConfig:

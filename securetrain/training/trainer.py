@@ -4,6 +4,18 @@ Per optimizer step it does what a careful hand-written loop does and nothing mor
 autocast, (scaled) backward, optional accumulation, unscale + clip, step, zero grads. The loss is
 accumulated on the device and synced to the host only every ``log_every`` steps.
 
+Per epoch (when ``eval_data`` is given): a validation pass on the held-out data (loss, accuracy,
+macro AUC, per-class counts by default, or the task's ``metrics_fn``), best-checkpoint selection by
+``config.validation.metric`` into ``best_store``, and early stopping after ``patience`` validations
+without improvement. A learning-rate ``scheduler`` (built by name from ``config.scheduler`` or
+passed in) is stepped after every optimizer step. Scheduler state, the best-metric tracker and any
+callback with ``state_dict``/``load_state_dict`` are saved in every checkpoint (the extra-state
+hook, :meth:`Trainer.extra_state`), so a resumed run continues them exactly.
+
+The loop is a handful of named steps (:meth:`Trainer._train_epoch`, :meth:`Trainer._micro_step`,
+:meth:`Trainer._optimizer_step`, :meth:`Trainer._end_epoch`, :meth:`Trainer._log_window`) with their
+state on the object, so it reads top to bottom and subclasses can override one step.
+
 Preemption: SIGTERM sets a flag; the current optimizer step finishes, a checkpoint is written and
 :meth:`fit` returns with ``reason="preempted"`` (the CLI then exits with
 :data:`PREEMPTED_EXIT_CODE`). Restarting with the same config resumes from that checkpoint and ends
@@ -32,10 +44,12 @@ from securetrain.training.callbacks import StepMetrics, TrainerCallback
 from securetrain.training.checkpoint_store import CheckpointInfo, CheckpointStore
 from securetrain.training.config import TrainingConfig
 from securetrain.training.data import EpochFeeder
+from securetrain.training.defaults import default_audit_log, default_checkpoint_store
 from securetrain.training.distributed import DistContext, init_distributed
 from securetrain.training.errors import ResumeMismatchError, TrainingError
-from securetrain.training.safetensors_store import SafetensorsCheckpointStore
+from securetrain.training.schedulers import build_scheduler
 from securetrain.training.seeding import capture_rng_state, restore_rng_state, seed_everything
+from securetrain.training.validation import BestTracker, MetricsFn, PredictFn, classification_metrics, collect_outputs
 
 #: Exit status for "stopped by SIGTERM after a clean checkpoint; rerun to resume" (BSD EX_TEMPFAIL).
 PREEMPTED_EXIT_CODE = 75
@@ -49,6 +63,8 @@ TARGET_KEYS = ("label", "labels", "target")
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+#: ``factory(optimizer, total_steps, steps_per_epoch) -> LRScheduler`` (lengths in optimizer steps).
+SchedulerFactory = Callable[[torch.optim.Optimizer, "int | None", "int | None"], torch.optim.lr_scheduler.LRScheduler]
 
 
 def split_batch(batch: Any) -> tuple[Any, torch.Tensor]:
@@ -73,6 +89,12 @@ def cross_entropy_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     """Default loss: ``F.cross_entropy(model(x), y)``."""
     x, y = split_batch(batch)
     return F.cross_entropy(model(x), y)
+
+
+def default_predict(model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Default validation step: ``(model(x), y)`` with ``x, y`` from :func:`split_batch`."""
+    x, y = split_batch(batch)
+    return model(x), y
 
 
 def _to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
@@ -100,11 +122,13 @@ class TrainResult:
     steps: int
     epoch: int
     final_loss: float | None
-    reason: str  # "completed" | "preempted"
+    reason: str  # "completed" | "preempted" | "early_stopped"
     checkpoint: CheckpointInfo | None
     resumed_from: int | None
     device: str
     precision: str
+    validation: tuple[dict[str, Any], ...] = ()  # one entry per validation: epoch, step, metrics
+    best: dict[str, Any] | None = None  # metric, value, epoch, step, checkpoint (path) of the best validation
 
     @property
     def exit_code(self) -> int:
@@ -119,6 +143,17 @@ class _Progress:
     samples: int = 0  # samples seen by this rank
 
 
+@dataclass
+class _Window:
+    """Loss and throughput accumulated since the last ``on_step`` (kept on the device)."""
+
+    loss_sum: torch.Tensor
+    micro_batches: int = 0
+    samples: int = 0
+    steps: int = 0
+    started: float = 0.0
+
+
 class Trainer:
     """Configure, don't rewrite: model + optimizer (or factory) + data + :class:`TrainingConfig`.
 
@@ -126,6 +161,14 @@ class Trainer:
     rank-sharded DataLoader) or a ``DataLoader`` (its dataset, batch size, collate_fn and workers are
     kept; its sampler is replaced by the deterministic one, unless it uses a custom batch sampler or
     an IterableDataset, which are used as they are).
+
+    ``eval_data`` (Dataset or DataLoader) is validated every ``config.validation.every_epochs``
+    epochs: ``predict_fn(model, batch) -> (outputs, targets)`` per batch (default: ``model(x), y``),
+    then ``metrics_fn(outputs, targets)`` (default :func:`classification_metrics`);
+    ``best_store`` receives the model weights whenever the named metric improves (pass an
+    encrypted store for sensitive models: the trainer never picks a plaintext one for you).
+    ``scheduler`` is an ``LRScheduler`` on the optimizer you passed, or a
+    :data:`SchedulerFactory`; default: built from ``config.scheduler``.
     """
 
     def __init__(
@@ -135,8 +178,13 @@ class Trainer:
         config: TrainingConfig | None = None,
         *,
         optimizer: torch.optim.Optimizer | OptimizerFactory | None = None,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | SchedulerFactory | None = None,
         loss_fn: LossFn | None = None,
+        eval_data: Any = None,
+        metrics_fn: MetricsFn | None = None,
+        predict_fn: PredictFn | None = None,
         store: CheckpointStore | None = None,
+        best_store: CheckpointStore | None = None,
         callbacks: Sequence[TrainerCallback] = (),
         audit: AuditRecorder | None = None,
         backend: DeviceBackend | None = None,
@@ -145,11 +193,18 @@ class Trainer:
         self.config = config or TrainingConfig()
         self.model = model
         self.train_data = train_data
+        self.eval_data = eval_data
         self._optimizer_arg = optimizer
+        self._scheduler_arg = scheduler
         self.loss_fn: LossFn = loss_fn or cross_entropy_loss
-        self.store: CheckpointStore = store or SafetensorsCheckpointStore(
-            self.config.output_dir / "checkpoints", keep_last=self.config.keep_last, audit=audit
-        )
+        self.metrics_fn: MetricsFn = metrics_fn or classification_metrics
+        self.predict_fn: PredictFn = predict_fn or default_predict
+        # Secure by default: with no recorder given, $SECURETRAIN_AUDIT_URL (if set) records the run;
+        # with no store given, checkpoints are encrypted whenever a key source is configured.
+        self._owned_audit = default_audit_log() if audit is None else None
+        audit = audit if audit is not None else self._owned_audit
+        self.store: CheckpointStore = store or default_checkpoint_store(self.config, audit)
+        self.best_store = best_store
         self.callbacks = list(callbacks)
         self.audit: AuditRecorder = audit or NullAuditRecorder()
         self._backend_arg = backend
@@ -157,9 +212,22 @@ class Trainer:
         self.backend: DeviceBackend | None = None
         self.dist = DistContext()
         self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        self.scaler: torch.amp.GradScaler | None = None
+        self.device: torch.device | None = None
         self.progress = _Progress()
+        v = self.config.validation
+        self.tracker = BestTracker(v.metric, v.maximize, v.min_delta)
+        self.best_checkpoint: CheckpointInfo | None = None
         self._stop_requested = False
+        self._early_stop = False
         self._last_loss: float | None = None
+        self._total_steps: int | None = None
+        self._per_epoch: int | None = None
+        self._fingerprint_value: dict[str, Any] = {}
+        self._saved_step: int | None = None
+        self._saved_info: CheckpointInfo | None = None
+        self._validated_step: int | None = None
 
     # --- public helpers ------------------------------------------------------------------
     @property
@@ -177,6 +245,45 @@ class Trainer:
     @property
     def unwrapped_model(self) -> nn.Module:
         return self.model.module if isinstance(self.model, nn.parallel.DistributedDataParallel) else self.model
+
+    @property
+    def total_steps(self) -> int | None:
+        return self._total_steps
+
+    # --- extra state (saved in every checkpoint) ------------------------------------------
+    def _stateful_callbacks(self) -> dict[str, Any]:
+        return {
+            f"{i}:{type(cb).__name__}": cb for i, cb in enumerate(self.callbacks)
+            if callable(getattr(cb, "state_dict", None)) and callable(getattr(cb, "load_state_dict", None))
+        }
+
+    def extra_state(self) -> dict[str, Any]:
+        """JSON-able state beyond model/optimizer/RNG; override (and :meth:`load_extra_state`) to add yours."""
+        return {
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "tracker": self.tracker.state_dict(),
+            "best_checkpoint": _info_to_json(self.best_checkpoint),
+            "callbacks": {k: cb.state_dict() for k, cb in self._stateful_callbacks().items()},
+            "early_stopped": self._early_stop,
+            "validated_step": self._validated_step,
+        }
+
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        if (state.get("scheduler") is None) != (self.scheduler is None):
+            raise ResumeMismatchError(
+                "the checkpoint and this run disagree on whether a learning-rate scheduler is used",
+                hint="restore the original scheduler settings, use a fresh output_dir, or set resume=false",
+            )
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.tracker.load_state_dict(state["tracker"])
+        self.best_checkpoint = _info_from_json(state.get("best_checkpoint"))
+        self._early_stop = bool(state.get("early_stopped", False))
+        self._validated_step = state.get("validated_step")
+        saved_callbacks = state.get("callbacks", {})
+        for key, cb in self._stateful_callbacks().items():
+            if key in saved_callbacks:
+                cb.load_state_dict(saved_callbacks[key])
 
     # --- setup ---------------------------------------------------------------------------
     def _resolve_precision(self, backend: DeviceBackend) -> tuple[str, torch.dtype | None]:
@@ -200,6 +307,31 @@ class Trainer:
             return arg
         return arg(params)
 
+    def _build_scheduler(self) -> torch.optim.lr_scheduler.LRScheduler | None:
+        assert self.optimizer is not None
+        arg = self._scheduler_arg
+        if arg is None:
+            return build_scheduler(self.config.scheduler, self.optimizer,
+                                   total_steps=self._total_steps, steps_per_epoch=self._steps_per_epoch())
+        if isinstance(arg, torch.optim.lr_scheduler.LRScheduler):
+            if arg.optimizer is not self.optimizer:
+                raise TrainingError("the scheduler drives a different optimizer than the trainer's",
+                                    hint="pass the optimizer too, or a factory(optimizer, total_steps, steps_per_epoch)")
+            return arg
+        return arg(self.optimizer, self._total_steps, self._steps_per_epoch())
+
+    def _steps_per_epoch(self) -> int | None:
+        return None if self._per_epoch is None else -(-self._per_epoch // self.config.grad_accumulation)
+
+    def _plan_length(self, feeder: EpochFeeder) -> None:
+        cfg = self.config
+        self._per_epoch = feeder.batches_in_epoch()
+        total = cfg.max_steps
+        if self._per_epoch is not None and cfg.epochs is not None:
+            by_epochs = cfg.epochs * self._steps_per_epoch()  # type: ignore[operator]
+            total = min(total, by_epochs) if total else by_epochs
+        self._total_steps = total
+
     def _fingerprint(self, world_size: int, precision: str, dataset_len: int | None) -> dict[str, Any]:
         c = self.config
         # What must match for a resumed run to replay the same sample order and numerics.
@@ -215,14 +347,14 @@ class Trainer:
         }
 
     # --- checkpointing -------------------------------------------------------------------
-    def _checkpoint(self, scaler: torch.amp.GradScaler, fingerprint: dict[str, Any]) -> CheckpointInfo | None:
-        assert self.optimizer is not None and self.backend is not None
+    def _checkpoint(self) -> CheckpointInfo | None:
+        assert self.optimizer is not None and self.backend is not None and self.scaler is not None
         rng_t, rng_m = capture_rng_state(self.backend.device_type)
         # Every rank's RNG is saved so dropout etc. continue exactly on each rank after resume.
         all_rng = self.dist.gather_objects((rng_t, rng_m))
         info: CheckpointInfo | None = None
         if self.is_main:
-            tensors = {f"model/{k}": st.detach_for_save(v) for k, v in self.unwrapped_model.state_dict().items()}
+            tensors = self._model_tensors()
             opt_t, opt_m = st.flatten_optimizer(self.optimizer.state_dict())
             tensors.update(opt_t)
             rng_meta = {}
@@ -232,8 +364,9 @@ class Trainer:
             p = self.progress
             state = {
                 "step": p.step, "epoch": p.epoch, "position": p.position, "samples": p.samples,
-                "last_loss": self._last_loss, "fingerprint": fingerprint,
-                "optimizer": opt_m, "scaler": scaler.state_dict(), "rng": rng_meta,
+                "last_loss": self._last_loss, "fingerprint": self._fingerprint_value,
+                "optimizer": opt_m, "scaler": self.scaler.state_dict(), "rng": rng_meta,
+                "extra": self.extra_state(),
             }
             meta = {TRAIN_FORMAT_KEY: CHECKPOINT_FORMAT, TRAIN_STATE_KEY: st.dumps(state)}
             # The store records checkpoint.write itself (it knows the key id and ciphertext digest).
@@ -241,10 +374,24 @@ class Trainer:
             for cb in self.callbacks:
                 cb.on_checkpoint(self, info)
         self.dist.barrier()  # nobody runs ahead (or exits) before the checkpoint is durable
+        self._saved_step, self._saved_info = self.progress.step, info
         return info
 
-    def _resume(self, scaler: torch.amp.GradScaler, fingerprint: dict[str, Any]) -> int | None:
-        assert self.optimizer is not None and self.backend is not None
+    def _model_tensors(self) -> dict[str, torch.Tensor]:
+        return {f"model/{k}": st.detach_for_save(v) for k, v in self.unwrapped_model.state_dict().items()}
+
+    def _save_best(self, metrics: Mapping[str, Any]) -> None:
+        """Weights of the best validation so far into ``best_store`` (main rank only)."""
+        if self.best_store is None or not self.is_main:
+            return
+        p = self.progress
+        meta = {TRAIN_FORMAT_KEY: "securetrain-best/1",
+                "securetrain.train.best": st.dumps({"metric": self.tracker.metric, "value": self.tracker.best,
+                                                    "epoch": p.epoch, "step": p.step})}
+        self.best_checkpoint = self.best_store.save(p.step, self._model_tensors(), meta)
+
+    def _resume(self) -> int | None:
+        assert self.optimizer is not None and self.backend is not None and self.scaler is not None
         latest = self.store.latest() if self.is_main else None
         latest = self.dist.broadcast_object(latest)
         if latest is None:
@@ -256,6 +403,7 @@ class Trainer:
                 hint="use a fresh output_dir or set resume=false",
             )
         saved = st.loads(ckpt.metadata[TRAIN_STATE_KEY])
+        fingerprint = self._fingerprint_value
         diff = {k: (saved["fingerprint"].get(k), v) for k, v in fingerprint.items() if saved["fingerprint"].get(k) != v}
         if diff:
             what = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
@@ -267,7 +415,8 @@ class Trainer:
         self.unwrapped_model.load_state_dict(model_sd, strict=True)
         self.optimizer.load_state_dict(st.unflatten_optimizer(ckpt.tensors, saved["optimizer"]))
         if saved["scaler"]:
-            scaler.load_state_dict(saved["scaler"])
+            self.scaler.load_state_dict(saved["scaler"])
+        self.load_extra_state(saved.get("extra") or {"scheduler": None, "tracker": self.tracker.state_dict()})
         rank = str(self.dist.rank)
         prefix = f"rng/{rank}/"
         restore_rng_state(
@@ -279,7 +428,7 @@ class Trainer:
         self._last_loss = saved["last_loss"]
         return int(saved["step"])
 
-    # --- the loop ------------------------------------------------------------------------
+    # --- the run -------------------------------------------------------------------------
     def fit(self) -> TrainResult:
         cfg = self.config
         backend = self._backend_arg
@@ -299,23 +448,29 @@ class Trainer:
             return self._fit(backend, device)
         finally:
             self.dist.close()
+            if self._owned_audit is not None:
+                self._owned_audit.close()
+                self._owned_audit = None
 
     def _fit(self, backend: DeviceBackend, device: torch.device) -> TrainResult:
         cfg = self.config
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
-        precision, amp_dtype = self._resolve_precision(backend)
+        precision, self._amp_dtype = self._resolve_precision(backend)
+        self.device = device
         seed_everything(cfg.seed + self.dist.rank)
         self.model.to(device)
         self.optimizer = self._build_optimizer()
-        scaler = torch.amp.GradScaler(device.type, init_scale=4096, enabled=precision == "fp16")
-        feeder = EpochFeeder(
+        self.scaler = torch.amp.GradScaler(device.type, init_scale=4096, enabled=precision == "fp16")
+        self.feeder = EpochFeeder(
             self.train_data, batch_size=cfg.batch_size, seed=cfg.seed, shuffle=cfg.shuffle, drop_last=cfg.drop_last,
             num_workers=cfg.num_workers, pin_memory=backend.pin_memory and device.type != "cpu",
             rank=self.dist.rank, world_size=self.dist.world_size,
         )
-        fingerprint = self._fingerprint(self.dist.world_size, precision, feeder.dataset_length)
-        resumed_from = self._resume(scaler, fingerprint) if cfg.resume else None
+        self._plan_length(self.feeder)
+        self.scheduler = self._build_scheduler()
+        self._fingerprint_value = self._fingerprint(self.dist.world_size, precision, self.feeder.dataset_length)
+        resumed_from = self._resume() if cfg.resume else None
         if self.dist.enabled:
             self.model = nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[device.index] if device.type == "cuda" else None
@@ -325,6 +480,7 @@ class Trainer:
                 "device": str(device), "backend": backend.name, "precision": precision,
                 "world_size": self.dist.world_size, "seed": cfg.seed, "resumed_from_step": resumed_from,
                 "parameters": sum(p.numel() for p in self.unwrapped_model.parameters()),
+                "scheduler": cfg.scheduler.name if self._scheduler_arg is None else type(self.scheduler).__name__,
             })
             for cb in self.callbacks:
                 cb.on_train_begin(self)
@@ -335,13 +491,12 @@ class Trainer:
         reason = "completed"
         info: CheckpointInfo | None = None
         try:
-            reason = self._loop(feeder, scaler, device, amp_dtype, fingerprint)
-            if reason == "preempted" or cfg.checkpoint_at_end:
+            reason = self._train_loop()
+            if reason == "completed" and self.eval_data is not None and self._validated_step != self.progress.step:
+                self._validate()  # a run cut short by max_steps still reports its held-out metrics
+            if reason != "completed" or cfg.checkpoint_at_end:
                 # Skip a duplicate write when checkpoint_every already saved this very step.
-                if self._saved_step == self.progress.step:
-                    info = self._saved_info
-                else:
-                    info = self._checkpoint(scaler, fingerprint)
+                info = self._saved_info if self._saved_step == self.progress.step else self._checkpoint()
         except BaseException as exc:
             if self.is_main:
                 self.audit.record("training.stop", self.run_id, outcome="failure", details={
@@ -355,140 +510,235 @@ class Trainer:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
         self.model = self.unwrapped_model
+        t = self.tracker
+        best = None
+        if t.best is not None:
+            best = {"metric": t.metric, "value": t.best, "epoch": t.best_epoch, "step": t.best_step,
+                    "checkpoint": str(self.best_checkpoint.path) if self.best_checkpoint else None}
         result = TrainResult(
             steps=self.progress.step, epoch=self.progress.epoch, final_loss=self._last_loss, reason=reason,
             checkpoint=info, resumed_from=resumed_from, device=str(device), precision=precision,
+            validation=tuple(t.history), best=best,
         )
         if self.is_main:
             self.audit.record("training.stop", self.run_id, details={
                 "steps": result.steps, "final_loss": result.final_loss, "reason": reason,
                 "checkpoint_sha256": info.sha256 if info else None,
+                "best": {k: v for k, v in (best or {}).items() if k != "checkpoint"} or None,
             })
             for cb in self.callbacks:
                 cb.on_end(self, result)
         return result
 
-    def _loop(
-        self, feeder: EpochFeeder, scaler: torch.amp.GradScaler, device: torch.device,
-        amp_dtype: torch.dtype | None, fingerprint: dict[str, Any],
-    ) -> str:
+    # --- the loop, as named steps --------------------------------------------------------
+    def _train_loop(self) -> str:
+        """Epochs until ``epochs``/``max_steps``; returns why it stopped."""
         cfg = self.config
-        assert self.optimizer is not None and self.backend is not None
-        model, optimizer, loss_fn = self.model, self.optimizer, self.loss_fn
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        ddp = model if isinstance(model, nn.parallel.DistributedDataParallel) else None
-        accum = cfg.grad_accumulation
-        on_device = device.type != "cpu"
-        non_blocking = on_device and self.backend.pin_memory
-        autocast = (
-            (lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype is not None else contextlib.nullcontext
-        )
-        per_epoch = feeder.batches_in_epoch()
-        total_steps = cfg.max_steps
-        if per_epoch is not None and cfg.epochs is not None:
-            by_epochs = cfg.epochs * -(-per_epoch // accum)
-            total_steps = min(total_steps, by_epochs) if total_steps else by_epochs
-        self._total_steps = total_steps
-        self._saved_step: int | None = None
-        self._saved_info: CheckpointInfo | None = None
-        p = self.progress
-        if per_epoch == 0:
+        if self._per_epoch == 0:
             raise TrainingError("the training data yields no batches", hint="check the dataset size and drop_last")
-        running = torch.zeros((), device=device)
-        running_n = 0
-        window_samples = 0
-        t_window = time.perf_counter()
-        steps_since_log = 0
-        model.train()
-
-        def finish_log() -> None:
-            nonlocal running, running_n, window_samples, t_window, steps_since_log
-            if not self.is_main or running_n == 0:
-                return
-            loss = float((running / running_n).item())  # the one host sync per log window
-            now = time.perf_counter()
-            self._last_loss = loss
-            if loss != loss or loss in (float("inf"), float("-inf")):
-                if scaler.is_enabled():
-                    pass  # fp16 overflow: the scaler skips the step and lowers the scale
-                else:
-                    raise TrainingError(f"loss became non-finite ({loss}) at step {p.step}",
-                                        hint="lower lr, enable grad_clip, or use precision=fp32")
-            metrics = StepMetrics(
-                step=p.step, epoch=p.epoch, loss=loss,
-                samples_per_s=window_samples * self.dist.world_size / max(now - t_window, 1e-9),
-                lr=float(optimizer.param_groups[0]["lr"]), memory=self.backend.memory_summary(),
-                total_steps=total_steps,
-            )
-            for cb in self.callbacks:
-                cb.on_step(self, metrics)
-            running = torch.zeros((), device=device)
-            running_n = window_samples = steps_since_log = 0
-            t_window = now
-
+        self._window = self._new_window()
+        self.model.train()
+        p = self.progress
+        if self._early_stop:  # resumed after early stopping: the run is over
+            return "early_stopped"
         while cfg.epochs is None or p.epoch < cfg.epochs:
             if cfg.max_steps is not None and p.step >= cfg.max_steps:
                 return "completed"
-            in_window = 0
-            window_size = accum
-            for batch in feeder.epoch(p.epoch, skip_batches=p.position):
-                if in_window == 0 and per_epoch is not None:
-                    # The last window of an epoch may be short; divide by its true size so the
-                    # gradient is the mean over the micro-batches it really has.
-                    window_size = min(accum, per_epoch - p.position)
-                if on_device:
-                    batch = _to_device(batch, device, non_blocking)
-                in_window += 1
-                p.position += 1
-                last_micro = in_window == window_size
-                sync = contextlib.nullcontext() if (ddp is None or last_micro or per_epoch is None) else ddp.no_sync()
-                with sync:
-                    with autocast():
-                        loss = loss_fn(model, batch)
-                    scaled = loss / window_size if window_size != 1 else loss
-                    scaler.scale(scaled).backward() if scaler.is_enabled() else scaled.backward()
-                running += loss.detach().float()
-                running_n += 1
-                n = _batch_len(batch)
-                window_samples += n
-                p.samples += n
-                if not last_micro:
-                    continue
-                self._optimizer_step(optimizer, scaler, params)
-                in_window = 0
-                steps_since_log += 1
-                if steps_since_log >= cfg.log_every or p.step == total_steps:
-                    finish_log()
-                stop = self.dist.any_flag(self._stop_requested) if self.dist.enabled else self._stop_requested
-                if stop:
-                    finish_log()
-                    return "preempted"
-                if cfg.checkpoint_every and p.step % cfg.checkpoint_every == 0:
-                    self._saved_info = self._checkpoint(scaler, fingerprint)
-                    self._saved_step = p.step
-                if cfg.max_steps is not None and p.step >= cfg.max_steps:
-                    finish_log()
-                    return "completed"
-            if in_window:  # unsized data: flush the short tail window, rescaled to a mean
-                for prm in params:
-                    if prm.grad is not None:
-                        prm.grad.mul_(window_size / in_window)
-                self._optimizer_step(optimizer, scaler, params)
-                steps_since_log += 1
-            p.epoch += 1
-            p.position = 0
-        finish_log()
+            stop = self._train_epoch()
+            if stop is not None:
+                return stop
+            stop = self._end_epoch()
+            if stop is not None:
+                return stop
+        self._log_window()
         return "completed"
 
-    def _optimizer_step(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, params: list[torch.Tensor]) -> None:
+    def _train_epoch(self) -> str | None:
+        """One pass over the (remaining) batches of ``progress.epoch``; a reason if the run must stop."""
+        cfg = self.config
+        p = self.progress
+        accum = cfg.grad_accumulation
+        in_window, window_size = 0, accum
+        for batch in self.feeder.epoch(p.epoch, skip_batches=p.position):
+            if in_window == 0 and self._per_epoch is not None:
+                # The last window of an epoch may be short; divide by its true size so the
+                # gradient is the mean over the micro-batches it really has.
+                window_size = min(accum, self._per_epoch - p.position)
+            in_window += 1
+            p.position += 1
+            self._micro_step(batch, window_size, last=in_window == window_size)
+            if in_window < window_size:
+                continue
+            in_window = 0
+            self._optimizer_step()
+            stop = self._after_optimizer_step()
+            if stop is not None:
+                return stop
+        if in_window:  # unsized data: flush the short tail window, rescaled to a mean
+            for prm in self._params():
+                if prm.grad is not None:
+                    prm.grad.mul_(window_size / in_window)
+            self._optimizer_step()
+        return None
+
+    def _micro_step(self, batch: Any, window_size: int, *, last: bool) -> None:
+        """Forward + backward of one micro-batch (gradients accumulate until the window's last)."""
+        assert self.device is not None and self.scaler is not None and self.backend is not None
+        model, scaler = self.model, self.scaler
+        if self.device.type != "cpu":
+            batch = _to_device(batch, self.device, self.backend.pin_memory)
+        ddp = model if isinstance(model, nn.parallel.DistributedDataParallel) else None
+        sync = contextlib.nullcontext() if (ddp is None or last or self._per_epoch is None) else ddp.no_sync()
+        autocast = (
+            torch.autocast(self.device.type, dtype=self._amp_dtype) if self._amp_dtype is not None
+            else contextlib.nullcontext()
+        )
+        with sync:
+            with autocast:
+                loss = self.loss_fn(model, batch)
+            scaled = loss / window_size if window_size != 1 else loss
+            scaler.scale(scaled).backward() if scaler.is_enabled() else scaled.backward()
+        w = self._window
+        w.loss_sum += loss.detach().float()
+        w.micro_batches += 1
+        n = _batch_len(batch)
+        w.samples += n
+        self.progress.samples += n
+
+    def _params(self) -> list[torch.Tensor]:
+        assert self.optimizer is not None
+        return [p for g in self.optimizer.param_groups for p in g["params"]]
+
+    def _optimizer_step(self) -> None:
+        """Unscale, clip, step (optimizer, then scheduler), zero grads."""
+        optimizer, scaler = self.optimizer, self.scaler
+        assert optimizer is not None and scaler is not None
         if scaler.is_enabled():
             scaler.unscale_(optimizer)
         if self.config.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(params, self.config.grad_clip, foreach=True)
+            torch.nn.utils.clip_grad_norm_(self._params(), self.config.grad_clip, foreach=True)
         if scaler.is_enabled():
             scaler.step(optimizer)
             scaler.update()
         else:
             optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         self.progress.step += 1
+        self._window.steps += 1
+
+    def _after_optimizer_step(self) -> str | None:
+        """Log, honour a stop request, checkpoint, respect ``max_steps``."""
+        cfg = self.config
+        p = self.progress
+        if self._window.steps >= cfg.log_every or p.step == self._total_steps:
+            self._log_window()
+        stop = self.dist.any_flag(self._stop_requested) if self.dist.enabled else self._stop_requested
+        if stop:
+            self._log_window()
+            return "preempted"
+        if cfg.checkpoint_every and p.step % cfg.checkpoint_every == 0:
+            self._checkpoint()
+        if cfg.max_steps is not None and p.step >= cfg.max_steps:
+            self._log_window()
+            return "completed"
+        return None
+
+    def _end_epoch(self) -> str | None:
+        """Advance the epoch counter; validate when due; a reason if early stopping fired."""
+        p = self.progress
+        p.epoch += 1
+        p.position = 0
+        if self.eval_data is None or p.epoch % self.config.validation.every_epochs:
+            return None
+        self._log_window()
+        self._validate()
+        return "early_stopped" if self._early_stop else None
+
+    def _validate(self) -> dict[str, Any]:
+        """Metrics on ``eval_data`` (main rank), best tracking, early-stop decision (all ranks)."""
+        assert self.device is not None and self.backend is not None
+        metrics: dict[str, Any] = {}
+        if self.is_main:
+            # Validation must not move the training RNG streams (or a resumed run would diverge).
+            rng_t, rng_m = capture_rng_state(self.backend.device_type)
+            model = self.unwrapped_model
+            model.eval()
+            try:
+                outputs, targets = collect_outputs(model, self._eval_loader(), self.predict_fn, self._eval_to_device)
+                metrics = self.metrics_fn(outputs, targets)
+            finally:
+                model.train()
+                restore_rng_state(rng_t, rng_m, self.backend.device_type)
+            if self.tracker.metric not in metrics:
+                raise TrainingError(
+                    f"validation.metric {self.tracker.metric!r} is not one of the validation metrics "
+                    f"({', '.join(sorted(metrics))})", hint="name one of them in training.validation.metric")
+            p = self.progress
+            if self.tracker.update(metrics, epoch=p.epoch, step=p.step):
+                self._save_best(metrics)
+            patience = self.config.validation.patience
+            self._early_stop = patience is not None and self.tracker.bad_validations >= patience
+            for cb in self.callbacks:
+                hook = getattr(cb, "on_validation", None)
+                if hook is not None:
+                    hook(self, {"epoch": p.epoch, "step": p.step, **metrics})
+        if self.dist.enabled:
+            self._early_stop = bool(self.dist.broadcast_object(self._early_stop))
+        self._validated_step = self.progress.step
+        return metrics
+
+    def _eval_to_device(self, batch: Any) -> Any:
+        assert self.device is not None
+        return _to_device(batch, self.device, False) if self.device.type != "cpu" else batch
+
+    def _eval_loader(self) -> Any:
+        from torch.utils.data import DataLoader
+
+        if isinstance(self.eval_data, DataLoader):
+            return self.eval_data
+        size = self.config.validation.batch_size or self.config.batch_size
+        return DataLoader(self.eval_data, batch_size=size, shuffle=False, num_workers=self.config.num_workers,
+                          generator=torch.Generator().manual_seed(0))
+
+    def _new_window(self) -> _Window:
+        assert self.device is not None
+        return _Window(loss_sum=torch.zeros((), device=self.device), started=time.perf_counter())
+
+    def _log_window(self) -> None:
+        """Sync the window's mean loss to the host (the one sync per window) and call ``on_step``."""
+        w = self._window
+        if not self.is_main or w.micro_batches == 0:
+            return
+        assert self.optimizer is not None and self.backend is not None and self.scaler is not None
+        loss = float((w.loss_sum / w.micro_batches).item())
+        now = time.perf_counter()
+        self._last_loss = loss
+        if (loss != loss or loss in (float("inf"), float("-inf"))) and not self.scaler.is_enabled():
+            # (with fp16 the scaler skips an overflowing step and lowers the scale instead)
+            raise TrainingError(f"loss became non-finite ({loss}) at step {self.progress.step}",
+                                hint="lower lr, enable grad_clip, or use precision=fp32")
+        metrics = StepMetrics(
+            step=self.progress.step, epoch=self.progress.epoch, loss=loss,
+            samples_per_s=w.samples * self.dist.world_size / max(now - w.started, 1e-9),
+            lr=float(self.optimizer.param_groups[0]["lr"]), memory=self.backend.memory_summary(),
+            total_steps=self._total_steps,
+        )
+        for cb in self.callbacks:
+            cb.on_step(self, metrics)
+        self._window = self._new_window()
+
+
+def _info_to_json(info: CheckpointInfo | None) -> dict[str, Any] | None:
+    if info is None:
+        return None
+    return {"path": str(info.path), "step": info.step, "sha256": info.sha256, "key_id": info.key_id}
+
+
+def _info_from_json(data: Mapping[str, Any] | None) -> CheckpointInfo | None:
+    if not data:
+        return None
+    from pathlib import Path
+
+    return CheckpointInfo(Path(data["path"]), int(data["step"]), data["sha256"], data.get("key_id"))

@@ -1,0 +1,21 @@
+"""Typed errors of the pipeline: a bad model or task target, a model that does not fit the task."""
+
+from __future__ import annotations
+
+from securetrain.errors import ConfigError, SecureTrainError
+
+
+class PipelineError(SecureTrainError):
+    """The pipeline cannot run as configured."""
+
+
+class ModelTargetError(PipelineError, ConfigError):
+    """``model.target`` does not import, is not callable, or does not return an ``nn.Module``."""
+
+
+class ModelOutputError(PipelineError):
+    """The model's output on one real batch does not match the task (e.g. number of classes)."""
+
+
+class TaskError(PipelineError, ConfigError):
+    """``task`` / ``task.target`` is unknown, or the task's data cannot be used as configured."""

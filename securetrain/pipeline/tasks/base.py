@@ -1,0 +1,138 @@
+"""The task protocol every task (built-in or user's) follows, and helpers they share.
+
+A task is an object with:
+
+``prepare(ctx) -> dict`` (optional)
+    Runs once per run in the *prepare* stage: read the raw data, protect it (de-identify, mask),
+    split it, write what training needs under ``ctx.data_dir``. Returns a small JSON-safe summary
+    (counts, digests; never PHI, never key material). Must be idempotent: a rerun overwrites.
+``build_datasets(ctx) -> TaskData``
+    Called by the train and feature stages: the training and held-out datasets (map-style torch
+    Datasets yielding ``(x, y)`` tuples or dicts keyed ``inputs``/``pixels``/``features`` and
+    ``label``), the class names in id order, and facts for the model factory
+    (``in_channels``/``in_features``). Must be deterministic (same data, same order).
+``loss(model, batch) -> Tensor`` (optional)
+    Default: cross-entropy on ``model(x)``.
+``metrics(outputs, targets) -> dict`` (optional)
+    Validation metrics from the concatenated model outputs and targets of the held-out split.
+    Default: :func:`securetrain.training.validation.classification_metrics` (loss, accuracy,
+    macro AUC, class counts, confusion matrix).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
+from securetrain.pipeline.config import PipelineConfig
+from securetrain.pipeline.errors import TaskError
+from securetrain.pipeline.secrets import RunSecrets
+
+
+@dataclass
+class TaskContext:
+    """What a task may use: the config, the run's secrets (never to be logged), the audit recorder."""
+
+    config: PipelineConfig
+    secrets: RunSecrets = field(repr=False)
+    audit: AuditRecorder = field(default_factory=NullAuditRecorder)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.config.run_dir
+
+    @property
+    def data_dir(self) -> Path:
+        """Where a task writes its protected, split data (created on first use, owner-only)."""
+        path = self.config.run_dir / "data"
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return path
+
+
+@dataclass
+class TaskData:
+    train: Any
+    eval: Any
+    class_names: list[str]
+    model_facts: dict[str, Any] = field(default_factory=dict)  # e.g. in_channels, in_features
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+
+@runtime_checkable
+class Task(Protocol):
+    def build_datasets(self, ctx: TaskContext) -> TaskData: ...
+
+
+def label_names(values: Iterable[str], classes: list[str] | None, *, where: str) -> list[str]:
+    """Class names in id order: ``classes`` if given (every label must be one), else sorted distinct
+    labels (numerically when all are integers, so ``2`` < ``10``)."""
+    distinct = sorted(set(values))
+    if classes is not None:
+        unknown = [v for v in distinct if v not in classes]
+        if unknown:
+            raise TaskError(f"{where}: {len(unknown)} label value(s) not in data.classes",
+                            hint="add them to data.classes or fix the labels")
+        return list(classes)
+    try:
+        return [str(v) for v in sorted({int(v) for v in distinct})] if all(_is_int(v) for v in distinct) else distinct
+    except ValueError:  # pragma: no cover - guarded by _is_int
+        return distinct
+
+
+def _is_int(value: str) -> bool:
+    try:
+        int(value)
+    except ValueError:
+        return False
+    return True
+
+
+def canonical_label(value: str) -> str:
+    """``"01"`` and ``"1"`` are the same class; strings are kept as written (stripped)."""
+    value = value.strip()
+    return str(int(value)) if _is_int(value) else value
+
+
+def holdout(entities: Iterable[str], fraction: float) -> set[str]:
+    """Entities held out for evaluation: a fixed share, chosen by a hash order of their pseudonyms."""
+    ordered = sorted(set(entities), key=lambda e: hashlib.sha256(e.encode()).hexdigest())
+    n_eval = max(1, round(len(ordered) * fraction)) if len(ordered) > 1 else 0
+    return set(ordered[:n_eval])
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def resolve_task(config: PipelineConfig) -> Any:
+    """The task object for ``config.task`` (built-in by kind, or the user's factory called with kwargs)."""
+    kind = config.task.kind
+    if kind == "dicom-classification":
+        from securetrain.pipeline.tasks.dicom import DicomClassification
+
+        return DicomClassification(**config.task.kwargs)
+    if kind == "tabular-classification":
+        from securetrain.pipeline.tasks.tabular import TabularClassification
+
+        return TabularClassification(**config.task.kwargs)
+    from securetrain.pipeline.models import import_target
+
+    assert config.task.target is not None
+    factory = import_target(config.task.target, base_dir=config.base_dir, what="task.target", error=TaskError)
+    if not callable(factory):
+        raise TaskError(f"task.target {config.task.target!r} is not callable", hint="name a class or function returning the task")
+    try:
+        task = factory(**config.task.kwargs)
+    except TypeError as exc:
+        raise TaskError(f"task.target {config.task.target!r} rejected task.kwargs: {exc}") from None
+    if not callable(getattr(task, "build_datasets", None)):
+        raise TaskError(f"task.target {config.task.target!r} returned {type(task).__name__}, which has no build_datasets(ctx)",
+                        hint="see docs/tasks.md for the task protocol")
+    return task

@@ -1,0 +1,270 @@
+"""``dicom-classification``: labelled DICOM -> de-identification -> patient-level split -> images.
+
+The manifest is a CSV with ``path`` and a label column (``data.label_column``, default ``label``):
+integers or strings, any number of classes, mapped to ids by :func:`label_names` (recorded in the
+run's result). Every file is de-identified into ``<run_dir>/deid`` under a sequence-number name;
+whole patients (by pseudonym) are held out for evaluation. Multi-frame files give one frame
+(``data.frames``: index, ``first``, ``middle``) or all frames (``all``) stacked as channels
+``[F, H, W]`` or depth ``[1, F, H, W]`` (``data.frames_as``), resampled to ``data.depth`` frames.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
+from securetrain.errors import ConfigError, SecureTrainError
+from securetrain.io.atomic import atomic_write_bytes
+from securetrain.masking.dicom.dataset import DicomDataset
+from securetrain.pipeline.config import PipelineConfig
+from securetrain.pipeline.errors import TaskError
+from securetrain.pipeline.results import DeidSummary
+from securetrain.pipeline.secrets import RunSecrets
+from securetrain.pipeline.tasks.base import TaskContext, TaskData, canonical_label, file_sha256, holdout, label_names
+
+LABELS_FILE = "labels.json"
+
+
+def read_labelled_manifest(manifest: Path, label_column: str = "label") -> list[tuple[Path, str]]:
+    """``(path, label)`` rows; labels as canonical strings. Errors name line numbers, never paths."""
+    try:
+        with manifest.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            fields = reader.fieldnames or []
+            if "path" not in fields or label_column not in fields:
+                raise TaskError(f"manifest {manifest.name} needs columns 'path' and {label_column!r}",
+                                hint="data.label_column names the label column")
+            rows: list[tuple[Path, str]] = []
+            for n, row in enumerate(reader, start=2):
+                rel = (row.get("path") or "").strip()
+                label = (row.get(label_column) or "").strip()
+                if not rel:
+                    raise TaskError(f"manifest {manifest.name} line {n}: empty path")
+                if not label:
+                    raise TaskError(f"manifest {manifest.name} line {n}: no label", hint="every training file needs a label")
+                p = Path(rel)
+                rows.append((p if p.is_absolute() else manifest.parent / p, canonical_label(label)))
+            return rows
+    except OSError as exc:
+        raise ConfigError(f"cannot read manifest {manifest.name}: {exc.strerror}") from None
+
+
+def _write_manifest(path: Path, rows: Sequence[tuple[str, int]]) -> None:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["path", "label"])
+    writer.writerows(rows)
+    atomic_write_bytes(path, buffer.getvalue().encode(), mode=0o600)
+
+
+def _progress(enabled: bool):  # noqa: ANN202 - rich Progress or a no-op stand-in
+    from securetrain.cli.console import progress_bar
+
+    return progress_bar(transient=True, disable=not enabled)
+
+
+def deidentify(
+    config: PipelineConfig,
+    raw_manifest: Path,
+    secrets: RunSecrets,
+    audit: AuditRecorder | None = None,
+    *,
+    show_progress: bool = False,
+) -> DeidSummary:
+    """De-identify every study into ``<run_dir>/deid`` and split train/eval by patient pseudonym.
+
+    Files with burned-in annotation are rejected and unreadable ones quarantined — both counted
+    and audited, never passed on. Output names are sequence numbers (input names may carry PHI).
+    The pseudonym map is exported AES-256-GCM encrypted for the data owner.
+    """
+    from securetrain.masking.dicom.engine import Deidentifier
+    from securetrain.masking.dicom.errors import BurnedInAnnotationError, DeidError
+    from securetrain.masking.dicom.policy import load_policy
+
+    assert config.data.policy is not None
+    recorder = audit or NullAuditRecorder()
+    policy = load_policy(config.data.policy)
+    deid = Deidentifier(policy, secrets.deid_keys, recorder, record_changes=False)
+    out_dir = config.run_dir / "deid"
+    out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    rows = read_labelled_manifest(raw_manifest, config.data.label_column)
+    names = label_names([label for _, label in rows], config.data.classes, where=f"manifest {raw_manifest.name}")
+    ids = {name: i for i, name in enumerate(names)}
+    kept: list[tuple[str, int, str]] = []
+    tags_changed = rejected = quarantined = 0
+    with _progress(show_progress) as progress:
+        task = progress.add_task("de-identify", total=len(rows), status="")
+        for index, (path, label) in enumerate(rows):
+            name = f"{index:06d}.dcm"
+            try:
+                report = deid.deidentify_file(path, out_dir / name)
+            except BurnedInAnnotationError:
+                rejected += 1
+                recorder.record("deid.reject", f"input:{index}", outcome="refused", details={"reason": "burned_in_annotation"})
+            except DeidError as exc:
+                quarantined += 1
+                recorder.record("deid.quarantine", f"input:{index}", outcome="refused", details={"reason": type(exc).__name__})
+            else:
+                tags_changed += report.tags_changed
+                kept.append((name, ids[label], report.patient_pseudonym or ""))
+            progress.update(task, advance=1, status=f"{rejected} rejected")
+    if not kept:
+        raise SecureTrainError("no study survived de-identification", hint="check the policy and the input files")
+
+    # Hold out whole patients (never images of one patient on both sides), chosen by a keyed order.
+    eval_patients = holdout((p for _, _, p in kept), config.data.eval_fraction)
+    train_rows = [(n, lab) for n, lab, p in kept if p not in eval_patients]
+    eval_rows = [(n, lab) for n, lab, p in kept if p in eval_patients]
+    _write_manifest(out_dir / "train.csv", train_rows)
+    _write_manifest(out_dir / "eval.csv", eval_rows)
+    atomic_write_bytes(out_dir / LABELS_FILE, json.dumps({"classes": names}).encode(), mode=0o600)
+    mapping_key = hashlib.sha256(b"securetrain/pipeline/pseudonym-map\x00" + secrets.deid_secret).digest()
+    deid.export_mapping(out_dir / "pseudonyms.enc", mapping_key)
+    return DeidSummary(
+        policy=policy.name,
+        policy_version=str(policy.policy_version),
+        files_in=len(rows),
+        files_out=len(kept),
+        tags_changed=tags_changed,
+        rejected=rejected,
+        quarantined=quarantined,
+        output_dir=out_dir,
+        manifest=out_dir / "train.csv",
+        class_names=names,
+        train_files=len(train_rows),
+        eval_files=len(eval_rows),
+        train_patients=len({p for _, _, p in kept} - eval_patients),
+        eval_patients=len(eval_patients),
+        train_class_counts=_counts(train_rows, len(names)),
+        eval_class_counts=_counts(eval_rows, len(names)),
+        digests={"train_manifest": file_sha256(out_dir / "train.csv"), "eval_manifest": file_sha256(out_dir / "eval.csv"),
+                 "policy": policy.digest, "input_manifest": file_sha256(raw_manifest)},
+    )
+
+
+def _counts(rows: Sequence[tuple[str, int]], n: int) -> list[int]:
+    c = Counter(label for _, label in rows)
+    return [c.get(i, 0) for i in range(n)]
+
+
+class FramesDicomDataset(DicomDataset):
+    """:class:`DicomDataset` with a frame choice for multi-frame files (or all frames stacked)."""
+
+    def __init__(self, *args: Any, frames: str | int = "first", depth: int | None = None,
+                 frames_as: str = "channels", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.frames_mode = frames
+        self.depth = depth
+        self.frames_as = frames_as
+
+    def _load(self, path: str, label: int | None) -> dict[str, Any]:
+        if self.frames_mode != "all" and not isinstance(self.frames_mode, str):
+            self.frame = int(self.frames_mode)
+            return super()._load(path, label)
+        if self.frames_mode == "first":
+            self.frame = 0
+            return super()._load(path, label)
+        return self._load_frames(path, label)
+
+    def _load_frames(self, path: str, label: int | None) -> dict[str, Any]:
+        import numpy as np
+
+        from securetrain.masking.dicom.engine import read_dicom
+        from securetrain.masking.dicom.errors import DeidError
+
+        data = Path(path).read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        ds = read_dicom(io.BytesIO(data), name=Path(path).name)
+        self.audit.record("dicom.read", f"sha256:{digest}", details={"sha256": digest, "bytes": len(data)})
+        ds, _ = self._deidentifier().deidentify_dataset(ds)
+        try:
+            arr = np.asarray(ds.pixel_array, dtype=np.float32)
+        except Exception as exc:
+            raise DeidError(f"cannot decode pixel data ({type(exc).__name__})") from None
+        n_frames = int(ds.get("NumberOfFrames", 1) or 1)
+        if int(ds.get("SamplesPerPixel", 1) or 1) > 1:
+            arr = arr.mean(axis=-1)
+        if n_frames == 1:
+            arr = arr[None]
+        if arr.ndim != 3:
+            raise DeidError(f"unexpected pixel array shape {arr.shape}")
+        if self.frames_mode == "middle":
+            arr = arr[arr.shape[0] // 2][None]
+        elif self.depth is not None and arr.shape[0] != self.depth:
+            arr = arr[np.linspace(0, arr.shape[0] - 1, self.depth).round().astype(int)]
+        arr = arr * _single_number(ds, "RescaleSlope", 1.0) + _single_number(ds, "RescaleIntercept", 0.0)
+        lo, hi = float(arr.min()), float(arr.max())
+        if not (np.isfinite(lo) and np.isfinite(hi)):
+            raise DeidError("pixel values are not finite")
+        arr = (arr - lo) / (hi - lo) if hi > lo else np.zeros_like(arr)
+        pixels = torch.from_numpy(np.ascontiguousarray(arr))
+        if self.size is not None and tuple(pixels.shape[-2:]) != self.size:
+            pixels = torch.nn.functional.interpolate(pixels.unsqueeze(0), size=self.size, mode="bilinear",
+                                                     align_corners=False).squeeze(0)
+        if self.frames_mode == "all" and self.frames_as == "depth":
+            pixels = pixels.unsqueeze(0)
+        item: dict[str, Any] = {"pixels": pixels.float(), "meta": {k: str(ds.get(k, "") or "") for k in self.meta_keys}}
+        if self.has_labels:
+            item["label"] = torch.tensor(-1 if label is None else label, dtype=torch.long)
+        return item
+
+
+def _single_number(ds: Any, keyword: str, default: float) -> float:
+    """A one-valued numeric attribute (a multi-valued or non-numeric one fails the item, not the epoch)."""
+    from securetrain.masking.dicom.errors import DeidError
+
+    value = ds.get(keyword, None)
+    if value is None or value == "":
+        return default
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise DeidError(f"{keyword} is not a single number") from None
+
+
+def dicom_dataset(config: PipelineConfig, manifest: Path, secrets: RunSecrets, audit: AuditRecorder | None):
+    from securetrain.devices import resolve_backend
+
+    d = config.data
+    return FramesDicomDataset(
+        manifest,
+        d.policy,
+        secrets.deid_secret,
+        size=d.image_size,
+        quarantine_dir=config.run_dir / "quarantine",
+        audit=audit,
+        pin_memory=resolve_backend(config.training.device).pin_memory,  # the backend's advice
+        frames=d.frames,
+        depth=d.depth,
+        frames_as=d.frames_as,
+    )
+
+
+class DicomClassification:
+    """The default task (see the module docstring)."""
+
+    name = "dicom-classification"
+
+    def prepare(self, ctx: TaskContext, raw: Path, *, show_progress: bool = False) -> DeidSummary:
+        return deidentify(ctx.config, raw, ctx.secrets, ctx.audit, show_progress=show_progress)
+
+    def build_datasets(self, ctx: TaskContext) -> TaskData:
+        deid_dir = ctx.run_dir / "deid"
+        labels = deid_dir / LABELS_FILE
+        if not labels.is_file():
+            raise TaskError("the de-identified data is missing", hint="run the de-identification stage first")
+        names = json.loads(labels.read_text())["classes"]
+        train = dicom_dataset(ctx.config, deid_dir / "train.csv", ctx.secrets, ctx.audit)
+        evaluation = dicom_dataset(ctx.config, deid_dir / "eval.csv", ctx.secrets, ctx.audit)
+        first = next((item for item in (train[i] for i in range(len(train))) if item is not None), None)
+        facts = {"in_channels": int(first["pixels"].shape[0])} if first is not None else {}
+        return TaskData(train=train, eval=evaluation, class_names=names, model_facts=facts)

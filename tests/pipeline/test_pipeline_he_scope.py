@@ -1,0 +1,84 @@
+"""What the HE stage evaluates: the whole tabular model when it is a plain chain, else the linear head."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from securetrain.pipeline import stages
+from securetrain.pipeline.config import load_pipeline_config
+from securetrain.pipeline.models import TabularMLP, he_head
+
+from .pipeline_fixtures import small_config_data
+
+
+def test_chain_round_trip_is_exact_and_tensor_only() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 5), nn.BatchNorm1d(5), nn.ReLU(), nn.Dropout(0.2), nn.Linear(5, 3)).eval()
+    model[1].running_mean.uniform_()
+    x = torch.randn(8, 6)
+    chain = stages._as_chain(model, x)
+    carried = stages._chain_to_tensors(chain)
+    assert all(isinstance(v, torch.Tensor) for v in carried.values())
+    assert torch.allclose(stages._chain_from_tensors(carried)(x), model(x), atol=1e-6)
+    # TabularMLP (trunk + head modules) is a chain too; a model with a skip connection is not.
+    mlp = TabularMLP(6, 3, hidden=[4]).eval()
+    assert stages._as_chain(mlp, x) is not None
+
+    class Skip(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 2)
+
+        def forward(self, x):  # noqa: ANN001
+            return self.b(x + self.a(x))
+
+    assert stages._as_chain(Skip().eval(), x) is None
+    assert stages._chain_to_tensors(nn.Sequential(nn.Linear(6, 2), nn.LayerNorm(2))) is None  # not carriable
+
+
+def test_two_class_head_is_one_logistic_unit() -> None:
+    w, b = torch.randn(2, 4), torch.randn(2)
+    x = torch.randn(5, 4)
+    logits = x @ w.T + b
+    unit = he_head(w, b)
+    assert torch.allclose(unit(x)[:, 0], logits[:, 1] - logits[:, 0], atol=1e-6)
+    assert he_head(torch.randn(3, 4), torch.randn(3))[0].out_features == 3  # multi-class kept as is
+
+
+def _features(model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    chain = stages._as_chain(model.eval(), x)
+    head = model.head
+    return {"features": model.trunk(x), "labels": torch.tensor([0, 1] * (len(x) // 2)),
+            "head_weight": head.weight.detach(), "head_bias": head.bias.detach(),
+            "model_inputs": x, **stages._chain_to_tensors(chain)}
+
+
+@pytest.mark.parametrize("scope", ["auto", "model"])
+def test_he_stage_falls_back_to_the_head_only_when_allowed(tmp_path, monkeypatch, scope: str) -> None:
+    from securetrain.he import HEModelError
+    import securetrain.he.evaluate as he_eval
+
+    seen = []
+
+    def fake_evaluate(model, features, labels, **kw):  # noqa: ANN001, ANN003
+        seen.append(len([m for m in model.modules() if isinstance(m, nn.Linear)]))
+        if len(seen) == 1 and seen[0] > 1:
+            raise HEModelError("layer 'relu' cannot be evaluated")
+        return SimpleNamespace(n_samples=len(features), n_features=features.shape[1], max_abs_error=1e-6,
+                               auc_plaintext=0.5, auc_encrypted=0.5, accuracy_plaintext=0.5, accuracy_encrypted=0.5,
+                               ms_per_sample_end_to_end=1.0, params={"poly_modulus_degree": 8192}, public_context_bytes=1)
+
+    monkeypatch.setattr(he_eval, "evaluate_encrypted", fake_evaluate)
+    config = load_pipeline_config(data=small_config_data(tmp_path, he={"scope": scope}))
+    x = torch.randn(6, 4)
+    features = _features(TabularMLP(4, 2, hidden=[3]), x)
+    if scope == "model":  # asked for the whole model: the HE error is the answer
+        with pytest.raises(HEModelError):
+            stages.he_evaluate(config, features)
+        return
+    summary = stages.he_evaluate(config, features)
+    assert seen == [2, 1] and summary.scope == "head" and summary.features == 3 and summary.outputs == 1

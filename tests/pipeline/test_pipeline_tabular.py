@@ -1,0 +1,129 @@
+"""tabular-classification / examples/finance.yaml end to end without Prefect:
+mask -> split by customer token -> encode (fitted on train) -> MLP -> HE scoring -> sealed audit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from securetrain.cli.main import app
+from securetrain.pipeline.config import load_pipeline_config
+from securetrain.pipeline.errors import TaskError
+from securetrain.pipeline.runner import run_pipeline
+
+from .pipeline_fixtures import finance_config, finance_pii, scan_for
+
+pytest.importorskip("tenseal", reason="the pipeline's HE stage needs tenseal ([he] extra)")
+
+
+@pytest.fixture(scope="module")
+def finance_run(tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("finance")
+    config_file = tmp / "finance.yaml"
+    config_file.write_text(yaml.safe_dump(finance_config(tmp)))
+    result = CliRunner().invoke(app, ["run", str(config_file), "--no-prefect"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    run_dir = tmp / "runs" / "fin"
+    return run_dir, json.loads((run_dir / "result.json").read_text())
+
+
+def test_every_stage_of_the_finance_pipeline(finance_run) -> None:
+    run_dir, result = finance_run
+    m, t, he = result["masking"], result["training"], result["he"]
+    assert result["task"] == "tabular-classification" and result["deid"] is None
+    assert m["policy"] == "finance-pii" and m["rows_in"] == 600 and m["train_rows"] + m["eval_rows"] == 600
+    assert m["columns"]["customer_id"] == "tokenize" and m["columns"]["notes"] == "drop"
+    assert set(m["feature_columns"]) == {"amount", "balance", "txn_date", "category", "hour"}  # never identifier tokens
+    assert t["model_target"] == "logistic" and t["class_names"] == ["0", "1"] and len(t["validation"]) >= 1
+    assert all(v["auc"] is not None for v in t["validation"])
+    assert he["scope"] == "model" and he["samples"] == m["eval_rows"] and he["max_abs_error"] < 1e-3
+    # Exact up to CKKS noise (~1e-5): at most a score sitting on the threshold or a tie may move.
+    assert abs(he["encrypted_accuracy"] - he["plaintext_accuracy"]) <= 1 / he["samples"]
+    assert he["encrypted_auc"] == pytest.approx(he["plaintext_auc"], abs=2e-3)
+    assert result["audit"]["verified"] is True
+
+
+def test_no_customer_on_both_sides(finance_run) -> None:
+    run_dir, result = finance_run
+    train = set(pq.read_table(run_dir / "data" / "train.parquet").column("customer_id").to_pylist())
+    evaluation = set(pq.read_table(run_dir / "data" / "eval.parquet").column("customer_id").to_pylist())
+    assert train and evaluation and not (train & evaluation)
+    assert len(train) == result["masking"]["train_entities"] and len(evaluation) == result["masking"]["eval_entities"]
+    assert all(str(v).startswith("tok_") for v in train)  # pseudonyms, not customer ids
+
+
+def test_no_pii_in_any_output(finance_run) -> None:
+    run_dir, _ = finance_run
+    pii = finance_pii(run_dir / "raw" / "transactions.parquet")
+    assert len(pii) > 500
+    assert scan_for(run_dir, pii) > 15
+
+
+def test_audit_records_masking_and_training(finance_run) -> None:
+    from securetrain.pipeline.runner import open_run_audit
+
+    run_dir, _ = finance_run
+    config = load_pipeline_config(data=finance_config(run_dir.parents[1]))
+    with open_run_audit(config) as log:
+        actions = {e.action for e in log.entries()}
+        assert log.verify().ok
+    assert {"pipeline.start", "tabular.read", "mask.policy_applied", "training.start", "checkpoint.write",
+            "he.evaluate", "pipeline.stop"} <= actions
+
+
+def test_encoder_is_fitted_on_the_training_split_only() -> None:
+    from securetrain.pipeline.tasks.tabular import TableEncoder
+
+    train = pa.table({"amount": [1.0, 3.0, None], "category": ["a", "b", "a"]})
+    other = pa.table({"amount": [2.0, 100.0, None], "category": ["a", "zzz", None]})
+    enc = TableEncoder(["amount", "category"], max_categories=1).fit(train)
+    assert enc.numeric["amount"] == (2.0, 1.0) and enc.categories["category"] == ["a"]  # top-1 of the train split
+    x = enc.transform(other)
+    assert x.shape == (3, 3) and enc.feature_names == ["amount", "category=a", "category=<other>"]
+    assert torch.equal(x[:, 0], torch.tensor([0.0, 98.0, 0.0]))  # train mean/std; missing -> the mean
+    assert x[:, 1:].tolist() == [[1, 0], [0, 1], [0, 1]]  # unseen and missing -> other
+
+
+def _with_table(tmp_path: Path, table: pa.Table, **data) -> object:  # noqa: ANN003
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    source = tmp_path / "table.parquet"
+    pq.write_table(table, source)
+    cfg = finance_config(tmp_path, data={"source": str(source), **data}, he={"enabled": False})
+    return load_pipeline_config(data=cfg)
+
+
+def test_unknown_column_fails_closed_before_training(tmp_path: Path) -> None:
+    from securetrain.masking.tabular import UnmaskedColumnError, generate_finance_table
+
+    table = generate_finance_table(50, seed=0)
+    table = table.append_column("passport_no", pa.array(["X1234567"] * 50))
+    config = _with_table(tmp_path, table)
+    with pytest.raises(UnmaskedColumnError, match="passport_no"):
+        run_pipeline(config)
+    assert not list(config.run_dir.rglob("*.parquet")) and not list(config.run_dir.rglob("*.stenc"))
+
+
+def test_split_column_must_be_tokenised_and_label_kept(tmp_path: Path) -> None:
+    from securetrain.masking.tabular import generate_finance_table
+    from securetrain.pipeline.tasks.tabular import _entity_column
+
+    # Without data.split_by the entity is the one tokenised *_id column; ambiguity is refused.
+    assert _entity_column({"customer_id": "tokenize", "iban": "tokenize", "amount": "keep"}, "p") == "customer_id"
+    with pytest.raises(TaskError, match=r"tokenised id columns: customer_id, account_id"):
+        _entity_column({"customer_id": "tokenize", "account_id": "tokenize"}, "p")
+    with pytest.raises(TaskError, match=r"tokenised id columns: none"):
+        _entity_column({"customer_id": "keep"}, "p")
+    table = generate_finance_table(60, seed=0)
+    with pytest.raises(TaskError, match=r"split_by: column 'category' is 'keep'.*must be tokenised"):
+        run_pipeline(_with_table(tmp_path / "a", table, split_by="category"))
+    with pytest.raises(TaskError, match=r"label_column 'notes' is not kept"):
+        run_pipeline(_with_table(tmp_path / "b", table, label_column="notes"))
+    inferred = run_pipeline(_with_table(tmp_path / "c", table, split_by=None))
+    assert inferred.masking.split_by == "customer_id" and inferred.training.steps > 0
