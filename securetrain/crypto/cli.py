@@ -174,51 +174,88 @@ def keys_init(
     console.print(f"created {keyring} with key {key.key_id} (fingerprint {key.fingerprint})")
 
 
-def _containers(paths: list[Path]) -> list[Path]:
-    found: list[Path] = []
-    for p in paths:
-        if p.is_dir():
-            found += sorted(q for q in p.rglob("*.stenc") if q.is_file())
-        elif p.is_file():
-            found.append(p)
-    return found
-
-
 @keys_app.command("rotate")
 def keys_rotate(
     keyring: Path = KeyringReq,
     rewrap: list[Path] = typer.Option([], "--rewrap", help="Containers or directories (*.stenc) to re-wrap."),
     new_key_id: str | None = typer.Option(None, "--key-id", help="Id of the new KEK."),
-    remove_old: bool = typer.Option(False, help="Drop the previous keys once every re-wrap succeeded."),
+    remove_old: bool = typer.Option(False, help="Move the previous keys to the escrow file once every container "
+                                                "under --rewrap is re-wrapped and none still uses them."),
     audit_db: Optional[str] = AUDIT_DB_OPTION,
 ) -> None:
-    """Create a new current KEK and re-wrap containers' data keys (payloads are not re-encrypted)."""
+    """Create a new current KEK and re-wrap containers' data keys (payloads are not re-encrypted).
+
+    Refused before any change: a --rewrap path that does not exist, --rewrap paths with no
+    containers, --remove-old without --rewrap. Removed keys go to <keyring>.escrow until purged.
+    """
     from securetrain.audit.cli_support import command_recorder
-    from securetrain.crypto.keys import LocalKeyring, keyring_lock
-    from securetrain.crypto.stream import rewrap_file
+    from securetrain.crypto.rotation import find_containers, rotate_keyring
 
     passphrase = _passphrase_existing()
-    files = _containers(rewrap)
-    with keyring_lock(keyring), command_recorder(audit_db) as audit:  # lock held: no concurrent rotation
-        ring = LocalKeyring.load(keyring, passphrase)
-        old_ids = ring.key_ids()
-        key = ring.rotate(new_key_id)
-        ring.save(keyring, passphrase)  # the new key is durable before any file depends on it
-        console.print(f"new current key {key.key_id} (fingerprint {key.fingerprint})")
-        with progress_bar() as bar:
-            task = bar.add_task("re-wrap", total=len(files), status="")
-            for path in files:
-                rewrap_file(path, ring, audit=audit)
-                bar.update(task, advance=1, status=path.name)
-        if remove_old:
-            for kid in old_ids:
-                ring.remove(kid)
-            ring.save(keyring, passphrase)
-            console.print(f"removed {len(old_ids)} old key(s)")
-        audit.record("key.rotate", f"keyring:{keyring.name}", details={
-            "new_key_id": key.key_id, "key_fingerprint": key.fingerprint, "previous_key_ids": old_ids,
-            "rewrapped": len(files), "removed_old": remove_old})
-    console.print(f"re-wrapped {len(files)} file(s)")
+    total = len(find_containers([p for p in rewrap if p.exists()]))
+    with command_recorder(audit_db) as audit, progress_bar() as bar:
+        task = bar.add_task("re-wrap", total=total, status="")
+        result = rotate_keyring(keyring, passphrase, rewrap=rewrap, new_key_id=new_key_id, remove_old=remove_old,
+                                audit=audit, on_file=lambda p: bar.update(task, advance=1, status=p.name))
+    key = result.new_key
+    console.print(f"new current key {key.key_id} (fingerprint {key.fingerprint})", markup=False, highlight=False)
+    console.print(f"re-wrapped {len(result.rewrapped)} file(s)")
+    if result.removed:
+        console.print(f"removed {len(result.removed)} old key(s) from the keyring; kept in {result.escrow} "
+                      "until `securetrain keys escrow purge`", markup=False, highlight=False)
+
+
+escrow_app = typer.Typer(help="Keys removed by rotation, kept encrypted in <keyring>.escrow until purged.",
+                         no_args_is_help=True)
+keys_app.add_typer(escrow_app, name="escrow")
+
+
+@escrow_app.command("list")
+def escrow_list_cmd(keyring: Path = KeyringReq) -> None:
+    """List escrowed key ids and fingerprints (never key bytes)."""
+    from securetrain.crypto.rotation import escrow_list, escrow_path
+
+    keys = escrow_list(keyring, _passphrase_existing())
+    if not keys:
+        console.print(f"no escrowed keys ({escrow_path(keyring)} does not exist)", markup=False, highlight=False)
+    for key in keys:
+        console.print(f"{key.key_id}  fingerprint {key.fingerprint}", markup=False, highlight=False)
+
+
+@escrow_app.command("purge")
+def escrow_purge_cmd(
+    keyring: Path = KeyringReq,
+    key_id: list[str] = typer.Option([], "--key-id", help="Escrowed key to destroy (repeatable)."),
+    purge_all: bool = typer.Option(False, "--all", help="Destroy every escrowed key."),
+    yes: bool = typer.Option(False, "--yes", help="Do not ask for confirmation."),
+    audit_db: Optional[str] = AUDIT_DB_OPTION,
+) -> None:
+    """Destroy escrowed keys for good: containers still wrapped under them become undecryptable."""
+    from securetrain.audit.cli_support import command_recorder
+    from securetrain.crypto.rotation import purge_escrow
+
+    passphrase = _passphrase_existing()
+    if not yes:
+        typer.confirm("Destroy the escrowed key(s)? Files still wrapped under them become undecryptable", abort=True)
+    with command_recorder(audit_db) as audit:
+        purged = purge_escrow(keyring, passphrase, key_ids=key_id, purge_all=purge_all, audit=audit)
+    console.print(f"purged {len(purged)} key(s): {', '.join(purged)}", markup=False, highlight=False)
+
+
+@escrow_app.command("restore")
+def escrow_restore_cmd(
+    keyring: Path = KeyringReq,
+    key_id: str = typer.Option(..., "--key-id", help="Escrowed key to put back into the keyring."),
+    audit_db: Optional[str] = AUDIT_DB_OPTION,
+) -> None:
+    """Move an escrowed key back into the keyring (the current key stays current)."""
+    from securetrain.audit.cli_support import command_recorder
+    from securetrain.crypto.rotation import restore_from_escrow
+
+    passphrase = _passphrase_existing()
+    with command_recorder(audit_db) as audit:
+        key = restore_from_escrow(keyring, key_id, passphrase, audit=audit)
+    console.print(f"restored {key.key_id} (fingerprint {key.fingerprint})", markup=False, highlight=False)
 
 
 @keys_app.command("list")

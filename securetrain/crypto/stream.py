@@ -172,7 +172,10 @@ def _wrap_stanza(provider: KeyProvider, key_id: str, data_key: bytes) -> Stanza:
         raise LimitExceededError(f"wrapped data key from {key_id!r} is {len(wrapped)} bytes (max {MAX_WRAPPED_BYTES})")
     fp_fn = getattr(provider, "fingerprint_of", None)
     fp = (fp_fn(key_id) if fp_fn else None) or bytes(FINGERPRINT_BYTES)
-    return Stanza(key_id, int(getattr(provider, "wrap_alg", WRAP_OPAQUE)), fp, wrapped)
+    wrap_alg = int(getattr(provider, "wrap_alg", WRAP_OPAQUE))
+    if wrap_alg not in (WRAP_AES256_KW, WRAP_OPAQUE):
+        raise LimitExceededError(f"provider declares unknown wrap_alg {wrap_alg}")
+    return Stanza(key_id, wrap_alg, fp, wrapped)
 
 
 def _assemble(fixed: bytes, stanzas: tuple[Stanza, ...], keys: _Keys) -> bytes:
@@ -239,6 +242,8 @@ def read_header(src: BinaryIO) -> Header:
         kid = _read_exact(src, kid_len, "key stanza")
         rest = _read_exact(src, 1 + FINGERPRINT_BYTES + 2, "key stanza")
         wrap_alg = rest[0]
+        if wrap_alg not in (WRAP_AES256_KW, WRAP_OPAQUE):
+            raise HeaderFormatError(f"unknown wrap_alg {wrap_alg} in key stanza")
         fp = rest[1:1 + FINGERPRINT_BYTES]
         (wlen,) = struct.unpack(">H", rest[-2:])
         if not 1 <= wlen <= MAX_WRAPPED_BYTES:
@@ -248,7 +253,7 @@ def read_header(src: BinaryIO) -> Header:
             key_id = kid.decode("utf-8")
         except UnicodeDecodeError:
             raise HeaderFormatError("key id is not UTF-8") from None
-        if not KEY_ID_RE.match(key_id):  # ids get printed: no control characters or markup
+        if not KEY_ID_RE.fullmatch(key_id):  # ids get printed: no control characters or markup
             raise HeaderFormatError("key id contains characters outside [A-Za-z0-9._:/@-]")
         stanzas.append(Stanza(key_id, wrap_alg, fp, wrapped))
         parts += [raw_len, kid, rest, wrapped]
