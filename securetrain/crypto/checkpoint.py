@@ -34,7 +34,8 @@ from securetrain.crypto.safetensors_codec import (
 )
 from securetrain.crypto.stream import DEFAULT_SEGMENT_SIZE, DecryptingReader, EncryptingWriter, _readinto_full
 from securetrain.errors import SecureTrainError
-from securetrain.io.atomic import atomic_write_bytes, atomic_writer
+from securetrain.crypto.private_file import private_writer
+from securetrain.io.atomic import atomic_write_bytes
 from securetrain.io.tapped import TappedReader
 from securetrain.training.checkpoint_store import CheckpointInfo, LoadedCheckpoint
 
@@ -180,7 +181,7 @@ class EncryptedCheckpointStore:
         meta = {str(k): str(v) for k, v in metadata.items() if str(k) not in RESERVED_KEYS}
         meta[META_STEP] = str(step)
         try:
-            with atomic_writer(path) as fout:
+            with private_writer(path) as fout:
                 hashing = _HashingWriter(fout)
                 writer, tensors_sha = write_checkpoint(
                     hashing, tensors, meta, self.keyring, key_id=self.key_id,  # type: ignore[arg-type]

@@ -35,11 +35,17 @@ def _provider(keyring: Path | None) -> Any:
     return provider_from_env(None)
 
 
-def _run_stream(label: str, path: Path, body: Any) -> Any:
+def _run_stream(label: str, path: Path, body: Any, on_data: Any = None) -> Any:
     size = path.stat().st_size
     with progress_bar() as bar, open(path, "rb") as raw:
         task = bar.add_task(label, total=size, status="")
-        result = body(TappedReader(raw, lambda chunk: bar.advance(task, len(chunk))))
+
+        def tap(chunk: Any) -> None:
+            bar.advance(task, len(chunk))
+            if on_data is not None:
+                on_data(chunk)
+
+        result = body(TappedReader(raw, tap))
         bar.update(task, completed=size, status="ok")
     return result
 
@@ -53,11 +59,11 @@ def encrypt_cmd(
     segment_size: int = typer.Option(1 << 20, help="Plaintext bytes per AES-GCM segment."),
 ) -> None:
     """Encrypt any file into the streaming AEAD container."""
+    from securetrain.crypto.private_file import private_writer
     from securetrain.crypto.stream import encrypt_stream
-    from securetrain.io.atomic import atomic_writer
 
     provider = _provider(keyring)
-    with atomic_writer(output) as out:
+    with private_writer(output) as out:
         header = _run_stream("encrypt", source, lambda src: encrypt_stream(
             src, out, provider, length=source.stat().st_size, segment_size=segment_size, key_id=key_id))
     console.print(f"wrote {output} ({header.total_length} bytes, key {header.key_ids[0]})")
@@ -70,23 +76,30 @@ def decrypt_cmd(
     keyring: Path | None = KeyringOpt,
     audit_db: Optional[str] = AUDIT_DB_OPTION,
 ) -> None:
-    """Decrypt a container; the output appears only after the whole file authenticated."""
+    """Decrypt a container; the output appears only after the whole file authenticated.
+
+    The plaintext is written to an anonymous file (O_TMPFILE) that gets its name only at the end,
+    so a killed decrypt leaves nothing; the ciphertext is hashed as it is decrypted (bounded memory).
+    """
     import hashlib
 
     from securetrain.audit.cli_support import command_recorder
+    from securetrain.crypto.private_file import private_writer
     from securetrain.crypto.stream import decrypt_stream
-    from securetrain.io.atomic import atomic_writer
 
     provider = _provider(keyring)
+    sha = hashlib.sha256()
     with command_recorder(audit_db) as audit:
         try:
-            with atomic_writer(output) as out:
-                header = _run_stream("decrypt", source, lambda src: decrypt_stream(src, out, provider))
+            with private_writer(output) as out:
+                header = _run_stream("decrypt", source, lambda src: decrypt_stream(src, out, provider),
+                                     on_data=sha.update)
         except Exception as exc:
             audit.record("checkpoint.decrypt", source.name, outcome="failure", details={"error": type(exc).__name__})
             raise
         # Decrypting a checkpoint puts model weights in plaintext on disk: always worth a record.
-        digest = hashlib.sha256(source.read_bytes()).hexdigest()
+        # The digest is of the bytes that were actually authenticated and decrypted.
+        digest = sha.hexdigest()
         audit.record("checkpoint.decrypt", source.name, details={
             "key_ids": [s.key_id for s in header.stanzas], "ciphertext_sha256": digest,
             "plaintext_bytes": header.plaintext_length})

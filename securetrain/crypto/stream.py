@@ -50,7 +50,7 @@ from securetrain.crypto.errors import (
 )
 from securetrain.crypto.keys import FINGERPRINT_BYTES, KEY_ID_RE, WRAP_AES256_KW, WRAP_OPAQUE, KeyProvider
 from securetrain.errors import IntegrityError
-from securetrain.io.atomic import atomic_writer
+from securetrain.crypto.private_file import private_writer
 
 MAGIC = b"\x89STENC\r\n"
 VERSION = 1
@@ -640,7 +640,7 @@ def decrypt_bytes(blob: bytes, provider: KeyProvider, *, associated_data: bytes 
 def encrypt_file(src: str | os.PathLike[str], dst: str | os.PathLike[str], provider: KeyProvider, *,
                  audit: AuditRecorder | None = None, **kwargs: object) -> Header:
     """Encrypt a file into a container at ``dst`` (written atomically, mode 0600)."""
-    with open(src, "rb") as fin, atomic_writer(dst) as fout:
+    with open(src, "rb") as fin, private_writer(dst) as fout:
         header = encrypt_stream(fin, fout, provider, **kwargs)  # type: ignore[arg-type]
     if audit is not None:
         audit.record("container.encrypt", Path(dst).name, details={
@@ -651,9 +651,13 @@ def encrypt_file(src: str | os.PathLike[str], dst: str | os.PathLike[str], provi
 
 def decrypt_file(src: str | os.PathLike[str], dst: str | os.PathLike[str], provider: KeyProvider,
                  *, associated_data: bytes = b"", audit: AuditRecorder | None = None) -> Header:
-    """Decrypt to ``dst`` atomically: on any integrity failure ``dst`` is not created/changed."""
+    """Decrypt to ``dst`` atomically: on any integrity failure ``dst`` is not created/changed.
+
+    The plaintext goes through :func:`~securetrain.crypto.private_file.private_writer`
+    (``O_TMPFILE`` + ``linkat``): a decrypt killed at any point leaves no partial plaintext.
+    """
     try:
-        with open(src, "rb") as fin, atomic_writer(dst) as fout:
+        with open(src, "rb") as fin, private_writer(dst) as fout:
             header = decrypt_stream(fin, fout, provider, associated_data=associated_data)
     except IntegrityError as exc:
         if audit is not None:
@@ -696,7 +700,7 @@ def rewrap_file(path: str | os.PathLike[str], provider: KeyProvider, *, new_prov
         if size != old.total_length:
             raise (TruncatedError if size < old.total_length else TrailingDataError)(
                 f"{target} is {size} bytes, header declares {old.total_length}; refusing to re-wrap")
-        with atomic_writer(target) as fout:
+        with private_writer(target) as fout:
             fout.write(raw)
             fout.flush()
             _copy_range(fin, fout, old.payload_length)
