@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import pickle
 import shutil
@@ -19,8 +20,8 @@ import torch
 
 from securetrain.audit.recorder import MemoryAuditRecorder
 from securetrain.crypto import stream as S
-from securetrain.crypto.checkpoint import CheckpointError, EncryptedCheckpointStore, read_checkpoint
-from securetrain.crypto.errors import SegmentAuthError, UnsafePayloadError, WrongKeyError
+from securetrain.crypto.checkpoint import CheckpointError, EncryptedCheckpointStore, binding_context, read_checkpoint
+from securetrain.crypto.errors import BindingError, SegmentAuthError, UnsafePayloadError, WrongKeyError
 from securetrain.crypto.keys import LocalKeyring, SecretKey
 from securetrain.errors import IntegrityError
 from securetrain.training.checkpoint_store import CheckpointStore
@@ -145,18 +146,82 @@ def test_rollback_by_renaming_is_detected(ring: LocalKeyring, tmp_path) -> None:
     info2 = store.save(2, {"w": torch.ones(2)}, {})
     shutil.copyfile(store.path_for(1), info2.path)  # attacker replays the old weights as step 2
     os.unlink(str(info2.path) + ".json")
-    with pytest.raises(IntegrityError, match="holds step '1'"):
+    with pytest.raises(BindingError, match="step 1 instead of 2"):
         store.load()
 
 
-def test_substituted_file_fails_recorded_sha(ring: LocalKeyring, tmp_path) -> None:
-    a = EncryptedCheckpointStore(tmp_path / "a", ring)
+def test_checkpoint_of_another_run_is_refused(ring: LocalKeyring, tmp_path) -> None:
+    """Same KEK, same step, authentic ciphertext - but written by another store: refused before decrypting."""
+    audit = MemoryAuditRecorder()
+    a = EncryptedCheckpointStore(tmp_path / "a", ring, audit=audit)
     b = EncryptedCheckpointStore(tmp_path / "b", ring)
+    assert a.store_id != b.store_id and (tmp_path / "a" / ".store-id").read_text().strip() == a.store_id
     info = a.save(3, {"w": torch.zeros(2)}, {})
     other = b.save(3, {"w": torch.ones(2)}, {})
-    shutil.copyfile(other.path, info.path)  # valid ciphertext, right step, different content
+    shutil.copyfile(other.path, info.path)
+    os.unlink(str(info.path) + ".json")
+    with pytest.raises(BindingError, match="store") as err:
+        a.load()
+    assert isinstance(err.value, IntegrityError)
+    assert audit.events[-1]["outcome"] == "failure" and audit.events[-1]["details"]["error"] == "BindingError"
+    # The store id survives a restart of the writer; an explicit id overrides it.
+    assert EncryptedCheckpointStore(tmp_path / "a", ring).store_id == a.store_id
+    explicit = EncryptedCheckpointStore(tmp_path / "c", ring, store_id="run-2026-12-03")
+    explicit.save(1, {"w": torch.zeros(1)}, {})
+    assert EncryptedCheckpointStore(tmp_path / "c", ring, store_id="run-2026-12-03").load().info.step == 1
+    with pytest.raises(BindingError):
+        EncryptedCheckpointStore(tmp_path / "c", ring, store_id="run-other").load()
+
+
+def test_sidecar_digest_is_verified_on_load(ring: LocalKeyring, tmp_path) -> None:
+    store = EncryptedCheckpointStore(tmp_path, ring)
+    info = store.save(3, {"w": torch.zeros(2)}, {})
+    store.save(3, {"w": torch.ones(2)}, {})  # same store and step, different content
     with pytest.raises(IntegrityError, match="sha256"):
-        a.load(info)  # `info` as recorded in the audit log at write time
+        store.load(info)  # `info` as recorded in the audit log at write time
+    side = tmp_path / (info.path.name + ".json")
+    doc = json.loads(side.read_text())
+    doc["sha256"] = "0" * 64  # a sidecar that no longer matches the (unchanged) file
+    side.write_text(json.dumps(doc))
+    with pytest.raises(IntegrityError, match="sha256"):
+        store.load()
+    assert EncryptedCheckpointStore(tmp_path, ring, verify_sha256=False).load().info.step == 3
+
+
+def test_v1_checkpoints_need_accept_unbound(ring: LocalKeyring, tmp_path) -> None:
+    from securetrain.crypto import checkpoint as C
+
+    store = EncryptedCheckpointStore(tmp_path, ring)
+    payload = safetensors.torch.save({"w": torch.ones(2)}, metadata={C.META_STEP: "4"})
+    out = io.BytesIO()
+    with S.EncryptingWriter(out, ring, len(payload), _version=1) as w:
+        w.write(payload)
+    store.path_for(4).write_bytes(out.getvalue())
+    with pytest.raises(BindingError, match="v1"):
+        store.load()
+    legacy = EncryptedCheckpointStore(tmp_path, ring, accept_unbound=True)
+    assert torch.equal(legacy.load().tensors["w"], torch.ones(2))
+
+
+def test_signed_checkpoints(ring: LocalKeyring, tmp_path) -> None:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from securetrain.crypto.errors import SignatureError
+
+    writer = Ed25519PrivateKey.generate()
+    signed = EncryptedCheckpointStore(tmp_path / "s", ring, signer=writer, store_id="run-s")
+    signed.save(1, {"w": torch.ones(2)}, {})
+    reader = EncryptedCheckpointStore(tmp_path / "s", ring, verify_keys=[writer.public_key()], store_id="run-s")
+    assert torch.equal(reader.load().tensors["w"], torch.ones(2))
+    # A holder of the KEK (hence every data key) writes a checkpoint in the right place and binding,
+    # but without the writer's signing key: refused by a reader that requires signatures.
+    EncryptedCheckpointStore(tmp_path / "s", ring, store_id="run-s").save(2, {"w": torch.zeros(2)}, {})
+    with pytest.raises(SignatureError, match="not signed"):
+        reader.load()
+    impostor = EncryptedCheckpointStore(tmp_path / "s", ring, store_id="run-s", signer=Ed25519PrivateKey.generate())
+    impostor.save(2, {"w": torch.zeros(2)}, {})
+    with pytest.raises(SignatureError, match="unknown key"):
+        reader.load()
 
 
 class _Evil:
@@ -177,7 +242,7 @@ def test_pickle_payload_is_refused(ring: LocalKeyring, tmp_path, monkeypatch: py
     else:
         payload = pickle.dumps({"w": [1.0, 2.0]}, protocol=int(kind[-1]))
     store = EncryptedCheckpointStore(tmp_path / "s", ring)
-    store.path_for(1).write_bytes(S.encrypt_bytes(payload, ring))
+    store.path_for(1).write_bytes(S.encrypt_bytes(payload, ring, context=binding_context(store.store_id, 1)))
     with pytest.raises(UnsafePayloadError):
         store.load()
     assert not marker.exists()
@@ -204,10 +269,10 @@ def test_malformed_safetensors_headers_are_refused(ring: LocalKeyring, tmp_path)
     for doc in cases:
         h = json.dumps(doc).encode()
         payload = struct.pack("<Q", len(h)) + h + good[8 + n:]
-        store.path_for(1).write_bytes(S.encrypt_bytes(payload, ring))
+        store.path_for(1).write_bytes(S.encrypt_bytes(payload, ring, context=binding_context(store.store_id, 1)))
         with pytest.raises(UnsafePayloadError):
             store.load()
-    store.path_for(1).write_bytes(S.encrypt_bytes(good + b"extra", ring))
+    store.path_for(1).write_bytes(S.encrypt_bytes(good + b"extra", ring, context=binding_context(store.store_id, 1)))
     with pytest.raises(UnsafePayloadError):
         store.load()
 
