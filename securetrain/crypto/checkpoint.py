@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, BinaryIO
 import torch
 
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
-from securetrain.crypto.errors import BindingError, CryptoError, DigestMismatchError, UnsafePayloadError
+from securetrain.crypto.errors import (
+    BindingError,
+    CryptoError,
+    DigestMismatchError,
+    KeyNotFoundError,
+    UnsafePayloadError,
+)
+from securetrain.errors import IntegrityError
 from securetrain.crypto.keys import KeyProvider
 from securetrain.crypto.safetensors_codec import (
     _byte_view,
@@ -36,7 +43,6 @@ from securetrain.crypto.safetensors_codec import (
 from securetrain.crypto.stream import DEFAULT_SEGMENT_SIZE, DecryptingReader, EncryptingWriter, _readinto_full
 from securetrain.errors import SecureTrainError
 from securetrain.crypto.private_file import private_writer
-from securetrain.io.atomic import atomic_write_bytes
 from securetrain.io.tapped import TappedReader
 from securetrain.training.checkpoint_store import CheckpointInfo, LoadedCheckpoint
 
@@ -57,6 +63,10 @@ _STORE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
 class CheckpointError(CryptoError):
     """No checkpoint to load, or a store-level problem (not an integrity failure)."""
+
+
+class NoVerifiedCheckpointError(CheckpointError, IntegrityError):
+    """Checkpoints exist, but none of them verifies (each failure is in the audit log)."""
 
 
 def binding_context(store_id: str, step: int) -> bytes:
@@ -218,6 +228,7 @@ class EncryptedCheckpointStore:
         self.verify_keys = tuple(verify_keys)
         self.accept_unbound = accept_unbound
         self.store_id = self._store_id(store_id)
+        self.sweep()
 
     def _store_id(self, explicit: str | None) -> str:
         if explicit is not None:
@@ -323,6 +334,48 @@ class EncryptedCheckpointStore:
         return LoadedCheckpoint(info=CheckpointInfo(info.path, info.step, info.sha256, key_id), tensors=tensors,
                                 metadata=meta)
 
+    def load_newest_verified(self, audit: AuditRecorder | None = None) -> LoadedCheckpoint | None:
+        """The newest checkpoint that verifies, falling back past damaged or substituted ones.
+
+        Each skipped checkpoint is recorded (``checkpoint.skip``, outcome failure, with the error
+        type and the step it fell back to) in ``audit`` (default: the store's recorder). ``None``
+        for an empty store; :class:`NoVerifiedCheckpointError` when none verifies. A missing key
+        (:class:`KeyNotFoundError`) is a configuration problem, not damage: it is raised at once.
+        """
+        recorder = audit or self.audit
+        infos = self.list()
+        if not infos:
+            return None
+        skipped: list[tuple[CheckpointInfo, str]] = []
+        for info in reversed(infos):
+            try:
+                loaded = self.load(info)
+            except KeyNotFoundError:
+                raise
+            except (IntegrityError, CheckpointError) as exc:
+                skipped.append((info, type(exc).__name__))
+                continue
+            for bad, error in skipped:
+                recorder.record("checkpoint.skip", bad.path.name, outcome="failure", details={
+                    "step": bad.step, "error": error, "fallback_step": info.step})
+            return loaded
+        for bad, error in skipped:
+            recorder.record("checkpoint.skip", bad.path.name, outcome="failure",
+                            details={"step": bad.step, "error": error, "fallback_step": None})
+        listing = ", ".join(f"step {i.step} ({err})" for i, err in skipped[:5])
+        raise NoVerifiedCheckpointError(f"no checkpoint in {self.directory} verifies: {listing}",
+                                        hint="restore checkpoints from a backup, or start a fresh run")
+
+    def sweep(self) -> list[Path]:
+        """Remove temps left by dead writers (``.step-*.tmp``; see ``private_file.sweep_stale_temps``)."""
+        from securetrain.crypto.private_file import sweep_stale_temps
+
+        removed = sweep_stale_temps(self.directory, prefix="step-")
+        if removed:
+            self.audit.record("checkpoint.sweep", self.directory.name,
+                              details={"removed": len(removed), "names": [p.name for p in removed][:20]})
+        return removed
+
     def list(self) -> list[CheckpointInfo]:
         infos = []
         for entry in sorted(self.directory.iterdir()):
@@ -342,7 +395,8 @@ class EncryptedCheckpointStore:
     def _write_sidecar(self, info: CheckpointInfo, st: os.stat_result) -> None:
         doc = {"step": info.step, "sha256": info.sha256, "key_id": info.key_id, "bytes": st.st_size,
                "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}
-        atomic_write_bytes(self._sidecar(info.path), json.dumps(doc).encode())
+        with private_writer(self._sidecar(info.path)) as out:
+            out.write(json.dumps(doc).encode())
 
     def _info(self, path: Path, step: int) -> CheckpointInfo:
         st = path.stat()

@@ -27,6 +27,41 @@ KeyringOpt = typer.Option(None, "--keyring", "-k", envvar="SECURETRAIN_KEYRING",
                                "without it SECURETRAIN_KEK is used.")
 
 
+def _typed_io(fn: Any) -> Any:
+    """OS errors (unwritable output directory, file vanished, disk full) become one typed error line."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except OSError as exc:
+            from securetrain.crypto.errors import CryptoError
+
+            where = f": {exc.filename}" if exc.filename else ""
+            raise CryptoError(f"{exc.strerror or exc}{where}") from None
+
+    return wrapper
+
+
+SignerOpt = typer.Option([], "--signer-key", help="Require a container signature by this Ed25519 public key "
+                                                   "(64 hex chars, raw); repeatable.")
+
+
+def _verify_keys(hex_keys: list[str]) -> list[Any]:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from securetrain.crypto.errors import SignatureError
+
+    keys = []
+    for value in hex_keys:
+        try:
+            keys.append(Ed25519PublicKey.from_public_bytes(bytes.fromhex(value.strip())))
+        except ValueError:
+            raise SignatureError("--signer-key must be a raw Ed25519 public key as 64 hex characters") from None
+    return keys
+
+
 def _provider(keyring: Path | None) -> Any:
     from securetrain.crypto.keys import LocalKeyring, provider_from_env
 
@@ -51,6 +86,7 @@ def _run_stream(label: str, path: Path, body: Any, on_data: Any = None) -> Any:
 
 
 @checkpoint_app.command("encrypt")
+@_typed_io
 def encrypt_cmd(
     source: Path = typer.Argument(..., exists=True, dir_okay=False, help="Plaintext file (e.g. .safetensors)."),
     output: Path = typer.Argument(..., help="Encrypted container to write (atomically)."),
@@ -70,10 +106,12 @@ def encrypt_cmd(
 
 
 @checkpoint_app.command("decrypt")
+@_typed_io
 def decrypt_cmd(
     source: Path = typer.Argument(..., exists=True, dir_okay=False),
     output: Path = typer.Argument(..., help="Plaintext file to write (only if every segment verifies)."),
     keyring: Path | None = KeyringOpt,
+    signer_key: list[str] = SignerOpt,
     audit_db: Optional[str] = AUDIT_DB_OPTION,
 ) -> None:
     """Decrypt a container; the output appears only after the whole file authenticated.
@@ -87,12 +125,17 @@ def decrypt_cmd(
     from securetrain.crypto.private_file import private_writer
     from securetrain.crypto.stream import decrypt_stream
 
+    from securetrain.crypto.private_file import sweep_stale_temps
+
     provider = _provider(keyring)
+    verify_keys = _verify_keys(signer_key)
+    sweep_stale_temps(output.parent, prefix=output.name)  # a SIGKILLed earlier decrypt's temp (no O_TMPFILE)
     sha = hashlib.sha256()
     with command_recorder(audit_db) as audit:
         try:
             with private_writer(output) as out:
-                header = _run_stream("decrypt", source, lambda src: decrypt_stream(src, out, provider),
+                header = _run_stream("decrypt", source, lambda src: decrypt_stream(src, out, provider,
+                                                                             verify_keys=verify_keys),
                                      on_data=sha.update)
         except Exception as exc:
             audit.record("checkpoint.decrypt", source.name, outcome="failure", details={"error": type(exc).__name__})
@@ -107,6 +150,7 @@ def decrypt_cmd(
 
 
 @checkpoint_app.command("inspect")
+@_typed_io
 def inspect_cmd(
     path: Path = typer.Argument(..., exists=True, dir_okay=False),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -129,16 +173,20 @@ def inspect_cmd(
 
 
 @checkpoint_app.command("verify")
+@_typed_io
 def verify_cmd(
     paths: list[Path] = typer.Argument(..., exists=True, dir_okay=False),
     keyring: Path | None = KeyringOpt,
+    signer_key: list[str] = SignerOpt,
 ) -> None:
-    """Authenticate the header and every segment without writing any plaintext."""
+    """Authenticate the header and every segment (and the signature) without writing any plaintext."""
     from securetrain.crypto.stream import verify_stream
 
     provider = _provider(keyring)
+    verify_keys = _verify_keys(signer_key)
     for path in paths:
-        header = _run_stream(f"verify {path.name}", path, lambda src: verify_stream(src, provider))
+        header = _run_stream(f"verify {path.name}", path,
+                             lambda src: verify_stream(src, provider, verify_keys=verify_keys))
         console.print(f"[green]OK[/] {escape(str(path))}: {header.segment_count} segments, "
                       f"key {escape(header.key_ids[0])}")
 
@@ -163,6 +211,7 @@ KeyringReq = typer.Option(..., "--keyring", "-k", envvar="SECURETRAIN_KEYRING", 
 
 
 @keys_app.command("init")
+@_typed_io
 def keys_init(
     keyring: Path = KeyringReq,
     key_id: str | None = typer.Option(None, help="Id of the first KEK (default: kek-<date>-<random>)."),
@@ -188,6 +237,7 @@ def keys_init(
 
 
 @keys_app.command("rotate")
+@_typed_io
 def keys_rotate(
     keyring: Path = KeyringReq,
     rewrap: list[Path] = typer.Option([], "--rewrap", help="Containers or directories (*.stenc) to re-wrap."),
@@ -224,6 +274,7 @@ keys_app.add_typer(escrow_app, name="escrow")
 
 
 @escrow_app.command("list")
+@_typed_io
 def escrow_list_cmd(keyring: Path = KeyringReq) -> None:
     """List escrowed key ids and fingerprints (never key bytes)."""
     from securetrain.crypto.rotation import escrow_list, escrow_path
@@ -236,6 +287,7 @@ def escrow_list_cmd(keyring: Path = KeyringReq) -> None:
 
 
 @escrow_app.command("purge")
+@_typed_io
 def escrow_purge_cmd(
     keyring: Path = KeyringReq,
     key_id: list[str] = typer.Option([], "--key-id", help="Escrowed key to destroy (repeatable)."),
@@ -256,6 +308,7 @@ def escrow_purge_cmd(
 
 
 @escrow_app.command("restore")
+@_typed_io
 def escrow_restore_cmd(
     keyring: Path = KeyringReq,
     key_id: str = typer.Option(..., "--key-id", help="Escrowed key to put back into the keyring."),
@@ -272,6 +325,7 @@ def escrow_restore_cmd(
 
 
 @keys_app.command("list")
+@_typed_io
 def keys_list(keyring: Path = KeyringReq) -> None:
     """List key ids, fingerprints and creation times (never key bytes)."""
     import time

@@ -344,6 +344,7 @@ def test_sigkill_mid_write_leaves_previous_checkpoint(tmp_path, mode: str) -> No
     from securetrain.crypto.keys import EnvKeyProvider
 
     store = EncryptedCheckpointStore(directory, EnvKeyProvider(env))
+    assert [p for p in directory.iterdir() if p.name.endswith(".tmp")] == [], "the store swept the dead writer's temp"
     infos = store.list()
     assert [i.step for i in infos] == [1]
     first = store.load(infos[0])
@@ -489,3 +490,56 @@ def test_store_with_break_glass_recipient(ring: LocalKeyring, tmp_path) -> None:
     store.save(1, {"w": torch.arange(4)}, {})
     assert S.inspect_file(store.path_for(1)).key_ids == ["ckpt-kek", "breakglass"]
     assert torch.equal(EncryptedCheckpointStore(tmp_path, breakglass).load().tensors["w"], torch.arange(4))
+
+
+def test_load_newest_verified_falls_back_and_audits(ring: LocalKeyring, tmp_path) -> None:
+    from securetrain.crypto.checkpoint import NoVerifiedCheckpointError
+
+    audit = MemoryAuditRecorder()
+    store = EncryptedCheckpointStore(tmp_path / "s", ring, audit=audit)
+    assert store.load_newest_verified() is None
+    for step in (1, 2, 3):
+        store.save(step, {"w": torch.full((100,), float(step))}, {})
+    other = EncryptedCheckpointStore(tmp_path / "other", ring)
+    shutil.copyfile(other.save(3, {"w": torch.zeros(100)}, {}).path, store.path_for(3))  # substituted
+    blob = bytearray(store.path_for(2).read_bytes())
+    blob[-5] ^= 1  # damaged
+    store.path_for(2).write_bytes(bytes(blob))
+    loaded = store.load_newest_verified()
+    assert loaded is not None and loaded.info.step == 1 and torch.equal(loaded.tensors["w"], torch.full((100,), 1.0))
+    skips = [(e["resource"], e["details"]["error"], e["details"]["fallback_step"])
+             for e in audit.events if e["action"] == "checkpoint.skip"]
+    assert skips == [(store.path_for(3).name, "BindingError", 1), (store.path_for(2).name, "SegmentAuthError", 1)]
+    store.path_for(1).write_bytes(store.path_for(1).read_bytes()[:-3])
+    with pytest.raises(NoVerifiedCheckpointError, match="step 3") as err:
+        store.load_newest_verified()
+    assert isinstance(err.value, IntegrityError)
+
+
+def test_missing_key_is_not_treated_as_damage(ring: LocalKeyring, tmp_path) -> None:
+    from securetrain.crypto.errors import KeyNotFoundError
+
+    store = EncryptedCheckpointStore(tmp_path, ring)
+    store.save(1, {"w": torch.ones(2)}, {})
+    stranger = LocalKeyring([SecretKey("other", os.urandom(32))], "other")
+    with pytest.raises(KeyNotFoundError):
+        EncryptedCheckpointStore(tmp_path, stranger).load_newest_verified()
+
+
+def test_store_sweeps_temps_of_dead_writers(ring: LocalKeyring, tmp_path) -> None:
+    from securetrain.crypto import private_file as P
+
+    store = EncryptedCheckpointStore(tmp_path, ring)
+    store.save(1, {"w": torch.ones(2)}, {})
+    dead = tmp_path / f".step-000000000002.stenc.{P.host_tag()}-999999999.{'a' * 16}.tmp"
+    dead.write_bytes(b"torn")
+    legacy = tmp_path / ".step-000000000003.stenc.k2j4_x9q.tmp"  # an old tempfile.mkstemp name
+    legacy.write_bytes(b"torn")
+    os.utime(legacy, (1, 1))
+    live = P.temp_name(store.path_for(4))  # a writer that is still running (this process)
+    live.write_bytes(b"in progress")
+    audit = MemoryAuditRecorder()
+    EncryptedCheckpointStore(tmp_path, ring, audit=audit)
+    assert not dead.exists() and not legacy.exists() and live.exists()
+    assert audit.events[-1]["action"] == "checkpoint.sweep" and audit.events[-1]["details"]["removed"] == 2
+    assert [i.step for i in store.list()] == [1]
