@@ -14,14 +14,22 @@ import json
 import os
 import re
 import struct
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import torch
 
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
-from securetrain.crypto.errors import IntegrityError, UnsafePayloadError
+from securetrain.crypto.errors import (
+    BindingError,
+    CryptoError,
+    DigestMismatchError,
+    KeyNotFoundError,
+    UnsafePayloadError,
+)
+from securetrain.errors import IntegrityError
 from securetrain.crypto.keys import KeyProvider
 from securetrain.crypto.safetensors_codec import (
     _byte_view,
@@ -34,9 +42,12 @@ from securetrain.crypto.safetensors_codec import (
 )
 from securetrain.crypto.stream import DEFAULT_SEGMENT_SIZE, DecryptingReader, EncryptingWriter, _readinto_full
 from securetrain.errors import SecureTrainError
-from securetrain.io.atomic import atomic_write_bytes, atomic_writer
+from securetrain.crypto.private_file import private_writer
 from securetrain.io.tapped import TappedReader
 from securetrain.training.checkpoint_store import CheckpointInfo, LoadedCheckpoint
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 FORMAT_TAG = "securetrain-checkpoint-v1"
 META_FORMAT = "securetrain.format"
@@ -45,15 +56,56 @@ META_KEY_ID = "securetrain.key_id"
 META_DIGEST = "securetrain.tensors_sha256"
 RESERVED_KEYS = frozenset({META_FORMAT, META_STEP, META_KEY_ID, META_DIGEST})
 
-class CheckpointError(SecureTrainError):
+BINDING_TAG = "securetrain-checkpoint"
+STORE_ID_FILE = ".store-id"
+_STORE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+
+class CheckpointError(CryptoError):
     """No checkpoint to load, or a store-level problem (not an integrity failure)."""
+
+
+class NoVerifiedCheckpointError(CheckpointError, IntegrityError):
+    """Checkpoints exist, but none of them verifies (each failure is in the audit log)."""
+
+
+def binding_context(store_id: str, step: int) -> bytes:
+    """The v2 header context of checkpoint ``step`` in store ``store_id`` (canonical JSON, public)."""
+    return json.dumps({"securetrain": BINDING_TAG, "step": int(step), "store": store_id},
+                      sort_keys=True, separators=(",", ":")).encode()
+
+
+def check_binding(context: bytes, version: int, expected: bytes, *, name: str, accept_unbound: bool = False) -> None:
+    """Refuse a container whose authenticated context is not ``expected`` (:class:`BindingError`)."""
+    if context == expected:
+        return
+    if version < 2 and not context:
+        if accept_unbound:
+            return
+        raise BindingError(f"{name} is a v1 container with no store/step binding; refused",
+                           hint="checkpoints written before format v2: load with accept_unbound=True, then re-save")
+    want = json.loads(expected)
+    try:
+        got = json.loads(context)
+        what = []
+        if got.get("store") != want["store"]:
+            what.append(f"store {got.get('store')!r} instead of {want['store']!r}")
+        if got.get("step") != want["step"]:
+            what.append(f"step {got.get('step')!r} instead of {want['step']!r}")
+        detail = ", ".join(what) or "a different binding"
+    except (ValueError, AttributeError):
+        detail = "a foreign context"
+    raise BindingError(f"{name} is an authentic checkpoint of {detail}: substituted file refused",
+                       hint="a checkpoint from another run or step was copied here; restore the original")
 
 
 def write_checkpoint(dst: BinaryIO, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str],
                      provider: KeyProvider, *, key_id: str | None = None,
                      segment_size: int = DEFAULT_SEGMENT_SIZE, digest: bool = True,
                      on_progress: Callable[[int], None] | None = None,
-                     recipients: Sequence[tuple[KeyProvider, str | None]] = ()) -> tuple[EncryptingWriter, str | None]:
+                     recipients: Sequence[tuple[KeyProvider, str | None]] = (),
+                     context: bytes = b"", signer: Ed25519PrivateKey | None = None,
+                     ) -> tuple[EncryptingWriter, str | None]:
     """Stream ``tensors`` + ``metadata`` as safetensors into an encrypted container on ``dst``."""
     items = _prepare(tensors)
     kid = key_id or provider.current_key_id()
@@ -70,7 +122,8 @@ def write_checkpoint(dst: BinaryIO, tensors: Mapping[str, torch.Tensor], metadat
         meta[META_DIGEST] = tensors_sha
     hjson, offset = build_header(items, meta)
     total = 8 + len(hjson) + offset
-    writer = EncryptingWriter(dst, provider, total, segment_size=segment_size, key_id=kid, recipients=recipients)
+    writer = EncryptingWriter(dst, provider, total, segment_size=segment_size, key_id=kid, recipients=recipients,
+                              context=context, signer=signer)
     writer.write(struct.pack("<Q", len(hjson)) + hjson)
     for _, t in items:
         view = _byte_view(_cpu_contig(t))
@@ -82,10 +135,19 @@ def write_checkpoint(dst: BinaryIO, tensors: Mapping[str, torch.Tensor], metadat
 
 
 def read_checkpoint(src: BinaryIO, provider: KeyProvider, *, verify_digest: bool = False,
-                    device: str | torch.device = "cpu",
+                    device: str | torch.device = "cpu", expect_context: bytes | None = None,
+                    accept_unbound: bool = False, verify_keys: Sequence[Ed25519PublicKey] = (),
+                    name: str = "checkpoint",
                     ) -> tuple[dict[str, torch.Tensor], dict[str, str], DecryptingReader]:
-    """Authenticate, decrypt and parse a checkpoint container; refuses anything but safetensors."""
-    reader = DecryptingReader(src, provider)
+    """Authenticate, decrypt and parse a checkpoint container; refuses anything but safetensors.
+
+    ``expect_context``: the header's authenticated binding must equal it (checked before any
+    decryption; :class:`BindingError` otherwise). ``verify_keys``: a writer signature is required.
+    """
+    reader = DecryptingReader(src, provider, verify_keys=verify_keys)
+    if expect_context is not None:
+        check_binding(reader.header.context, reader.header.version, expect_context, name=name,
+                      accept_unbound=accept_unbound)
     length = reader.header.plaintext_length
     first = bytearray(8)
     if _readinto_full(reader, memoryview(first)) != 8:  # type: ignore[arg-type]
@@ -110,7 +172,7 @@ def read_checkpoint(src: BinaryIO, provider: KeyProvider, *, verify_digest: bool
     if _readinto_full(reader, memoryview(bytearray(1))) != 0 or not reader.finished:  # type: ignore[arg-type]
         raise UnsafePayloadError("payload has bytes beyond the tensors its header lists")
     if h is not None and meta.get(META_DIGEST) and h.hexdigest() != meta[META_DIGEST]:
-        raise IntegrityError("tensor digest does not match the checkpoint metadata")
+        raise DigestMismatchError("tensor digest does not match the checkpoint metadata")
     return tensors, meta, reader
 
 
@@ -136,13 +198,20 @@ class EncryptedCheckpointStore:
 
     Files: ``<dir>/step-<12 digits>.stenc`` plus a small public sidecar ``.stenc.json``
     (step, sha256, key id, size, mtime, inode) so listing needs no full read; a stale or missing sidecar is
-    recomputed. Loading checks the authenticated step against the file name (no rollback by renaming).
+    recomputed. Every container binds ``(store_id, step)`` in its authenticated v2 header; loading
+    refuses a checkpoint of another store/run or step (:class:`BindingError`, before decrypting),
+    checks the authenticated step in the metadata too, and verifies the file's SHA-256 against the
+    sidecar (or the caller's ``info``) in the same pass. ``store_id`` defaults to a random id kept
+    in ``<dir>/.store-id``; pass the run's own id to also catch a whole directory swapped in.
+    ``signer``/``verify_keys``: Ed25519 container signatures (writer authentication).
     """
 
     def __init__(self, directory: str | os.PathLike[str], keyring: KeyProvider, *, key_id: str | None = None,
                  keep_last: int | None = None, audit: AuditRecorder | None = None,
                  segment_size: int = DEFAULT_SEGMENT_SIZE, digest: bool = True,
-                 verify_sha256: bool | None = None, recipients: Sequence[tuple[KeyProvider, str | None]] = ()) -> None:
+                 verify_sha256: bool | None = None, recipients: Sequence[tuple[KeyProvider, str | None]] = (),
+                 store_id: str | None = None, signer: Ed25519PrivateKey | None = None,
+                 verify_keys: Sequence[Ed25519PublicKey] = (), accept_unbound: bool = False) -> None:
         if keep_last is not None and keep_last < 1:
             raise CheckpointError("keep_last must be >= 1")
         self.directory = Path(directory)
@@ -155,6 +224,31 @@ class EncryptedCheckpointStore:
         self.digest = digest
         self.verify_sha256 = verify_sha256
         self.recipients = tuple(recipients)
+        self.signer = signer
+        self.verify_keys = tuple(verify_keys)
+        self.accept_unbound = accept_unbound
+        self.store_id = self._store_id(store_id)
+        self.sweep()
+
+    def _store_id(self, explicit: str | None) -> str:
+        if explicit is not None:
+            if not _STORE_ID.fullmatch(explicit):
+                raise CheckpointError(f"invalid store id {explicit!r}", hint="1-128 of A-Z a-z 0-9 . _ : -")
+            return explicit
+        path = self.directory / STORE_ID_FILE
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except FileExistsError:
+            value = path.read_text(encoding="ascii", errors="replace").strip()
+            if not _STORE_ID.fullmatch(value):
+                raise CheckpointError(f"{path} is malformed", hint="restore it, or pass store_id=") from None
+            return value
+        value = f"store-{secrets.token_hex(16)}"
+        with os.fdopen(fd, "w") as handle:
+            handle.write(value + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        return value
 
     @classmethod
     def from_env(cls, directory: str | os.PathLike[str], *, keyring: str | os.PathLike[str] | None = None,
@@ -180,11 +274,12 @@ class EncryptedCheckpointStore:
         meta = {str(k): str(v) for k, v in metadata.items() if str(k) not in RESERVED_KEYS}
         meta[META_STEP] = str(step)
         try:
-            with atomic_writer(path) as fout:
+            with private_writer(path) as fout:
                 hashing = _HashingWriter(fout)
                 writer, tensors_sha = write_checkpoint(
                     hashing, tensors, meta, self.keyring, key_id=self.key_id,  # type: ignore[arg-type]
-                    segment_size=self.segment_size, digest=self.digest, recipients=self.recipients)
+                    segment_size=self.segment_size, digest=self.digest, recipients=self.recipients,
+                    context=binding_context(self.store_id, step), signer=self.signer)
                 fout.flush()
                 st = os.fstat(fout.fileno())  # identity of *our* file; the rename keeps inode and mtime
         except SecureTrainError as exc:
@@ -200,12 +295,14 @@ class EncryptedCheckpointStore:
         return info
 
     def load(self, info: CheckpointInfo | None = None) -> LoadedCheckpoint:
-        """Load ``info`` (default: the latest). With ``verify_sha256=None`` (default) the file's
-        SHA-256 is checked against ``info.sha256`` only when the caller passes ``info`` (e.g. as
-        recorded in the audit log): for ``load()`` the digest comes from the unauthenticated sidecar,
-        so checking it would cost a hash pass and prove nothing. Authenticity always comes from
-        the AEAD; rollback by renaming is caught by the authenticated step."""
-        verify = self.verify_sha256 if self.verify_sha256 is not None else info is not None
+        """Load ``info`` (default: the latest).
+
+        Refused with a typed error: another store's or step's checkpoint (:class:`BindingError`),
+        a v1 container without binding (unless ``accept_unbound``), a SHA-256 differing from the
+        sidecar / ``info`` (hashed in the same pass as decryption; ``verify_sha256=False`` skips
+        it), a missing or bad signature when ``verify_keys`` are set, and any AEAD failure.
+        """
+        verify = self.verify_sha256 is not False
         if info is None:
             info = self.latest()
             if info is None:
@@ -214,12 +311,14 @@ class EncryptedCheckpointStore:
             with open(info.path, "rb") as raw:
                 sha = hashlib.sha256()
                 src = TappedReader(raw, sha.update) if verify else raw
-                tensors, meta, reader = read_checkpoint(src, self.keyring)  # type: ignore[arg-type]
+                tensors, meta, reader = read_checkpoint(
+                    src, self.keyring, expect_context=binding_context(self.store_id, info.step),  # type: ignore[arg-type]
+                    accept_unbound=self.accept_unbound, verify_keys=self.verify_keys, name=info.path.name)
             if verify and sha.hexdigest() != info.sha256:
-                raise IntegrityError(f"{info.path.name}: sha256 differs from the recorded {info.sha256[:16]}...",
-                                     hint="the file was replaced by a different checkpoint")
+                raise DigestMismatchError(f"{info.path.name}: sha256 differs from the recorded {info.sha256[:16]}...",
+                                     hint="the file changed after its digest was recorded (sidecar or audit log)")
             if meta.get(META_STEP) != str(info.step):
-                raise IntegrityError(f"{info.path.name} holds step {meta.get(META_STEP)!r}, not {info.step}",
+                raise BindingError(f"{info.path.name} holds step {meta.get(META_STEP)!r}, not {info.step}",
                                      hint="checkpoint files were renamed or swapped")
         except FileNotFoundError:
             raise CheckpointError(f"checkpoint file missing: {info.path}") from None
@@ -229,9 +328,53 @@ class EncryptedCheckpointStore:
             raise
         key_id = reader.header.key_ids[0]
         self.audit.record("checkpoint.read", info.path.name, details={
-            "step": info.step, "key_id": key_id, "sha256": info.sha256, "tensors": len(tensors)})
+            "step": info.step, "key_id": key_id, "sha256": info.sha256, "tensors": len(tensors),
+            "sha256_verified": verify, "bound": bool(reader.header.context),
+            "signer": reader.signer.hex() if reader.signer else None})
         return LoadedCheckpoint(info=CheckpointInfo(info.path, info.step, info.sha256, key_id), tensors=tensors,
                                 metadata=meta)
+
+    def load_newest_verified(self, audit: AuditRecorder | None = None) -> LoadedCheckpoint | None:
+        """The newest checkpoint that verifies, falling back past damaged or substituted ones.
+
+        Each skipped checkpoint is recorded (``checkpoint.skip``, outcome failure, with the error
+        type and the step it fell back to) in ``audit`` (default: the store's recorder). ``None``
+        for an empty store; :class:`NoVerifiedCheckpointError` when none verifies. A missing key
+        (:class:`KeyNotFoundError`) is a configuration problem, not damage: it is raised at once.
+        """
+        recorder = audit or self.audit
+        infos = self.list()
+        if not infos:
+            return None
+        skipped: list[tuple[CheckpointInfo, str]] = []
+        for info in reversed(infos):
+            try:
+                loaded = self.load(info)
+            except KeyNotFoundError:
+                raise
+            except (IntegrityError, CheckpointError) as exc:
+                skipped.append((info, type(exc).__name__))
+                continue
+            for bad, error in skipped:
+                recorder.record("checkpoint.skip", bad.path.name, outcome="failure", details={
+                    "step": bad.step, "error": error, "fallback_step": info.step})
+            return loaded
+        for bad, error in skipped:
+            recorder.record("checkpoint.skip", bad.path.name, outcome="failure",
+                            details={"step": bad.step, "error": error, "fallback_step": None})
+        listing = ", ".join(f"step {i.step} ({err})" for i, err in skipped[:5])
+        raise NoVerifiedCheckpointError(f"no checkpoint in {self.directory} verifies: {listing}",
+                                        hint="restore checkpoints from a backup, or start a fresh run")
+
+    def sweep(self) -> list[Path]:
+        """Remove temps left by dead writers (``.step-*.tmp``; see ``private_file.sweep_stale_temps``)."""
+        from securetrain.crypto.private_file import sweep_stale_temps
+
+        removed = sweep_stale_temps(self.directory, prefix="step-")
+        if removed:
+            self.audit.record("checkpoint.sweep", self.directory.name,
+                              details={"removed": len(removed), "names": [p.name for p in removed][:20]})
+        return removed
 
     def list(self) -> list[CheckpointInfo]:
         infos = []
@@ -252,7 +395,8 @@ class EncryptedCheckpointStore:
     def _write_sidecar(self, info: CheckpointInfo, st: os.stat_result) -> None:
         doc = {"step": info.step, "sha256": info.sha256, "key_id": info.key_id, "bytes": st.st_size,
                "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}
-        atomic_write_bytes(self._sidecar(info.path), json.dumps(doc).encode())
+        with private_writer(self._sidecar(info.path)) as out:
+            out.write(json.dumps(doc).encode())
 
     def _info(self, path: Path, step: int) -> CheckpointInfo:
         st = path.stat()

@@ -27,6 +27,41 @@ KeyringOpt = typer.Option(None, "--keyring", "-k", envvar="SECURETRAIN_KEYRING",
                                "without it SECURETRAIN_KEK is used.")
 
 
+def _typed_io(fn: Any) -> Any:
+    """OS errors (unwritable output directory, file vanished, disk full) become one typed error line."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except OSError as exc:
+            from securetrain.crypto.errors import CryptoError
+
+            where = f": {exc.filename}" if exc.filename else ""
+            raise CryptoError(f"{exc.strerror or exc}{where}") from None
+
+    return wrapper
+
+
+SignerOpt = typer.Option([], "--signer-key", help="Require a container signature by this Ed25519 public key "
+                                                   "(64 hex chars, raw); repeatable.")
+
+
+def _verify_keys(hex_keys: list[str]) -> list[Any]:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from securetrain.crypto.errors import SignatureError
+
+    keys = []
+    for value in hex_keys:
+        try:
+            keys.append(Ed25519PublicKey.from_public_bytes(bytes.fromhex(value.strip())))
+        except ValueError:
+            raise SignatureError("--signer-key must be a raw Ed25519 public key as 64 hex characters") from None
+    return keys
+
+
 def _provider(keyring: Path | None) -> Any:
     from securetrain.crypto.keys import LocalKeyring, provider_from_env
 
@@ -35,16 +70,23 @@ def _provider(keyring: Path | None) -> Any:
     return provider_from_env(None)
 
 
-def _run_stream(label: str, path: Path, body: Any) -> Any:
+def _run_stream(label: str, path: Path, body: Any, on_data: Any = None) -> Any:
     size = path.stat().st_size
     with progress_bar() as bar, open(path, "rb") as raw:
         task = bar.add_task(label, total=size, status="")
-        result = body(TappedReader(raw, lambda chunk: bar.advance(task, len(chunk))))
+
+        def tap(chunk: Any) -> None:
+            bar.advance(task, len(chunk))
+            if on_data is not None:
+                on_data(chunk)
+
+        result = body(TappedReader(raw, tap))
         bar.update(task, completed=size, status="ok")
     return result
 
 
 @checkpoint_app.command("encrypt")
+@_typed_io
 def encrypt_cmd(
     source: Path = typer.Argument(..., exists=True, dir_okay=False, help="Plaintext file (e.g. .safetensors)."),
     output: Path = typer.Argument(..., help="Encrypted container to write (atomically)."),
@@ -53,40 +95,54 @@ def encrypt_cmd(
     segment_size: int = typer.Option(1 << 20, help="Plaintext bytes per AES-GCM segment."),
 ) -> None:
     """Encrypt any file into the streaming AEAD container."""
+    from securetrain.crypto.private_file import private_writer
     from securetrain.crypto.stream import encrypt_stream
-    from securetrain.io.atomic import atomic_writer
 
     provider = _provider(keyring)
-    with atomic_writer(output) as out:
+    with private_writer(output) as out:
         header = _run_stream("encrypt", source, lambda src: encrypt_stream(
             src, out, provider, length=source.stat().st_size, segment_size=segment_size, key_id=key_id))
     console.print(f"wrote {output} ({header.total_length} bytes, key {header.key_ids[0]})")
 
 
 @checkpoint_app.command("decrypt")
+@_typed_io
 def decrypt_cmd(
     source: Path = typer.Argument(..., exists=True, dir_okay=False),
     output: Path = typer.Argument(..., help="Plaintext file to write (only if every segment verifies)."),
     keyring: Path | None = KeyringOpt,
+    signer_key: list[str] = SignerOpt,
     audit_db: Optional[str] = AUDIT_DB_OPTION,
 ) -> None:
-    """Decrypt a container; the output appears only after the whole file authenticated."""
+    """Decrypt a container; the output appears only after the whole file authenticated.
+
+    The plaintext is written to an anonymous file (O_TMPFILE) that gets its name only at the end,
+    so a killed decrypt leaves nothing; the ciphertext is hashed as it is decrypted (bounded memory).
+    """
     import hashlib
 
     from securetrain.audit.cli_support import command_recorder
+    from securetrain.crypto.private_file import private_writer
     from securetrain.crypto.stream import decrypt_stream
-    from securetrain.io.atomic import atomic_writer
+
+    from securetrain.crypto.private_file import sweep_stale_temps
 
     provider = _provider(keyring)
+    verify_keys = _verify_keys(signer_key)
+    sweep_stale_temps(output.parent, prefix=output.name)  # a SIGKILLed earlier decrypt's temp (no O_TMPFILE)
+    sha = hashlib.sha256()
     with command_recorder(audit_db) as audit:
         try:
-            with atomic_writer(output) as out:
-                header = _run_stream("decrypt", source, lambda src: decrypt_stream(src, out, provider))
+            with private_writer(output) as out:
+                header = _run_stream("decrypt", source, lambda src: decrypt_stream(src, out, provider,
+                                                                             verify_keys=verify_keys),
+                                     on_data=sha.update)
         except Exception as exc:
             audit.record("checkpoint.decrypt", source.name, outcome="failure", details={"error": type(exc).__name__})
             raise
         # Decrypting a checkpoint puts model weights in plaintext on disk: always worth a record.
-        digest = hashlib.sha256(source.read_bytes()).hexdigest()
+        # The digest is of the bytes that were actually authenticated and decrypted.
+        digest = sha.hexdigest()
         audit.record("checkpoint.decrypt", source.name, details={
             "key_ids": [s.key_id for s in header.stanzas], "ciphertext_sha256": digest,
             "plaintext_bytes": header.plaintext_length})
@@ -94,6 +150,7 @@ def decrypt_cmd(
 
 
 @checkpoint_app.command("inspect")
+@_typed_io
 def inspect_cmd(
     path: Path = typer.Argument(..., exists=True, dir_okay=False),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -116,16 +173,20 @@ def inspect_cmd(
 
 
 @checkpoint_app.command("verify")
+@_typed_io
 def verify_cmd(
     paths: list[Path] = typer.Argument(..., exists=True, dir_okay=False),
     keyring: Path | None = KeyringOpt,
+    signer_key: list[str] = SignerOpt,
 ) -> None:
-    """Authenticate the header and every segment without writing any plaintext."""
+    """Authenticate the header and every segment (and the signature) without writing any plaintext."""
     from securetrain.crypto.stream import verify_stream
 
     provider = _provider(keyring)
+    verify_keys = _verify_keys(signer_key)
     for path in paths:
-        header = _run_stream(f"verify {path.name}", path, lambda src: verify_stream(src, provider))
+        header = _run_stream(f"verify {path.name}", path,
+                             lambda src: verify_stream(src, provider, verify_keys=verify_keys))
         console.print(f"[green]OK[/] {escape(str(path))}: {header.segment_count} segments, "
                       f"key {escape(header.key_ids[0])}")
 
@@ -163,6 +224,7 @@ KeyringReq = typer.Option(..., "--keyring", "-k", envvar="SECURETRAIN_KEYRING", 
 
 
 @keys_app.command("init")
+@_typed_io
 def keys_init(
     keyring: Path = KeyringReq,
     key_id: str | None = typer.Option(None, help="Id of the first KEK (default: kek-<date>-<random>)."),
@@ -187,54 +249,96 @@ def keys_init(
     console.print(f"created {keyring} with key {key.key_id} (fingerprint {key.fingerprint})")
 
 
-def _containers(paths: list[Path]) -> list[Path]:
-    found: list[Path] = []
-    for p in paths:
-        if p.is_dir():
-            found += sorted(q for q in p.rglob("*.stenc") if q.is_file())
-        elif p.is_file():
-            found.append(p)
-    return found
-
-
 @keys_app.command("rotate")
+@_typed_io
 def keys_rotate(
     keyring: Path = KeyringReq,
     rewrap: list[Path] = typer.Option([], "--rewrap", help="Containers or directories (*.stenc) to re-wrap."),
     new_key_id: str | None = typer.Option(None, "--key-id", help="Id of the new KEK."),
-    remove_old: bool = typer.Option(False, help="Drop the previous keys once every re-wrap succeeded."),
+    remove_old: bool = typer.Option(False, help="Move the previous keys to the escrow file once every container "
+                                                "under --rewrap is re-wrapped and none still uses them."),
     audit_db: Optional[str] = AUDIT_DB_OPTION,
 ) -> None:
-    """Create a new current KEK and re-wrap containers' data keys (payloads are not re-encrypted)."""
+    """Create a new current KEK and re-wrap containers' data keys (payloads are not re-encrypted).
+
+    Refused before any change: a --rewrap path that does not exist, --rewrap paths with no
+    containers, --remove-old without --rewrap. Removed keys go to <keyring>.escrow until purged.
+    """
     from securetrain.audit.cli_support import command_recorder
-    from securetrain.crypto.keys import LocalKeyring, keyring_lock
-    from securetrain.crypto.stream import rewrap_file
+    from securetrain.crypto.rotation import find_containers, rotate_keyring
 
     passphrase = _passphrase_existing()
-    files = _containers(rewrap)
-    with keyring_lock(keyring), command_recorder(audit_db) as audit:  # lock held: no concurrent rotation
-        ring = LocalKeyring.load(keyring, passphrase)
-        old_ids = ring.key_ids()
-        key = ring.rotate(new_key_id)
-        ring.save(keyring, passphrase)  # the new key is durable before any file depends on it
-        console.print(f"new current key {key.key_id} (fingerprint {key.fingerprint})")
-        with progress_bar() as bar:
-            task = bar.add_task("re-wrap", total=len(files), status="")
-            for path in files:
-                rewrap_file(path, ring, audit=audit)
-                bar.update(task, advance=1, status=path.name)
-        if remove_old:
-            for kid in old_ids:
-                ring.remove(kid)
-            ring.save(keyring, passphrase)
-            console.print(f"removed {len(old_ids)} old key(s)")
-        audit.record("key.rotate", f"keyring:{keyring.name}", details={
-            "new_key_id": key.key_id, "key_fingerprint": key.fingerprint, "previous_key_ids": old_ids,
-            "rewrapped": len(files), "removed_old": remove_old})
-    console.print(f"re-wrapped {len(files)} file(s)")
+    total = len(find_containers([p for p in rewrap if p.exists()]))
+    with command_recorder(audit_db) as audit, progress_bar() as bar:
+        task = bar.add_task("re-wrap", total=total, status="")
+        result = rotate_keyring(keyring, passphrase, rewrap=rewrap, new_key_id=new_key_id, remove_old=remove_old,
+                                audit=audit, on_file=lambda p: bar.update(task, advance=1, status=p.name))
+    key = result.new_key
+    console.print(f"new current key {key.key_id} (fingerprint {key.fingerprint})", markup=False, highlight=False)
+    console.print(f"re-wrapped {len(result.rewrapped)} file(s)")
+    if result.removed:
+        console.print(f"removed {len(result.removed)} old key(s) from the keyring; kept in {result.escrow} "
+                      "until `securetrain keys escrow purge`", markup=False, highlight=False)
+
+
+escrow_app = typer.Typer(help="Keys removed by rotation, kept encrypted in <keyring>.escrow until purged.",
+                         no_args_is_help=True)
+keys_app.add_typer(escrow_app, name="escrow")
+
+
+@escrow_app.command("list")
+@_typed_io
+def escrow_list_cmd(keyring: Path = KeyringReq) -> None:
+    """List escrowed key ids and fingerprints (never key bytes)."""
+    from securetrain.crypto.rotation import escrow_list, escrow_path
+
+    keys = escrow_list(keyring, _passphrase_existing())
+    if not keys:
+        console.print(f"no escrowed keys ({escrow_path(keyring)} does not exist)", markup=False, highlight=False)
+    for key in keys:
+        console.print(f"{key.key_id}  fingerprint {key.fingerprint}", markup=False, highlight=False)
+
+
+@escrow_app.command("purge")
+@_typed_io
+def escrow_purge_cmd(
+    keyring: Path = KeyringReq,
+    key_id: list[str] = typer.Option([], "--key-id", help="Escrowed key to destroy (repeatable)."),
+    purge_all: bool = typer.Option(False, "--all", help="Destroy every escrowed key."),
+    yes: bool = typer.Option(False, "--yes", help="Do not ask for confirmation."),
+    audit_db: Optional[str] = AUDIT_DB_OPTION,
+) -> None:
+    """Destroy escrowed keys for good: containers still wrapped under them become undecryptable."""
+    from securetrain.audit.cli_support import command_recorder
+    from securetrain.crypto.rotation import purge_escrow
+
+    passphrase = _passphrase_existing()
+    if not yes:
+        typer.confirm("Destroy the escrowed key(s)? Files still wrapped under them become undecryptable", abort=True)
+    with command_recorder(audit_db) as audit:
+        purged = purge_escrow(keyring, passphrase, key_ids=key_id, purge_all=purge_all, audit=audit)
+    console.print(f"purged {len(purged)} key(s): {', '.join(purged)}", markup=False, highlight=False)
+
+
+@escrow_app.command("restore")
+@_typed_io
+def escrow_restore_cmd(
+    keyring: Path = KeyringReq,
+    key_id: str = typer.Option(..., "--key-id", help="Escrowed key to put back into the keyring."),
+    audit_db: Optional[str] = AUDIT_DB_OPTION,
+) -> None:
+    """Move an escrowed key back into the keyring (the current key stays current)."""
+    from securetrain.audit.cli_support import command_recorder
+    from securetrain.crypto.rotation import restore_from_escrow
+
+    passphrase = _passphrase_existing()
+    with command_recorder(audit_db) as audit:
+        key = restore_from_escrow(keyring, key_id, passphrase, audit=audit)
+    console.print(f"restored {key.key_id} (fingerprint {key.fingerprint})", markup=False, highlight=False)
 
 
 @keys_app.command("list")
+@_typed_io
 def keys_list(keyring: Path = KeyringReq) -> None:
     """List key ids, fingerprints and creation times (never key bytes)."""
     import time

@@ -1,7 +1,8 @@
 """Typed errors of the crypto capability.
 
-Every integrity failure derives from :class:`securetrain.errors.IntegrityError` so callers can fail
-closed on one type; the subclasses say *what* failed. Messages carry key ids, fingerprints, segment
+Every error here derives from :class:`CryptoError`; every integrity failure also from
+:class:`securetrain.errors.IntegrityError`, so callers can fail closed on one type; the subclasses
+say *what* failed. Messages carry key ids, fingerprints, segment
 numbers and sizes only - never key bytes or plaintext.
 """
 
@@ -10,7 +11,11 @@ from __future__ import annotations
 from securetrain.errors import ConfigError, IntegrityError, SecureTrainError
 
 
-class HeaderAuthError(IntegrityError):
+class CryptoError(SecureTrainError):
+    """Base of every error the crypto capability raises on purpose (catch this for "any crypto failure")."""
+
+
+class HeaderAuthError(CryptoError, IntegrityError):
     """The container header was edited (its MAC does not verify) or cannot be authenticated."""
 
 
@@ -18,19 +23,19 @@ class HeaderFormatError(HeaderAuthError):
     """The header is malformed: bad magic, unsupported version/algorithm, impossible field values."""
 
 
-class SegmentAuthError(IntegrityError):
+class SegmentAuthError(CryptoError, IntegrityError):
     """A payload segment failed AES-GCM authentication (edited, reordered, duplicated or cut)."""
 
 
-class TruncatedError(IntegrityError):
+class TruncatedError(CryptoError, IntegrityError):
     """The input ended before the final segment (or before the end of the header)."""
 
 
-class TrailingDataError(IntegrityError):
+class TrailingDataError(CryptoError, IntegrityError):
     """Bytes follow the final segment."""
 
 
-class WrongKeyError(IntegrityError):
+class WrongKeyError(CryptoError, IntegrityError):
     """The available key cannot open this file (unwrap failed or key commitment mismatch)."""
 
 
@@ -38,19 +43,19 @@ class KeyNotFoundError(WrongKeyError):
     """None of the file's key ids is available from the key provider."""
 
 
-class UnsafePayloadError(IntegrityError):
+class UnsafePayloadError(CryptoError, IntegrityError):
     """The decrypted payload is not a valid safetensors layout (e.g. a pickle) and is refused."""
 
 
-class ReplayError(IntegrityError):
+class ReplayError(CryptoError, IntegrityError):
     """A transport message was replayed, reordered, expired or addressed to someone else."""
 
 
-class LimitExceededError(SecureTrainError):
+class LimitExceededError(CryptoError):
     """An input exceeds a cryptographic limit (NIST SP 800-38D, segment counter, size caps)."""
 
 
-class KeyringError(ConfigError):
+class KeyringError(CryptoError, ConfigError):
     """The keyring file or key configuration is missing, unsafe or cannot be opened."""
 
 
@@ -58,5 +63,17 @@ class KeyringPermissionError(KeyringError):
     """The keyring file is readable by group/others; refused."""
 
 
-class MessageAuthError(IntegrityError):
+class SignatureError(CryptoError, IntegrityError):
+    """A required container signature is missing, from an unknown signer, or does not verify."""
+
+
+class BindingError(CryptoError, IntegrityError):
+    """An authentic container that belongs elsewhere: another store/run or another step (substitution)."""
+
+
+class DigestMismatchError(CryptoError, IntegrityError):
+    """A file's SHA-256 differs from the digest recorded for it (sidecar, audit log, metadata)."""
+
+
+class MessageAuthError(CryptoError, IntegrityError):
     """A transport message failed authentication (modified, wrong key, or not from the claimed sender)."""

@@ -38,7 +38,7 @@ from securetrain.io.atomic import atomic_write_bytes
 
 KEY_BYTES = 32
 FINGERPRINT_BYTES = 8
-KEY_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$")
+KEY_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}")  # use with fullmatch()
 
 # Stanza wrap algorithms (container header field ``wrap_alg``).
 WRAP_AES256_KW = 1  # RFC 3394 AES key wrap under a local 256-bit KEK (40-byte output)
@@ -58,7 +58,7 @@ SCRYPT_MIN_LOG2_N = 10
 
 
 def validate_key_id(key_id: str) -> str:
-    if not isinstance(key_id, str) or not KEY_ID_RE.match(key_id):
+    if not isinstance(key_id, str) or not KEY_ID_RE.fullmatch(key_id):  # fullmatch: "$" accepts a final "\n"
         raise KeyringError(
             f"invalid key id {key_id!r}",
             hint="use 1-128 characters from A-Z a-z 0-9 . _ : / @ - starting with a letter or digit",
@@ -298,6 +298,10 @@ class LocalKeyring(_LocalKeysMixin):
             raise KeyringError(f"keyring not found: {target}", hint="run `securetrain keys init`") from None
         except OSError as exc:
             raise KeyringError(f"cannot open keyring {target}: {exc.strerror}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise KeyringError(f"keyring {target} is not a regular file",
+                               hint="pass the keyring file itself, not a directory")
         with os.fdopen(fd, "rb") as handle:
             st = os.fstat(handle.fileno())
             if st.st_mode & 0o077:
@@ -323,9 +327,13 @@ class LocalKeyring(_LocalKeysMixin):
             body = AESGCM(_derive(_passphrase(passphrase), kdf)).decrypt(nonce, ciphertext, _keyring_aad(kdf))
         except InvalidTag:
             raise KeyringError(f"cannot open keyring {target}: wrong passphrase or the file was modified") from None
-        data = json.loads(body)
-        keys = [SecretKey(k["id"], base64.b64decode(k["key"]), created=k["created"]) for k in data["keys"]]
-        return cls(keys, data["current"], path=target)
+        try:
+            data = json.loads(body)
+            keys = [SecretKey(k["id"], base64.b64decode(k["key"], validate=True), created=k["created"])
+                    for k in data["keys"]]
+        except (ValueError, KeyError, TypeError):
+            raise KeyringError(f"keyring {target} body is malformed") from None
+        return cls(keys, data.get("current"), path=target)
 
 
 @contextlib.contextmanager

@@ -1,13 +1,15 @@
-"""Streaming AEAD container (format v1): AES-256-GCM segments under an HKDF-SHA256 file key.
+"""Streaming AEAD container (format v2, reads v1): AES-256-GCM segments under an HKDF-SHA256 file key.
 
 Byte layout, key schedule and the reader's checks are specified in ``docs/checkpoint-format.md``;
 keep the two in sync. In short::
 
-    fixed header (61 B)  magic | version | alg | segment_size | plaintext_length | salt | nonce_prefix
+    fixed header         magic | version | alg | segment_size | plaintext_length | salt | nonce_prefix
+                         v2 only: flags | u16 context_len | context (e.g. store id + step of a checkpoint)
     key stanzas          count | (key_id, wrap_alg, kek fingerprint, wrapped data key)*
     commitment (32 B)    HKDF(data_key, salt, "commitment")        -> wrong key fails before decrypting
     header MAC (32 B)    HMAC-SHA256(HKDF(.., "header-mac"), all header bytes before the MAC)
     segments             AES-256-GCM(payload_key, prefix|u32 counter|u8 last, pt, aad=SHA256(fixed|ad))
+    signature (72 B)     v2 with flag SIGNED: signer fingerprint | Ed25519(fixed | commitment | SHA256(segments))
 
 Only the fixed header is bound into the segments, so re-wrapping the data key for a new KEK
 (rotation) rewrites the stanzas and MAC but leaves every segment byte unchanged.
@@ -32,8 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from cryptography.exceptions import InvalidTag
+from cryptography.exceptions import InvalidSignature, InvalidTag
 from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
@@ -44,20 +47,31 @@ from securetrain.crypto.errors import (
     KeyNotFoundError,
     LimitExceededError,
     SegmentAuthError,
+    SignatureError,
     TrailingDataError,
     TruncatedError,
     WrongKeyError,
 )
 from securetrain.crypto.keys import FINGERPRINT_BYTES, KEY_ID_RE, WRAP_AES256_KW, WRAP_OPAQUE, KeyProvider
 from securetrain.errors import IntegrityError
-from securetrain.io.atomic import atomic_writer
+from securetrain.crypto.private_file import private_writer
 
 MAGIC = b"\x89STENC\r\n"
-VERSION = 1
+VERSION = 2  # written; 1 and 2 are read
+READ_VERSIONS = (1, 2)
+FLAG_SIGNED = 0x01  # v2 flags: a 72-byte Ed25519 signature trailer follows the final segment
+KNOWN_FLAGS = FLAG_SIGNED
+V2_EXTRA = struct.Struct(">BH")  # flags, context_length
+MAX_CONTEXT_BYTES = 1024
+SIGNER_FINGERPRINT_BYTES = 8
+SIGNATURE_BYTES = 64
+TRAILER_BYTES = SIGNER_FINGERPRINT_BYTES + SIGNATURE_BYTES
+_SIG_LABEL = b"securetrain-container-signature-v2\x00"
 ALG_AES256GCM_HKDF_SHA256 = 1
 ALGORITHMS = {ALG_AES256GCM_HKDF_SHA256: "AES-256-GCM-HKDF-SHA256 (segmented, Tink nonce layout)"}
 
 FIXED = struct.Struct(">8sBBIQ32s7s")  # magic, version, alg, segment_size, plaintext_length, salt, prefix
+# (v2 appends flags, context_length and the context to these 61 bytes; all of it is the "fixed header")
 SALT_BYTES = 32
 PREFIX_BYTES = 7
 TAG_BYTES = 16
@@ -103,8 +117,18 @@ class Header:
     stanzas: tuple[Stanza, ...]
     commitment: bytes
     mac: bytes
-    fixed: bytes  # the 61 fixed-header bytes, bound into every segment
+    fixed: bytes  # the fixed-header bytes (61 in v1, 64 + context in v2), bound into every segment
     raw: bytes  # the whole header as stored
+    flags: int = 0
+    context: bytes = b""  # v2: public, authenticated binding (the checkpoint store: store id + step)
+
+    @property
+    def signed(self) -> bool:
+        return bool(self.flags & FLAG_SIGNED)
+
+    @property
+    def trailer_length(self) -> int:
+        return TRAILER_BYTES if self.signed else 0
 
     @property
     def header_length(self) -> int:
@@ -120,7 +144,7 @@ class Header:
 
     @property
     def total_length(self) -> int:
-        return self.header_length + self.payload_length
+        return self.header_length + self.payload_length + self.trailer_length
 
     @property
     def key_ids(self) -> list[str]:
@@ -130,6 +154,8 @@ class Header:
         """Public fields only (safe to print/log): no data key, no wrapped bytes."""
         return {
             "format_version": self.version,
+            "signed": self.signed,
+            "context": self.context.decode("utf-8", "replace"),
             "algorithm": ALGORITHMS.get(self.algorithm, str(self.algorithm)),
             "segment_size": self.segment_size,
             "segments": self.segment_count,
@@ -166,13 +192,28 @@ def _segment_aad(fixed: bytes, associated_data: bytes) -> bytes:
     return hashlib.sha256(fixed + struct.pack(">Q", len(associated_data)) + associated_data).digest()
 
 
+def signer_fingerprint(public_key: Ed25519PublicKey) -> bytes:
+    """8-byte public identifier of a container-signing key (stored in the signature trailer)."""
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    raw = public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return hashlib.sha256(b"securetrain signer fingerprint v1\x00" + raw).digest()[:SIGNER_FINGERPRINT_BYTES]
+
+
+def _signed_message(fixed: bytes, commitment: bytes, segments_sha256: bytes) -> bytes:
+    return _SIG_LABEL + fixed + commitment + segments_sha256
+
+
 def _wrap_stanza(provider: KeyProvider, key_id: str, data_key: bytes) -> Stanza:
     wrapped = provider.wrap(key_id, data_key)
     if len(wrapped) > MAX_WRAPPED_BYTES:
         raise LimitExceededError(f"wrapped data key from {key_id!r} is {len(wrapped)} bytes (max {MAX_WRAPPED_BYTES})")
     fp_fn = getattr(provider, "fingerprint_of", None)
     fp = (fp_fn(key_id) if fp_fn else None) or bytes(FINGERPRINT_BYTES)
-    return Stanza(key_id, int(getattr(provider, "wrap_alg", WRAP_OPAQUE)), fp, wrapped)
+    wrap_alg = int(getattr(provider, "wrap_alg", WRAP_OPAQUE))
+    if wrap_alg not in (WRAP_AES256_KW, WRAP_OPAQUE):
+        raise LimitExceededError(f"provider declares unknown wrap_alg {wrap_alg}")
+    return Stanza(key_id, wrap_alg, fp, wrapped)
 
 
 def _assemble(fixed: bytes, stanzas: tuple[Stanza, ...], keys: _Keys) -> bytes:
@@ -219,14 +260,24 @@ def read_header(src: BinaryIO) -> Header:
     if magic != MAGIC:
         raise HeaderFormatError("not a securetrain encrypted container (bad magic)",
                                 hint="is this a plain safetensors/torch file or another format?")
-    if version != VERSION:
-        raise HeaderFormatError(f"unsupported container version {version} (this build reads {VERSION})")
+    if version not in READ_VERSIONS:
+        raise HeaderFormatError(f"unsupported container version {version} (this build reads 1 and 2)")
     if alg not in ALGORITHMS:
         raise HeaderFormatError(f"unknown algorithm id {alg}")
     if not MIN_SEGMENT_SIZE <= seg <= MAX_SEGMENT_SIZE:
         raise HeaderFormatError(f"segment size {seg} outside [{MIN_SEGMENT_SIZE}, {MAX_SEGMENT_SIZE}]")
     if segment_count(length, seg) > MAX_SEGMENTS:
         raise HeaderFormatError(f"declared plaintext length {length} needs more than 2^32 segments")
+    flags, context = 0, b""
+    if version >= 2:
+        extra = _read_exact(src, V2_EXTRA.size, "fixed header")
+        flags, clen = V2_EXTRA.unpack(extra)
+        if flags & ~KNOWN_FLAGS:
+            raise HeaderFormatError(f"unknown header flags 0x{flags:02x}")
+        if clen > MAX_CONTEXT_BYTES:
+            raise HeaderFormatError(f"context of {clen} bytes exceeds {MAX_CONTEXT_BYTES}")
+        context = _read_exact(src, clen, "header context")
+        fixed += extra + context
     (count,) = _read_exact(src, 1, "stanza count")
     if not 1 <= count <= MAX_STANZAS:
         raise HeaderFormatError(f"invalid key stanza count {count}")
@@ -239,6 +290,8 @@ def read_header(src: BinaryIO) -> Header:
         kid = _read_exact(src, kid_len, "key stanza")
         rest = _read_exact(src, 1 + FINGERPRINT_BYTES + 2, "key stanza")
         wrap_alg = rest[0]
+        if wrap_alg not in (WRAP_AES256_KW, WRAP_OPAQUE):
+            raise HeaderFormatError(f"unknown wrap_alg {wrap_alg} in key stanza")
         fp = rest[1:1 + FINGERPRINT_BYTES]
         (wlen,) = struct.unpack(">H", rest[-2:])
         if not 1 <= wlen <= MAX_WRAPPED_BYTES:
@@ -248,14 +301,15 @@ def read_header(src: BinaryIO) -> Header:
             key_id = kid.decode("utf-8")
         except UnicodeDecodeError:
             raise HeaderFormatError("key id is not UTF-8") from None
-        if not KEY_ID_RE.match(key_id):  # ids get printed: no control characters or markup
+        if not KEY_ID_RE.fullmatch(key_id):  # ids get printed: no control characters or markup
             raise HeaderFormatError("key id contains characters outside [A-Za-z0-9._:/@-]")
         stanzas.append(Stanza(key_id, wrap_alg, fp, wrapped))
         parts += [raw_len, kid, rest, wrapped]
     commitment = _read_exact(src, COMMIT_BYTES, "key commitment")
     mac = _read_exact(src, MAC_BYTES, "header MAC")
     raw = b"".join(parts) + commitment + mac
-    return Header(version, alg, seg, length, salt, prefix, tuple(stanzas), commitment, mac, fixed, raw)
+    return Header(version, alg, seg, length, salt, prefix, tuple(stanzas), commitment, mac, fixed, raw,
+                  flags, context)
 
 
 def unwrap_data_key(header: Header, provider: KeyProvider) -> bytes:
@@ -326,7 +380,10 @@ class EncryptingWriter:
         associated_data: bytes = b"",
         key_id: str | None = None,
         recipients: Sequence[tuple[KeyProvider, str | None]] = (),
+        context: bytes = b"",
+        signer: Ed25519PrivateKey | None = None,
         _fixed_randomness: tuple[bytes, bytes, bytes] | None = None,  # test vectors only
+        _version: int = VERSION,  # 1: legacy files for tests; no context, no signature
     ) -> None:
         if not MIN_SEGMENT_SIZE <= segment_size <= MAX_SEGMENT_SIZE:
             raise LimitExceededError(f"segment size must be in [{MIN_SEGMENT_SIZE}, {MAX_SEGMENT_SIZE}]")
@@ -342,7 +399,13 @@ class EncryptingWriter:
         else:
             data_key, salt, prefix = secrets.token_bytes(32), secrets.token_bytes(SALT_BYTES), \
                 secrets.token_bytes(PREFIX_BYTES)
-        fixed = FIXED.pack(MAGIC, VERSION, ALG_AES256GCM_HKDF_SHA256, segment_size, length, salt, prefix)
+        fixed = FIXED.pack(MAGIC, _version, ALG_AES256GCM_HKDF_SHA256, segment_size, length, salt, prefix)
+        if _version >= 2:
+            if len(context) > MAX_CONTEXT_BYTES:
+                raise LimitExceededError(f"context of {len(context)} bytes exceeds {MAX_CONTEXT_BYTES}")
+            fixed += V2_EXTRA.pack(FLAG_SIGNED if signer is not None else 0, len(context)) + bytes(context)
+        elif context or signer is not None:
+            raise ValueError("format v1 has no context or signature")
         keys = _derive(data_key, salt)
         kid = key_id or provider.current_key_id()
         stanzas = [_wrap_stanza(provider, kid, data_key)]
@@ -356,6 +419,8 @@ class EncryptingWriter:
         self._dst = dst
         self._aead = keys.payload
         self._aad = _segment_aad(fixed, associated_data)
+        self._signer = signer
+        self._sig_hash = hashlib.sha256() if signer is not None else None
         self._prefix = prefix
         self._seg = segment_size
         self._length = length
@@ -393,6 +458,8 @@ class EncryptingWriter:
         nonce = self._prefix + _SEG_NONCE.pack(self._index, 1 if last else 0)
         out = self._ctv[: len(plaintext) + TAG_BYTES]
         self._aead.encrypt_into(nonce, plaintext, self._aad, out)
+        if self._sig_hash is not None:
+            self._sig_hash.update(out)
         self._dst.write(out)
         self._index += 1
 
@@ -452,6 +519,9 @@ class EncryptingWriter:
         if self._index != self._n or self._written != self._length:
             raise TruncatedError(f"only {self._written} of the declared {self._length} bytes were written; "
                                  "the output is incomplete")
+        if self._signer is not None and self._sig_hash is not None:
+            message = _signed_message(self.header.fixed, self.header.commitment, self._sig_hash.digest())
+            self._dst.write(signer_fingerprint(self._signer.public_key()) + self._signer.sign(message))
         self._closed = True
 
     def __enter__(self) -> EncryptingWriter:
@@ -475,11 +545,20 @@ class DecryptingReader(io.RawIOBase):
     fail before any plaintext. Plaintext is released one verified segment at a time.
     """
 
-    def __init__(self, src: BinaryIO, provider: KeyProvider, *, associated_data: bytes = b"") -> None:
+    def __init__(self, src: BinaryIO, provider: KeyProvider, *, associated_data: bytes = b"",
+                 verify_keys: Sequence[Ed25519PublicKey] = ()) -> None:
         super().__init__()
         self.header, data_key = open_header(src, provider)
         self._src = src
         h = self.header
+        # With verify_keys a signature by one of them is required (checked at the final segment);
+        # refuse an unsigned file before decrypting anything.
+        self._verify_keys = {signer_fingerprint(k): k for k in verify_keys}
+        if self._verify_keys and not h.signed:
+            raise SignatureError("container is not signed, and a writer signature is required",
+                                 hint="it was written without a signing key, or the signature was stripped")
+        self._sig_hash = hashlib.sha256() if self._verify_keys else None
+        self.signer: bytes | None = None  # fingerprint of the verified signer, once verified
         keys = _derive(data_key, h.salt)
         del data_key
         self._aead = keys.payload
@@ -504,7 +583,7 @@ class DecryptingReader(io.RawIOBase):
             self._src.seek(here)
         except (OSError, AttributeError, ValueError):
             return
-        have, want = end - here, self.header.payload_length
+        have, want = end - here, self.header.payload_length + self.header.trailer_length
         if have < want:
             raise TruncatedError(f"payload is {want - have} bytes shorter than declared "
                                  f"({have} of {want}): final segment(s) missing",
@@ -537,11 +616,36 @@ class DecryptingReader(io.RawIOBase):
             out[:] = bytes(len(out))  # never leave unverified plaintext in a caller's buffer
             raise SegmentAuthError(f"segment {i} of {self._n} failed authentication "
                                    "(modified, reordered, duplicated or from another file)") from None
-        if last and self._src.read(1):
-            out[:] = bytes(len(out))
-            raise TrailingDataError("data follows the final segment")
+        if self._sig_hash is not None:
+            self._sig_hash.update(ct)
+        if last:
+            try:
+                self._finish()
+            except IntegrityError:
+                out[:] = bytes(len(out))
+                raise
         self._index += 1
         return out
+
+    def _finish(self) -> None:
+        """After the final segment: the signature trailer (if any), then end of input."""
+        h = self.header
+        if h.signed:
+            trailer = _read_exact(self._src, TRAILER_BYTES, "signature trailer")
+            if self._sig_hash is not None:
+                fp, sig = trailer[:SIGNER_FINGERPRINT_BYTES], trailer[SIGNER_FINGERPRINT_BYTES:]
+                key = self._verify_keys.get(fp)
+                if key is None:
+                    raise SignatureError(f"container is signed by an unknown key (fingerprint {fp.hex()})",
+                                         hint="add the writer's public key to the verify keys")
+                try:
+                    key.verify(sig, _signed_message(h.fixed, h.commitment, self._sig_hash.digest()))
+                except InvalidSignature:
+                    raise SignatureError("container signature does not verify (content or header changed "
+                                         "after signing, or a forged trailer)") from None
+                self.signer = fp
+        if self._src.read(1):
+            raise TrailingDataError("data follows the final segment")
 
     # io.RawIOBase interface, so the plaintext can be consumed like a file.
     def readable(self) -> bool:
@@ -592,7 +696,8 @@ def _stream_length(src: BinaryIO) -> int:
 def encrypt_stream(src: BinaryIO, dst: BinaryIO, provider: KeyProvider, *, length: int | None = None,
                    segment_size: int = DEFAULT_SEGMENT_SIZE, associated_data: bytes = b"",
                    key_id: str | None = None,
-                   recipients: Sequence[tuple[KeyProvider, str | None]] = ()) -> Header:
+                   recipients: Sequence[tuple[KeyProvider, str | None]] = (),
+                   context: bytes = b"", signer: Ed25519PrivateKey | None = None) -> Header:
     """Encrypt ``src`` (``length`` bytes, default: the rest of a seekable source) into ``dst``.
 
     The data key is wrapped under ``provider`` (``key_id`` or its current key) and, optionally,
@@ -600,24 +705,29 @@ def encrypt_stream(src: BinaryIO, dst: BinaryIO, provider: KeyProvider, *, lengt
     """
     size = _stream_length(src) if length is None else length
     writer = EncryptingWriter(dst, provider, size, segment_size=segment_size,
-                              associated_data=associated_data, key_id=key_id, recipients=recipients)
+                              associated_data=associated_data, key_id=key_id, recipients=recipients,
+                              context=context, signer=signer)
     writer.fill_from(src)
     writer.close()
     return writer.header
 
 
 def decrypt_stream(src: BinaryIO, dst: BinaryIO | None, provider: KeyProvider, *,
-                   associated_data: bytes = b"") -> Header:
-    """Authenticate and decrypt ``src`` into ``dst`` (``None``: verify only, write nothing)."""
-    reader = DecryptingReader(src, provider, associated_data=associated_data)
+                   associated_data: bytes = b"", verify_keys: Sequence[Ed25519PublicKey] = ()) -> Header:
+    """Authenticate and decrypt ``src`` into ``dst`` (``None``: verify only, write nothing).
+
+    With ``verify_keys`` the container must carry a valid signature by one of them.
+    """
+    reader = DecryptingReader(src, provider, associated_data=associated_data, verify_keys=verify_keys)
     for plaintext in reader.segments():
         if dst is not None:
             dst.write(plaintext)
     return reader.header
 
 
-def verify_stream(src: BinaryIO, provider: KeyProvider, *, associated_data: bytes = b"") -> Header:
-    return decrypt_stream(src, None, provider, associated_data=associated_data)
+def verify_stream(src: BinaryIO, provider: KeyProvider, *, associated_data: bytes = b"",
+                  verify_keys: Sequence[Ed25519PublicKey] = ()) -> Header:
+    return decrypt_stream(src, None, provider, associated_data=associated_data, verify_keys=verify_keys)
 
 
 def encrypt_bytes(data: bytes, provider: KeyProvider, **kwargs: object) -> bytes:
@@ -626,16 +736,17 @@ def encrypt_bytes(data: bytes, provider: KeyProvider, **kwargs: object) -> bytes
     return out.getvalue()
 
 
-def decrypt_bytes(blob: bytes, provider: KeyProvider, *, associated_data: bytes = b"") -> bytes:
+def decrypt_bytes(blob: bytes, provider: KeyProvider, *, associated_data: bytes = b"",
+                  verify_keys: Sequence[Ed25519PublicKey] = ()) -> bytes:
     out = io.BytesIO()
-    decrypt_stream(io.BytesIO(blob), out, provider, associated_data=associated_data)
+    decrypt_stream(io.BytesIO(blob), out, provider, associated_data=associated_data, verify_keys=verify_keys)
     return out.getvalue()
 
 
 def encrypt_file(src: str | os.PathLike[str], dst: str | os.PathLike[str], provider: KeyProvider, *,
                  audit: AuditRecorder | None = None, **kwargs: object) -> Header:
     """Encrypt a file into a container at ``dst`` (written atomically, mode 0600)."""
-    with open(src, "rb") as fin, atomic_writer(dst) as fout:
+    with open(src, "rb") as fin, private_writer(dst) as fout:
         header = encrypt_stream(fin, fout, provider, **kwargs)  # type: ignore[arg-type]
     if audit is not None:
         audit.record("container.encrypt", Path(dst).name, details={
@@ -645,11 +756,16 @@ def encrypt_file(src: str | os.PathLike[str], dst: str | os.PathLike[str], provi
 
 
 def decrypt_file(src: str | os.PathLike[str], dst: str | os.PathLike[str], provider: KeyProvider,
-                 *, associated_data: bytes = b"", audit: AuditRecorder | None = None) -> Header:
-    """Decrypt to ``dst`` atomically: on any integrity failure ``dst`` is not created/changed."""
+                 *, associated_data: bytes = b"", audit: AuditRecorder | None = None,
+                 verify_keys: Sequence[Ed25519PublicKey] = ()) -> Header:
+    """Decrypt to ``dst`` atomically: on any integrity failure ``dst`` is not created/changed.
+
+    The plaintext goes through :func:`~securetrain.crypto.private_file.private_writer`
+    (``O_TMPFILE`` + ``linkat``): a decrypt killed at any point leaves no partial plaintext.
+    """
     try:
-        with open(src, "rb") as fin, atomic_writer(dst) as fout:
-            header = decrypt_stream(fin, fout, provider, associated_data=associated_data)
+        with open(src, "rb") as fin, private_writer(dst) as fout:
+            header = decrypt_stream(fin, fout, provider, associated_data=associated_data, verify_keys=verify_keys)
     except IntegrityError as exc:
         if audit is not None:
             audit.record("container.decrypt", Path(src).name, outcome="failure",
@@ -691,10 +807,10 @@ def rewrap_file(path: str | os.PathLike[str], provider: KeyProvider, *, new_prov
         if size != old.total_length:
             raise (TruncatedError if size < old.total_length else TrailingDataError)(
                 f"{target} is {size} bytes, header declares {old.total_length}; refusing to re-wrap")
-        with atomic_writer(target) as fout:
+        with private_writer(target) as fout:
             fout.write(raw)
             fout.flush()
-            _copy_range(fin, fout, old.payload_length)
+            _copy_range(fin, fout, old.total_length - old.header_length)  # segments + signature trailer
     new = read_header(io.BytesIO(raw))
     if audit is not None:
         audit.record("key.rewrap", target.name, details={

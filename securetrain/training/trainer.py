@@ -408,11 +408,18 @@ class Trainer:
 
     def _resume(self) -> int | None:
         assert self.optimizer is not None and self.backend is not None and self.scaler is not None
-        latest = self.store.latest() if self.is_main else None
+        ckpt = None
+        if self.is_main and hasattr(self.store, "load_newest_verified"):
+            # Falls back past a damaged/substituted latest checkpoint (each skip is audited).
+            ckpt = self.store.load_newest_verified()
+            latest = ckpt.info if ckpt is not None else None
+        else:
+            latest = self.store.latest() if self.is_main else None
         latest = self.dist.broadcast_object(latest)
         if latest is None:
             return None
-        ckpt = self.store.load(latest)
+        if ckpt is None:
+            ckpt = self.store.load(latest)
         if ckpt.metadata.get(TRAIN_FORMAT_KEY) != CHECKPOINT_FORMAT:
             raise ResumeMismatchError(
                 f"{latest.path.name} is not a securetrain training checkpoint",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import pickle
 import shutil
@@ -19,8 +20,8 @@ import torch
 
 from securetrain.audit.recorder import MemoryAuditRecorder
 from securetrain.crypto import stream as S
-from securetrain.crypto.checkpoint import CheckpointError, EncryptedCheckpointStore, read_checkpoint
-from securetrain.crypto.errors import SegmentAuthError, UnsafePayloadError, WrongKeyError
+from securetrain.crypto.checkpoint import CheckpointError, EncryptedCheckpointStore, binding_context, read_checkpoint
+from securetrain.crypto.errors import BindingError, SegmentAuthError, UnsafePayloadError, WrongKeyError
 from securetrain.crypto.keys import LocalKeyring, SecretKey
 from securetrain.errors import IntegrityError
 from securetrain.training.checkpoint_store import CheckpointStore
@@ -145,18 +146,82 @@ def test_rollback_by_renaming_is_detected(ring: LocalKeyring, tmp_path) -> None:
     info2 = store.save(2, {"w": torch.ones(2)}, {})
     shutil.copyfile(store.path_for(1), info2.path)  # attacker replays the old weights as step 2
     os.unlink(str(info2.path) + ".json")
-    with pytest.raises(IntegrityError, match="holds step '1'"):
+    with pytest.raises(BindingError, match="step 1 instead of 2"):
         store.load()
 
 
-def test_substituted_file_fails_recorded_sha(ring: LocalKeyring, tmp_path) -> None:
-    a = EncryptedCheckpointStore(tmp_path / "a", ring)
+def test_checkpoint_of_another_run_is_refused(ring: LocalKeyring, tmp_path) -> None:
+    """Same KEK, same step, authentic ciphertext - but written by another store: refused before decrypting."""
+    audit = MemoryAuditRecorder()
+    a = EncryptedCheckpointStore(tmp_path / "a", ring, audit=audit)
     b = EncryptedCheckpointStore(tmp_path / "b", ring)
+    assert a.store_id != b.store_id and (tmp_path / "a" / ".store-id").read_text().strip() == a.store_id
     info = a.save(3, {"w": torch.zeros(2)}, {})
     other = b.save(3, {"w": torch.ones(2)}, {})
-    shutil.copyfile(other.path, info.path)  # valid ciphertext, right step, different content
+    shutil.copyfile(other.path, info.path)
+    os.unlink(str(info.path) + ".json")
+    with pytest.raises(BindingError, match="store") as err:
+        a.load()
+    assert isinstance(err.value, IntegrityError)
+    assert audit.events[-1]["outcome"] == "failure" and audit.events[-1]["details"]["error"] == "BindingError"
+    # The store id survives a restart of the writer; an explicit id overrides it.
+    assert EncryptedCheckpointStore(tmp_path / "a", ring).store_id == a.store_id
+    explicit = EncryptedCheckpointStore(tmp_path / "c", ring, store_id="run-2026-12-03")
+    explicit.save(1, {"w": torch.zeros(1)}, {})
+    assert EncryptedCheckpointStore(tmp_path / "c", ring, store_id="run-2026-12-03").load().info.step == 1
+    with pytest.raises(BindingError):
+        EncryptedCheckpointStore(tmp_path / "c", ring, store_id="run-other").load()
+
+
+def test_sidecar_digest_is_verified_on_load(ring: LocalKeyring, tmp_path) -> None:
+    store = EncryptedCheckpointStore(tmp_path, ring)
+    info = store.save(3, {"w": torch.zeros(2)}, {})
+    store.save(3, {"w": torch.ones(2)}, {})  # same store and step, different content
     with pytest.raises(IntegrityError, match="sha256"):
-        a.load(info)  # `info` as recorded in the audit log at write time
+        store.load(info)  # `info` as recorded in the audit log at write time
+    side = tmp_path / (info.path.name + ".json")
+    doc = json.loads(side.read_text())
+    doc["sha256"] = "0" * 64  # a sidecar that no longer matches the (unchanged) file
+    side.write_text(json.dumps(doc))
+    with pytest.raises(IntegrityError, match="sha256"):
+        store.load()
+    assert EncryptedCheckpointStore(tmp_path, ring, verify_sha256=False).load().info.step == 3
+
+
+def test_v1_checkpoints_need_accept_unbound(ring: LocalKeyring, tmp_path) -> None:
+    from securetrain.crypto import checkpoint as C
+
+    store = EncryptedCheckpointStore(tmp_path, ring)
+    payload = safetensors.torch.save({"w": torch.ones(2)}, metadata={C.META_STEP: "4"})
+    out = io.BytesIO()
+    with S.EncryptingWriter(out, ring, len(payload), _version=1) as w:
+        w.write(payload)
+    store.path_for(4).write_bytes(out.getvalue())
+    with pytest.raises(BindingError, match="v1"):
+        store.load()
+    legacy = EncryptedCheckpointStore(tmp_path, ring, accept_unbound=True)
+    assert torch.equal(legacy.load().tensors["w"], torch.ones(2))
+
+
+def test_signed_checkpoints(ring: LocalKeyring, tmp_path) -> None:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from securetrain.crypto.errors import SignatureError
+
+    writer = Ed25519PrivateKey.generate()
+    signed = EncryptedCheckpointStore(tmp_path / "s", ring, signer=writer, store_id="run-s")
+    signed.save(1, {"w": torch.ones(2)}, {})
+    reader = EncryptedCheckpointStore(tmp_path / "s", ring, verify_keys=[writer.public_key()], store_id="run-s")
+    assert torch.equal(reader.load().tensors["w"], torch.ones(2))
+    # A holder of the KEK (hence every data key) writes a checkpoint in the right place and binding,
+    # but without the writer's signing key: refused by a reader that requires signatures.
+    EncryptedCheckpointStore(tmp_path / "s", ring, store_id="run-s").save(2, {"w": torch.zeros(2)}, {})
+    with pytest.raises(SignatureError, match="not signed"):
+        reader.load()
+    impostor = EncryptedCheckpointStore(tmp_path / "s", ring, store_id="run-s", signer=Ed25519PrivateKey.generate())
+    impostor.save(2, {"w": torch.zeros(2)}, {})
+    with pytest.raises(SignatureError, match="unknown key"):
+        reader.load()
 
 
 class _Evil:
@@ -177,7 +242,7 @@ def test_pickle_payload_is_refused(ring: LocalKeyring, tmp_path, monkeypatch: py
     else:
         payload = pickle.dumps({"w": [1.0, 2.0]}, protocol=int(kind[-1]))
     store = EncryptedCheckpointStore(tmp_path / "s", ring)
-    store.path_for(1).write_bytes(S.encrypt_bytes(payload, ring))
+    store.path_for(1).write_bytes(S.encrypt_bytes(payload, ring, context=binding_context(store.store_id, 1)))
     with pytest.raises(UnsafePayloadError):
         store.load()
     assert not marker.exists()
@@ -204,10 +269,10 @@ def test_malformed_safetensors_headers_are_refused(ring: LocalKeyring, tmp_path)
     for doc in cases:
         h = json.dumps(doc).encode()
         payload = struct.pack("<Q", len(h)) + h + good[8 + n:]
-        store.path_for(1).write_bytes(S.encrypt_bytes(payload, ring))
+        store.path_for(1).write_bytes(S.encrypt_bytes(payload, ring, context=binding_context(store.store_id, 1)))
         with pytest.raises(UnsafePayloadError):
             store.load()
-    store.path_for(1).write_bytes(S.encrypt_bytes(good + b"extra", ring))
+    store.path_for(1).write_bytes(S.encrypt_bytes(good + b"extra", ring, context=binding_context(store.store_id, 1)))
     with pytest.raises(UnsafePayloadError):
         store.load()
 
@@ -231,57 +296,59 @@ def test_sidecar_recomputed_after_rotation(ring: LocalKeyring, tmp_path) -> None
 
 
 CHILD = textwrap.dedent("""
-    import os, sys, torch
+    import os, sys, time, torch
+    from securetrain.crypto import private_file, stream
     from securetrain.crypto.keys import EnvKeyProvider
     from securetrain.crypto.checkpoint import EncryptedCheckpointStore
+    private_file.USE_O_TMPFILE = sys.argv[2] == "tmpfile"
     store = EncryptedCheckpointStore(sys.argv[1], EnvKeyProvider())
     store.save(1, {"w": torch.full((1000,), 1.0)}, {"note": "first"})
-    print("ready", flush=True)
-    big = {"w": torch.full((24 << 20,), 2.0), "b": torch.arange(1 << 20)}  # ~100 MiB
-    step = 2
-    while True:
-        store.save(step, big, {})
-        step += 1
+    orig = stream.EncryptingWriter._emit
+    count = [0]
+    def slow(self, plaintext):
+        orig(self, plaintext)
+        count[0] += 1
+        if count[0] == 8:
+            print("mid-write", flush=True)
+        time.sleep(0.01)
+    stream.EncryptingWriter._emit = slow
+    big = {"w": torch.full((4 << 20,), 2.0), "b": torch.arange(1 << 20)}  # 24 MiB
+    store.save(2, big, {})
 """)
 
 
-@pytest.mark.slow
-def test_sigkill_mid_write_leaves_previous_checkpoint(tmp_path) -> None:
+@pytest.mark.parametrize("mode", ["tmpfile", "named"])
+def test_sigkill_mid_write_leaves_previous_checkpoint(tmp_path, mode: str) -> None:
+    from securetrain.crypto import private_file
+
+    if mode == "tmpfile" and private_file._open_anonymous(tmp_path, 0o600) is None:
+        pytest.skip("no O_TMPFILE + linkat here")
     kek = os.urandom(32)
     env = {**os.environ, "SECURETRAIN_KEK": kek.hex(), "SECURETRAIN_KEK_ID": "crash-kek"}
     env.pop("SECURETRAIN_KEYRING", None)
     directory = tmp_path / "ckpt"
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(directory)], env=env, stdout=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(directory), mode], env=env, stdout=subprocess.PIPE)
     try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
-        deadline = time.monotonic() + 60
-        killed_mid_write = False
-        while time.monotonic() < deadline:
-            tmps = [p for p in directory.iterdir() if p.name.endswith(".tmp") and p.name.startswith(".step-")]
-            try:
-                if tmps and any(p.stat().st_size > (1 << 20) for p in tmps):
-                    os.kill(proc.pid, signal.SIGKILL)
-                    killed_mid_write = True
-                    break
-            except FileNotFoundError:
-                pass
-            time.sleep(0.001)
-        assert killed_mid_write, "never caught the writer mid-write"
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"mid-write"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
     finally:
         proc.kill()
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
     leftovers = [p for p in directory.iterdir() if p.name.endswith(".tmp")]
-    assert leftovers, "the torn temp file should still be there (and ignored)"
+    if mode == "tmpfile":
+        assert leftovers == [], "an O_TMPFILE write that was killed leaves nothing"
+    else:
+        assert leftovers, "the named temp of a SIGKILLed writer is there until swept"
     from securetrain.crypto.keys import EnvKeyProvider
 
     store = EncryptedCheckpointStore(directory, EnvKeyProvider(env))
+    assert [p for p in directory.iterdir() if p.name.endswith(".tmp")] == [], "the store swept the dead writer's temp"
     infos = store.list()
-    assert infos and infos[0].step == 1
+    assert [i.step for i in infos] == [1]
     first = store.load(infos[0])
     assert torch.equal(first.tensors["w"], torch.full((1000,), 1.0)) and first.metadata["note"] == "first"
-    for info in infos[1:]:  # any checkpoint that made it to its final name is complete
-        assert torch.equal(store.load(info).tensors["b"], torch.arange(1 << 20))
 
 
 @pytest.mark.parametrize("target", [0x280, 0x380, 0x480, 0x580])
@@ -423,3 +490,56 @@ def test_store_with_break_glass_recipient(ring: LocalKeyring, tmp_path) -> None:
     store.save(1, {"w": torch.arange(4)}, {})
     assert S.inspect_file(store.path_for(1)).key_ids == ["ckpt-kek", "breakglass"]
     assert torch.equal(EncryptedCheckpointStore(tmp_path, breakglass).load().tensors["w"], torch.arange(4))
+
+
+def test_load_newest_verified_falls_back_and_audits(ring: LocalKeyring, tmp_path) -> None:
+    from securetrain.crypto.checkpoint import NoVerifiedCheckpointError
+
+    audit = MemoryAuditRecorder()
+    store = EncryptedCheckpointStore(tmp_path / "s", ring, audit=audit)
+    assert store.load_newest_verified() is None
+    for step in (1, 2, 3):
+        store.save(step, {"w": torch.full((100,), float(step))}, {})
+    other = EncryptedCheckpointStore(tmp_path / "other", ring)
+    shutil.copyfile(other.save(3, {"w": torch.zeros(100)}, {}).path, store.path_for(3))  # substituted
+    blob = bytearray(store.path_for(2).read_bytes())
+    blob[-5] ^= 1  # damaged
+    store.path_for(2).write_bytes(bytes(blob))
+    loaded = store.load_newest_verified()
+    assert loaded is not None and loaded.info.step == 1 and torch.equal(loaded.tensors["w"], torch.full((100,), 1.0))
+    skips = [(e["resource"], e["details"]["error"], e["details"]["fallback_step"])
+             for e in audit.events if e["action"] == "checkpoint.skip"]
+    assert skips == [(store.path_for(3).name, "BindingError", 1), (store.path_for(2).name, "SegmentAuthError", 1)]
+    store.path_for(1).write_bytes(store.path_for(1).read_bytes()[:-3])
+    with pytest.raises(NoVerifiedCheckpointError, match="step 3") as err:
+        store.load_newest_verified()
+    assert isinstance(err.value, IntegrityError)
+
+
+def test_missing_key_is_not_treated_as_damage(ring: LocalKeyring, tmp_path) -> None:
+    from securetrain.crypto.errors import KeyNotFoundError
+
+    store = EncryptedCheckpointStore(tmp_path, ring)
+    store.save(1, {"w": torch.ones(2)}, {})
+    stranger = LocalKeyring([SecretKey("other", os.urandom(32))], "other")
+    with pytest.raises(KeyNotFoundError):
+        EncryptedCheckpointStore(tmp_path, stranger).load_newest_verified()
+
+
+def test_store_sweeps_temps_of_dead_writers(ring: LocalKeyring, tmp_path) -> None:
+    from securetrain.crypto import private_file as P
+
+    store = EncryptedCheckpointStore(tmp_path, ring)
+    store.save(1, {"w": torch.ones(2)}, {})
+    dead = tmp_path / f".step-000000000002.stenc.{P.host_tag()}-999999999.{'a' * 16}.tmp"
+    dead.write_bytes(b"torn")
+    legacy = tmp_path / ".step-000000000003.stenc.k2j4_x9q.tmp"  # an old tempfile.mkstemp name
+    legacy.write_bytes(b"torn")
+    os.utime(legacy, (1, 1))
+    live = P.temp_name(store.path_for(4))  # a writer that is still running (this process)
+    live.write_bytes(b"in progress")
+    audit = MemoryAuditRecorder()
+    EncryptedCheckpointStore(tmp_path, ring, audit=audit)
+    assert not dead.exists() and not legacy.exists() and live.exists()
+    assert audit.events[-1]["action"] == "checkpoint.sweep" and audit.events[-1]["details"]["removed"] == 2
+    assert [i.step for i in store.list()] == [1]

@@ -115,3 +115,37 @@ def test_help_is_cheap() -> None:
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_cli_signatures_and_os_errors_are_typed(app: typer.Typer, env, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    from securetrain.crypto.errors import CryptoError, SignatureError
+
+    kr = env / "keyring.json"
+    assert run(app, "keys", "init", "-k", str(kr)).exit_code == 0
+    ring = LocalKeyring.load(kr)
+    writer = Ed25519PrivateKey.generate()
+    pub = writer.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+    (env / "s.stenc").write_bytes(S.encrypt_bytes(b"signed payload", ring, signer=writer))
+    (env / "u.stenc").write_bytes(S.encrypt_bytes(b"unsigned payload", ring))
+    assert run(app, "checkpoint", "verify", "s.stenc", "-k", str(kr), "--signer-key", pub).exit_code == 0
+    r = run(app, "checkpoint", "verify", "u.stenc", "-k", str(kr), "--signer-key", pub)
+    assert isinstance(r.exception, SignatureError)
+    r = run(app, "checkpoint", "decrypt", "u.stenc", "out.bin", "-k", str(kr), "--signer-key", pub)
+    assert isinstance(r.exception, SignatureError) and not (env / "out.bin").exists()
+    assert isinstance(run(app, "checkpoint", "verify", "s.stenc", "-k", str(kr), "--signer-key", "zz").exception,
+                      SignatureError)
+    info = json.loads(run(app, "checkpoint", "inspect", "s.stenc", "--json").output)
+    assert info["signed"] is True and info["format_version"] == 2
+    (env / "ro").mkdir()
+    os.chmod(env / "ro", 0o500)
+    try:
+        r = run(app, "checkpoint", "decrypt", "s.stenc", str(env / "ro" / "x" / "out.bin"), "-k", str(kr))
+        if os.geteuid() != 0:  # root may write anyway
+            assert isinstance(r.exception, CryptoError), r.exception
+    finally:
+        os.chmod(env / "ro", 0o700)
+    r = run(app, "checkpoint", "decrypt", "s.stenc", str(env / "s.stenc" / "out.bin"), "-k", str(kr))
+    assert isinstance(r.exception, CryptoError), r.exception  # parent is a file: ENOTDIR, typed

@@ -200,14 +200,29 @@ VECTOR_HEX = (
 )
 
 
+VECTOR_CONTEXT = b'{"step":7,"store":"test-store"}'
+VECTOR_SIGNER_SEED = bytes(range(64, 96))
+VECTOR_V2_HEX = (
+    "895354454e430d0a0201000000100000000000000028202122232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3f"
+    "a0a1a2a3a4a5a601001f7b2273746570223a372c2273746f7265223a22746573742d73746f7265227d0108746573742d6b656b01512e"
+    "918b222230e20028801b521d957e5a3602bd18a3b11512cc9fb0822dd0d34969123da8b1dab7e8072a5be56ec9b7f4c908e8f51c7c36"
+    "52915ac7127cad4707a5307ff1776fa5cc7fb4b77d791e7c013700165b0f142ebb9660e144022a3c27e3ec94e245b6e9eac3a333a9d1"
+    "d015afdfdfb5142d0951b65185cadc68f84016d9d9e71185f3272065eaa84f7f728dc1a4295677041bd19e118418253540a1bb155d56"
+    "5b408022be519a73a0ba3b815d2a52b422e6e1fb66beb91892e6c8382a4b0a04f9662756510818380a74234dadad0e9275f9fcfd8e9b"
+    "46f8e1eca3f2319f508e057aaec8176b5c4b19cad1d45cbc8b10ebafe86e6091cc823ca0e66b2ef1e30073490aaa8d6dbbc32164356a"
+    "3b0a"
+)
+
+
 def _vector_ring() -> LocalKeyring:
     return LocalKeyring([SecretKey("test-kek", VECTOR_KEK, created=0)], "test-kek")
 
 
 def test_vector_byte_for_byte() -> None:
+    """The v1 vector: files written before v2 stay readable; the writer can still produce v1 for tests."""
     out = io.BytesIO()
     w = S.EncryptingWriter(out, _vector_ring(), len(VECTOR_PLAINTEXT), segment_size=16,
-                           _fixed_randomness=(VECTOR_DATA_KEY, VECTOR_SALT, VECTOR_PREFIX))
+                           _fixed_randomness=(VECTOR_DATA_KEY, VECTOR_SALT, VECTOR_PREFIX), _version=1)
     w.write(VECTOR_PLAINTEXT)
     w.close()
     assert out.getvalue().hex() == VECTOR_HEX
@@ -257,6 +272,141 @@ def test_vector_independent_decoder() -> None:
         pos += n + 16
         i += 1
     assert out == VECTOR_PLAINTEXT
+
+
+def test_vector_v2_byte_for_byte() -> None:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    signer = Ed25519PrivateKey.from_private_bytes(VECTOR_SIGNER_SEED)
+    out = io.BytesIO()
+    w = S.EncryptingWriter(out, _vector_ring(), len(VECTOR_PLAINTEXT), segment_size=16, context=VECTOR_CONTEXT,
+                           signer=signer, _fixed_randomness=(VECTOR_DATA_KEY, VECTOR_SALT, VECTOR_PREFIX))
+    w.write(VECTOR_PLAINTEXT)
+    w.close()
+    assert out.getvalue().hex() == VECTOR_V2_HEX
+    blob = bytes.fromhex(VECTOR_V2_HEX)
+    assert S.decrypt_bytes(blob, _vector_ring(), verify_keys=[signer.public_key()]) == VECTOR_PLAINTEXT
+    h = S.read_header(io.BytesIO(blob))
+    assert (h.version, h.flags, h.context, h.header_length, h.total_length) == (2, 1, VECTOR_CONTEXT, 220, 380)
+
+
+def test_vector_v2_independent_decoder() -> None:
+    """Decode and verify the v2 vector from docs/checkpoint-format.md alone."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+    from cryptography.hazmat.primitives.keywrap import aes_key_unwrap
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    blob = bytes.fromhex(VECTOR_V2_HEX)
+    magic, version, alg, seg, length, salt, prefix = struct.unpack(">8sBBIQ32s7s", blob[:61])
+    flags, clen = struct.unpack(">BH", blob[61:64])
+    assert (magic, version, alg, seg, length, flags) == (b"\x89STENC\r\n", 2, 1, 16, 40, 1)
+    fixed = blob[:64 + clen]
+    assert fixed[64:] == VECTOR_CONTEXT
+    pos = 64 + clen
+    assert blob[pos] == 1
+    klen = blob[pos + 1]
+    pos += 2 + klen
+    (wlen,) = struct.unpack(">H", blob[pos + 9:pos + 11])
+    wrapped = blob[pos + 11:pos + 11 + wlen]
+    pos += 11 + wlen
+    commitment, mac = blob[pos:pos + 32], blob[pos + 32:pos + 64]
+    assert hmac.new(_hk(aes_key_unwrap(VECTOR_KEK, wrapped), salt, b"header-mac"), blob[:pos + 32],
+                    hashlib.sha256).digest() == mac
+    pos += 64
+    dk = aes_key_unwrap(VECTOR_KEK, wrapped)
+    assert _hk(dk, salt, b"commitment") == commitment
+    n = max(1, -(-length // seg))
+    seg_end = pos + length + 16 * n
+    aead, out = AESGCM(_hk(dk, salt, b"payload")), b""
+    aad = hashlib.sha256(fixed + struct.pack(">Q", 0)).digest()
+    for i in range(n):
+        size = min(seg, length - len(out))
+        out += aead.decrypt(prefix + struct.pack(">IB", i, i == n - 1), blob[pos:pos + size + 16], aad)
+        pos += size + 16
+    assert out == VECTOR_PLAINTEXT and pos == seg_end and len(blob) == seg_end + 72
+    public = Ed25519PrivateKey.from_private_bytes(VECTOR_SIGNER_SEED).public_key()
+    raw_pub = public.public_bytes(Encoding.Raw, PublicFormat.Raw)
+    fp, sig = blob[seg_end:seg_end + 8], blob[seg_end + 8:]
+    assert fp == hashlib.sha256(b"securetrain signer fingerprint v1\x00" + raw_pub).digest()[:8]
+    seg_sha = hashlib.sha256(blob[220:seg_end]).digest()
+    public.verify(sig, b"securetrain-container-signature-v2\x00" + fixed + commitment + seg_sha)
+    del hashes, HKDF
+
+
+def _hk(dk: bytes, salt: bytes, label: bytes) -> bytes:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    return HKDF(hashes.SHA256(), 32, salt, b"securetrain-stream-v1 " + label).derive(dk)
+
+
+# -- v2: context and signatures ----------------------------------------------------------------
+
+
+def test_context_is_authenticated_and_bound_into_segments(ring: LocalKeyring) -> None:
+    blob = S.encrypt_bytes(b"x" * 200, ring, segment_size=64, context=b"store=a;step=1")
+    h = S.read_header(io.BytesIO(blob))
+    assert h.context == b"store=a;step=1" and h.version == 2
+    forged = bytearray(blob)
+    forged[64 + 6] ^= 1  # inside the context
+    with pytest.raises(HeaderAuthError):
+        S.decrypt_bytes(bytes(forged), ring)
+
+
+def test_signature_required_missing_unknown_and_forged(ring: LocalKeyring) -> None:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from securetrain.crypto.errors import SignatureError
+
+    writer, other = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    data = os.urandom(500)
+    signed = S.encrypt_bytes(data, ring, segment_size=64, signer=writer)
+    assert S.decrypt_bytes(signed, ring, verify_keys=[other.public_key(), writer.public_key()]) == data
+    assert S.decrypt_bytes(signed, ring) == data  # a reader without verify keys still reads it
+    unsigned = S.encrypt_bytes(data, ring, segment_size=64)
+    with pytest.raises(SignatureError, match="not signed"):
+        S.decrypt_bytes(unsigned, ring, verify_keys=[writer.public_key()])
+    with pytest.raises(SignatureError, match="unknown key"):
+        S.decrypt_bytes(signed, ring, verify_keys=[other.public_key()])
+    # Anyone holding the data key can re-encrypt different content under a valid header and MAC,
+    # but cannot sign it: re-sign the original trailer onto new content -> refused.
+    replaced = S.encrypt_bytes(os.urandom(500), ring, segment_size=64, signer=other)
+    frank = replaced[:-72] + signed[-72:]
+    with pytest.raises(SignatureError):
+        S.decrypt_bytes(frank, ring, verify_keys=[writer.public_key()])
+    bad = bytearray(signed)
+    bad[-1] ^= 1
+    out = io.BytesIO()
+    with pytest.raises(SignatureError, match="does not verify"):
+        S.decrypt_stream(io.BytesIO(bytes(bad)), out, ring, verify_keys=[writer.public_key()])
+    with pytest.raises(TruncatedError):
+        S.decrypt_bytes(signed[:-10], ring)
+    with pytest.raises(TrailingDataError):
+        S.decrypt_bytes(signed + b"x", ring)
+
+
+def test_rewrap_keeps_signature_valid(tmp_path) -> None:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    ring = LocalKeyring.create("k-old")
+    writer = Ed25519PrivateKey.generate()
+    path = tmp_path / "s.stenc"
+    path.write_bytes(S.encrypt_bytes(b"payload" * 100, ring, segment_size=64, signer=writer, context=b"ctx"))
+    ring.rotate("k-new")
+    S.rewrap_file(path, ring)
+    assert S.inspect_file(path).key_ids == ["k-new"]
+    assert S.decrypt_bytes(path.read_bytes(), ring, verify_keys=[writer.public_key()]) == b"payload" * 100
+
+
+def test_v1_file_still_reads(ring: LocalKeyring) -> None:
+    out = io.BytesIO()
+    with S.EncryptingWriter(out, ring, 100, segment_size=64, _version=1) as w:
+        w.write(b"v" * 100)
+    assert S.read_header(io.BytesIO(out.getvalue())).version == 1
+    assert S.decrypt_bytes(out.getvalue(), ring) == b"v" * 100
 
 
 # -- tampering ---------------------------------------------------------------------------------
@@ -436,7 +586,7 @@ def test_in_place_decrypt_wipes_caller_buffer_on_failure(ring: LocalKeyring, blo
 
 def test_key_id_with_control_characters_is_refused(ring: LocalKeyring) -> None:
     blob = bytearray(enc(b"x", ring))
-    blob[63] = 0x1B  # first key id byte -> ESC
+    blob[len(S.read_header(io.BytesIO(bytes(blob))).fixed) + 2] = 0x1B  # first key id byte -> ESC
     with pytest.raises(HeaderFormatError, match="key id"):
         S.read_header(io.BytesIO(bytes(blob)))
 
@@ -474,3 +624,45 @@ def test_writer_is_unusable_after_a_failed_write(ring: LocalKeyring) -> None:
     with pytest.raises(ValueError, match="failed"):
         w.close()
     assert len(sink.data) == sent  # nothing more was encrypted or emitted
+
+
+def test_flipped_wrapped_len_is_typed_for_every_bit(ring: LocalKeyring) -> None:
+    blob = enc(os.urandom(266), ring)
+    h = S.read_header(io.BytesIO(blob))
+    at = len(h.fixed) + 1 + 1 + len(h.stanzas[0].key_id) + 1 + 8  # count, id len, id, wrap_alg, fingerprint
+    assert struct.unpack(">H", blob[at:at + 2])[0] == len(h.stanzas[0].wrapped)
+    for bit in range(16):
+        bad = bytearray(blob)
+        bad[at + (1 - bit // 8)] ^= 1 << (bit % 8)
+        got, err = collect(bytes(bad), ring)
+        assert isinstance(err, (WrongKeyError, TruncatedError, HeaderFormatError)), (bit, err)
+        assert got == b""
+
+
+@pytest.mark.parametrize("length", [266, 256])  # short final segment / full final segment
+def test_full_segment_copied_over_the_final_one(ring: LocalKeyring, length: int) -> None:
+    blob = enc(os.urandom(length), ring)
+    h = S.read_header(io.BytesIO(blob))
+    full = blob[h.header_length:h.header_length + SEG + TAG]
+    bad = blob[:h.header_length + (h.segment_count - 1) * (SEG + TAG)] + full
+    with pytest.raises(TrailingDataError if length % SEG else SegmentAuthError):
+        S.decrypt_bytes(bad, ring)
+    with pytest.raises(SegmentAuthError):
+        S.decrypt_stream(Pipe(bad), io.BytesIO(), ring)
+
+
+def test_unknown_wrap_alg_is_refused(ring: LocalKeyring) -> None:
+    blob = bytearray(enc(b"x", ring))
+    h = S.read_header(io.BytesIO(bytes(blob)))
+    blob[len(h.fixed) + 2 + len(h.stanzas[0].key_id)] = 7
+    with pytest.raises(HeaderFormatError, match="wrap_alg"):
+        S.decrypt_bytes(bytes(blob), ring)
+
+
+def test_key_id_with_trailing_newline_is_refused(ring: LocalKeyring) -> None:
+    blob = bytearray(enc(b"x", ring))
+    h = S.read_header(io.BytesIO(bytes(blob)))
+    kid_at = len(h.fixed) + 2
+    blob[kid_at + len(h.stanzas[0].key_id) - 1] = 0x0A  # last key id byte -> "\n"
+    with pytest.raises(HeaderFormatError, match="key id"):
+        S.read_header(io.BytesIO(bytes(blob)))

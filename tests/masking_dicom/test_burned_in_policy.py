@@ -4,6 +4,7 @@ and the cleaner's decisions with a scripted OCR engine (no Tesseract needed)."""
 from __future__ import annotations
 
 import io
+import shutil
 
 import numpy as np
 import pydicom
@@ -141,6 +142,7 @@ def test_too_many_frames_are_refused() -> None:
         BurnedInCleaner(pol, engine=ScriptedEngine()).process(ds)
 
 
+@pytest.mark.skipif(shutil.which("tesseract") is None, reason="needs the tesseract-ocr package (.ci/run installs it)")
 def test_clean_without_text_keeps_pixel_bytes_and_clears_flag() -> None:
     ds, _ = make_image([], bg="noise", rows=48, cols=64)
     pixels = ds.PixelData
