@@ -21,6 +21,7 @@ from securetrain.pipeline.results import AuditSummary, HESummary, PipelineResult
 from securetrain.pipeline.runner import assemble_result, config_digest, finish_report, open_run_audit
 from securetrain.pipeline.secrets import export_passphrase_for_children, load_run_secrets, run_keyring_path
 from securetrain.redaction import install_redaction
+from securetrain.secretenv import resolve_secret_files
 
 
 def _tensor_serializer(config: PipelineConfig):
@@ -130,6 +131,7 @@ def publish_artifacts(result: PipelineResult) -> None:
 @flow(name="secure_training", result_serializer="json", log_prints=False)
 def secure_training(config_path: str | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """ingest → prepare (de-identify / mask, split) → train → (HE evaluation) → seal audit log → report."""
+    resolve_secret_files()  # SECURETRAIN_<X>_FILE (Compose secrets) on the worker
     install_redaction()
     logger = get_run_logger()
     config = load_pipeline_config(config_path, data=overrides)

@@ -50,7 +50,9 @@ def _root(
 ) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from securetrain.redaction import install_redaction
+    from securetrain.secretenv import resolve_secret_files
 
+    resolve_secret_files()  # SECURETRAIN_<X>_FILE (Compose secrets) -> SECURETRAIN_<X>
     install_redaction()  # second line of defence: nothing secret- or PHI-shaped reaches a log handler
 
 
@@ -58,14 +60,31 @@ for _module in CAPABILITY_CLIS:
     importlib.import_module(_module).register(app)
 
 
+#: Exit status after Ctrl-C (128 + SIGINT), as shells report it.
+INTERRUPTED_EXIT_CODE = 130
+
+
 def main() -> None:
-    """Console entry point: typed errors become one red line and exit code 2, not a traceback.
+    """Console entry point: errors become one red line and exit code 2, not a traceback.
 
     Click/typer handle their own usage errors in standalone mode (one line, exit 2); everything
-    securetrain raises on purpose is a :class:`SecureTrainError`.
+    securetrain raises on purpose is a :class:`SecureTrainError`; an :class:`OSError` (read-only
+    output, full disk, a folder where a file was expected) becomes one line with a hint
+    (:func:`securetrain.cli.oserrors.describe_os_error`). A Ctrl-C that reaches here (the second one
+    during training, or one outside it) exits 130 without a traceback.
     """
+    from rich.markup import escape
+
     try:
         app()
     except SecureTrainError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(2)
+    except OSError as exc:
+        from securetrain.cli.oserrors import describe_os_error
+
+        err_console.print(f"[bold red]error:[/] {escape(describe_os_error(exc))}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err_console.print("[yellow]interrupted[/]", highlight=False)
+        sys.exit(INTERRUPTED_EXIT_CODE)

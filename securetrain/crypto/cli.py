@@ -194,16 +194,29 @@ def verify_cmd(
 # -- keys ------------------------------------------------------------------------------------
 
 
+def _require_terminal() -> None:
+    """No terminal (a script, cron, CI): say which variable to set instead of prompting."""
+    import sys
+
+    if not sys.stdin.isatty():
+        from securetrain.crypto.errors import KeyringError
+
+        raise KeyringError("no terminal to ask for the keyring passphrase",
+                           hint="set SECURETRAIN_KEYRING_PASSPHRASE (or SECURETRAIN_KEYRING_PASSPHRASE_FILE)")
+
+
 def _passphrase_for_new() -> str:
     value = os.environ.get("SECURETRAIN_KEYRING_PASSPHRASE")
     if value:
         return value
+    _require_terminal()
     return str(typer.prompt("New keyring passphrase", hide_input=True, confirmation_prompt=True))
 
 
 def _passphrase_existing() -> str | None:
     if os.environ.get("SECURETRAIN_KEYRING_PASSPHRASE"):
         return None  # keys.py reads it
+    _require_terminal()
     return str(typer.prompt("Keyring passphrase", hide_input=True))
 
 

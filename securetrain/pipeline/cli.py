@@ -99,7 +99,7 @@ def _run(config_path: Path | None, *, use_prefect: bool, overrides: dict | None 
         from securetrain.cli.console import err_console
 
         err_console.print(f"[yellow]{exc}[/]")
-        raise typer.Exit(PREEMPTED_EXIT_CODE) from None
+        raise typer.Exit(getattr(exc, "exit_code", PREEMPTED_EXIT_CODE)) from None
     _print_result(result)
     if result.audit and not result.audit.verified:
         raise typer.Exit(1)

@@ -71,6 +71,9 @@ def run_keyring_path(config: PipelineConfig) -> Path | None:
 
 def load_run_secrets(config: PipelineConfig) -> RunSecrets:
     """Resolve (or, in demo mode, create) the run's KEK keyring and de-identification secret."""
+    from securetrain.secretenv import resolve_secret_files
+
+    resolve_secret_files()  # SECURETRAIN_<X>_FILE (Compose secrets) -> SECURETRAIN_<X>
     folder = keys_dir(config)
     demo = config.secrets.create_demo_secrets
     if demo:

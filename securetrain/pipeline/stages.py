@@ -47,7 +47,14 @@ PREEMPTED_EXIT_CODE = 75
 
 
 class PipelinePreempted(SecureTrainError):
-    """Training stopped on SIGTERM after a clean checkpoint; rerunning resumes it."""
+    """Training stopped on SIGTERM or Ctrl-C after a clean checkpoint; rerunning resumes it.
+
+    ``exit_code``: 75 after SIGTERM, 130 after Ctrl-C (what ``securetrain train`` exits with).
+    """
+
+    def __init__(self, message: str, *, hint: str | None = None, exit_code: int = PREEMPTED_EXIT_CODE) -> None:
+        super().__init__(message, hint=hint)
+        self.exit_code = exit_code
 
 
 # --------------------------------------------------------------------------------- helpers
@@ -219,7 +226,9 @@ def train(
         run_id=config.name,
     ).fit()
     if result.reason == "preempted":
-        raise PipelinePreempted(f"training preempted at step {result.steps}", hint="run the same command again to resume")
+        what = "interrupted" if result.exit_code != PREEMPTED_EXIT_CODE else "preempted"
+        raise PipelinePreempted(f"training {what} at step {result.steps} (checkpoint written)",
+                                hint="run the same command again to resume", exit_code=result.exit_code)
     store = _checkpoint_store(config, secrets, None)
     best_store = _checkpoint_store(config, secrets, None, best=True)
     best_info = best_store.latest()

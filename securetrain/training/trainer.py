@@ -18,7 +18,9 @@ state on the object, so it reads top to bottom and subclasses can override one s
 
 Preemption: SIGTERM sets a flag; the current optimizer step finishes, a checkpoint is written and
 :meth:`fit` returns with ``reason="preempted"`` (the CLI then exits with
-:data:`PREEMPTED_EXIT_CODE`). Restarting with the same config resumes from that checkpoint and ends
+:data:`PREEMPTED_EXIT_CODE`). Ctrl-C (SIGINT) does the same, and the exit status is then
+:data:`INTERRUPTED_EXIT_CODE` (130, as a shell reports Ctrl-C); a second Ctrl-C aborts at once
+(``KeyboardInterrupt``) without waiting for the step. Restarting with the same config resumes from that checkpoint and ends
 with bit-identical weights to an uninterrupted run.
 """
 
@@ -53,6 +55,8 @@ from securetrain.training.validation import BestTracker, MetricsFn, PredictFn, c
 
 #: Exit status for "stopped by SIGTERM after a clean checkpoint; rerun to resume" (BSD EX_TEMPFAIL).
 PREEMPTED_EXIT_CODE = 75
+#: Exit status for "stopped by Ctrl-C after a clean checkpoint; rerun to resume" (128 + SIGINT).
+INTERRUPTED_EXIT_CODE = 130
 CHECKPOINT_FORMAT = "securetrain-train/1"
 # Own metadata keys, distinct from the stores' (the encrypted store owns "securetrain.format").
 TRAIN_FORMAT_KEY = "securetrain.train.format"
@@ -129,10 +133,13 @@ class TrainResult:
     precision: str
     validation: tuple[dict[str, Any], ...] = ()  # one entry per validation: epoch, step, metrics
     best: dict[str, Any] | None = None  # metric, value, epoch, step, checkpoint (path) of the best validation
+    stop_signal: int | None = None  # the signal that stopped a preempted run (SIGTERM, SIGINT) if any
 
     @property
     def exit_code(self) -> int:
-        return PREEMPTED_EXIT_CODE if self.reason == "preempted" else 0
+        if self.reason != "preempted":
+            return 0
+        return INTERRUPTED_EXIT_CODE if self.stop_signal == signal.SIGINT else PREEMPTED_EXIT_CODE
 
 
 @dataclass
@@ -220,6 +227,7 @@ class Trainer:
         self.tracker = BestTracker(v.metric, v.maximize, v.min_delta)
         self.best_checkpoint: CheckpointInfo | None = None
         self._stop_requested = False
+        self._stop_signal: int | None = None
         self._early_stop = False
         self._last_loss: float | None = None
         self._total_steps: int | None = None
@@ -237,6 +245,14 @@ class Trainer:
     def request_stop(self) -> None:
         """Ask the loop to stop after the current optimizer step (what SIGTERM does)."""
         self._stop_requested = True
+
+    def _on_signal(self, signum: int, frame: Any) -> None:  # noqa: ARG002 - signal handler signature
+        """SIGTERM / first SIGINT: stop after this step; a second SIGINT aborts at once."""
+        if signum == signal.SIGINT and self._stop_signal == signal.SIGINT:
+            raise KeyboardInterrupt
+        if self._stop_signal is None:
+            self._stop_signal = signum
+        self.request_stop()
 
     @property
     def stop_requested(self) -> bool:
@@ -492,9 +508,10 @@ class Trainer:
             for cb in self.callbacks:
                 cb.on_train_begin(self)
 
-        previous = None
+        previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGTERM, lambda *_: self.request_stop())
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                previous[signum] = signal.signal(signum, self._on_signal)
         reason = "completed"
         info: CheckpointInfo | None = None
         try:
@@ -514,8 +531,8 @@ class Trainer:
                         cb.on_error(self, exc)
             raise
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
         self.model = self.unwrapped_model
         t = self.tracker
         best = None
@@ -526,6 +543,7 @@ class Trainer:
             steps=self.progress.step, epoch=self.progress.epoch, final_loss=self._last_loss, reason=reason,
             checkpoint=info, resumed_from=resumed_from, device=str(device), precision=precision,
             validation=tuple(t.history), best=best,
+            stop_signal=self._stop_signal if reason == "preempted" else None,
         )
         if self.is_main:
             self.audit.record("training.stop", self.run_id, details={

@@ -61,3 +61,47 @@ def test_sigterm_checkpoint_and_bit_identical_resume(tmp_path: Path) -> None:
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def _stop_at(proc: subprocess.Popen[str], marker: str, sig: int) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.strip() == marker:
+            proc.send_signal(sig)
+            return
+    pytest.fail(f"worker never printed {marker!r}: {proc.communicate()[1]}")
+
+
+@pytest.mark.slow
+def test_ctrl_c_finishes_the_step_checkpoints_and_exits_130(tmp_path: Path) -> None:
+    """Ctrl-C means what SIGTERM means (finish the step, checkpoint), with the shell's exit 130."""
+    from securetrain.training import INTERRUPTED_EXIT_CODE
+
+    victim = _run(tmp_path / "run", tmp_path / "run.safetensors", "--pause-at", str(PAUSE_AT))
+    _stop_at(victim, f"step {PAUSE_AT}", signal.SIGINT)
+    rest, err = victim.communicate(timeout=60)
+    assert victim.returncode == INTERRUPTED_EXIT_CODE == 130, err
+    assert "Traceback" not in err and f"done preempted {PAUSE_AT}" in rest
+    latest = SafetensorsCheckpointStore(tmp_path / "run" / "checkpoints").latest()
+    assert latest is not None and latest.step == PAUSE_AT  # the work is kept
+
+    resumed = _run(tmp_path / "run", tmp_path / "run.safetensors")
+    out, err = resumed.communicate(timeout=60)
+    assert resumed.returncode == 0, err
+    assert out.splitlines()[0] == f"step {PAUSE_AT + 1}" and "done completed 18" in out
+
+
+@pytest.mark.slow
+def test_second_ctrl_c_aborts_at_once(tmp_path: Path) -> None:
+    """A second Ctrl-C during a long step aborts without waiting for it (and writes no checkpoint)."""
+    import time
+
+    victim = _run(tmp_path / "run", tmp_path / "run.safetensors", "--pause-at", str(PAUSE_AT), "--hang-after-stop")
+    _stop_at(victim, f"step {PAUSE_AT}", signal.SIGINT)
+    _stop_at(victim, "stop requested", signal.SIGINT)
+    started = time.monotonic()
+    victim.communicate(timeout=60)
+    assert time.monotonic() - started < 20  # the 30 s step was cut short
+    assert victim.returncode not in (0, PREEMPTED_EXIT_CODE, 130)
+    latest = SafetensorsCheckpointStore(tmp_path / "run" / "checkpoints").latest()
+    assert latest is None or latest.step < PAUSE_AT

@@ -126,6 +126,8 @@ def plan_tree(src: Path, dst: Path, *, dry_run: bool) -> list[tuple[str, str, st
         if dst.resolve() == src.resolve() or src.resolve() in dst.resolve().parents:
             raise ConfigError("OUT must not be IN or inside IN", hint="choose a separate output folder")
         files = sorted(p for p in src.rglob("*") if p.is_file())
+        if not files:
+            raise ConfigError(f"input folder {src} contains no files", hint="check the path (IN is searched recursively)")
         return [(str(p), str(p.relative_to(src)), None if dry_run else str(dst / p.relative_to(src))) for p in files]
     return [(str(src), src.name, None if dry_run else str(dst))]
 
