@@ -240,8 +240,14 @@ class EncryptedCheckpointStore:
         path = self.directory / STORE_ID_FILE
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except PermissionError:
+            raise CheckpointError(f"cannot create {path} (read-only checkpoint directory?)",
+                                  hint="pass store_id= explicitly to open a read-only store") from None
         except FileExistsError:
-            value = path.read_text(encoding="ascii", errors="replace").strip()
+            try:
+                value = path.read_text(encoding="ascii", errors="replace").strip()
+            except OSError as exc:
+                raise CheckpointError(f"cannot read {path}: {exc.strerror}") from None
             if not _STORE_ID.fullmatch(value):
                 raise CheckpointError(f"{path} is malformed", hint="restore it, or pass store_id=") from None
             return value

@@ -342,7 +342,9 @@ def sweep_stale_temps(directory: str | os.PathLike[str], *, prefix: str = "", ma
             continue
         dead = m is not None and m["host"] == me and int(m["pid"]) != os.getpid() and not _pid_alive(int(m["pid"]))
         if dead or now - st.st_mtime > max_age_s:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 os.unlink(entry.path)
-                removed.append(Path(entry.path))
+            except OSError:  # gone already, or not ours to remove (read-only directory)
+                continue
+            removed.append(Path(entry.path))
     return removed
