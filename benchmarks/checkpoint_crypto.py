@@ -92,8 +92,9 @@ def checkpoint_times(size: int, repeat: int) -> None:
             with open(plain, "rb") as f:
                 os.fsync(f.fileno())
 
-        store = EncryptedCheckpointStore(Path(tmp) / "enc", ring)
-        fast = EncryptedCheckpointStore(Path(tmp) / "enc", ring, digest=False)
+        store = EncryptedCheckpointStore(Path(tmp) / "enc", ring)  # default: one SHA-256 pass, off-thread
+        slow = EncryptedCheckpointStore(Path(tmp) / "enc", ring, digest=True)  # + tensor digest pre-pass
+        noverify = EncryptedCheckpointStore(Path(tmp) / "enc", ring, verify_sha256=False)
         t_ss = best_of(st_save, repeat)
         def st_load() -> None:  # load_file maps lazily; touch every tensor so the bytes are really read
             for t in safetensors.torch.load_file(plain).values():
@@ -103,17 +104,17 @@ def checkpoint_times(size: int, repeat: int) -> None:
         # materialized baseline: read the file and build owned tensors (what we must do after decrypting)
         t_sb = best_of(lambda: safetensors.torch.load(plain.read_bytes()), repeat)
         t_es = best_of(lambda: store.save(1, state, {}), repeat)
-        t_fs = best_of(lambda: fast.save(1, state, {}), repeat)
-        info = store.latest()
-        t_el = best_of(lambda: store.load(info), repeat)  # explicit info: sha256 checked
-        t_fl = best_of(lambda: store.load(), repeat)  # latest: AEAD only
+        t_fs = best_of(lambda: slow.save(1, state, {}), repeat)
+        store.save(1, state, {})
+        t_el = best_of(lambda: store.load(), repeat)  # sidecar sha256 verified in the same pass
+        t_fl = best_of(lambda: noverify.load(), repeat)  # AEAD only
     print(f"[checkpoint] {size >> 20} MiB fp32 state dict on disk, best of {repeat}")
     print(f"  safetensors save_file+fsync    : {t_ss:6.3f} s  (baseline)")
-    print(f"  encrypted save (+digests)      : {t_es:6.3f} s  ({t_es / t_ss:.2f}x)")
-    print(f"  encrypted save (no digests)    : {t_fs:6.3f} s  ({t_fs / t_ss:.2f}x)")
+    print(f"  encrypted save (default)       : {t_es:6.3f} s  ({t_es / t_ss:.2f}x; target <= 1.20x)")
+    print(f"  encrypted save (+tensor digest): {t_fs:6.3f} s  ({t_fs / t_ss:.2f}x)")
     print(f"  safetensors load_file+touch    : {t_sl:6.3f} s  (baseline; mmap of a page-cached file)")
     print(f"  safetensors load(read_bytes()) : {t_sb:6.3f} s  (baseline; owned tensors)")
-    print(f"  encrypted load(info) (+sha256) : {t_el:6.3f} s  ({t_el / t_sl:.2f}x mmap, {t_el / t_sb:.2f}x owned)")
+    print(f"  encrypted load() (+sha256)     : {t_el:6.3f} s  ({t_el / t_sl:.2f}x mmap, {t_el / t_sb:.2f}x owned)")
     print(f"  encrypted load() (AEAD only)   : {t_fl:6.3f} s  ({t_fl / t_sl:.2f}x mmap, {t_fl / t_sb:.2f}x owned)")
 
 

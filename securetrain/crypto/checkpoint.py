@@ -43,7 +43,6 @@ from securetrain.crypto.safetensors_codec import (
 from securetrain.crypto.stream import DEFAULT_SEGMENT_SIZE, DecryptingReader, EncryptingWriter, _readinto_full
 from securetrain.errors import SecureTrainError
 from securetrain.crypto.private_file import private_writer
-from securetrain.io.tapped import TappedReader
 from securetrain.training.checkpoint_store import CheckpointInfo, LoadedCheckpoint
 
 if TYPE_CHECKING:
@@ -101,7 +100,7 @@ def check_binding(context: bytes, version: int, expected: bytes, *, name: str, a
 
 def write_checkpoint(dst: BinaryIO, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str],
                      provider: KeyProvider, *, key_id: str | None = None,
-                     segment_size: int = DEFAULT_SEGMENT_SIZE, digest: bool = True,
+                     segment_size: int = DEFAULT_SEGMENT_SIZE, digest: bool = False,
                      on_progress: Callable[[int], None] | None = None,
                      recipients: Sequence[tuple[KeyProvider, str | None]] = (),
                      context: bytes = b"", signer: Ed25519PrivateKey | None = None,
@@ -176,18 +175,21 @@ def read_checkpoint(src: BinaryIO, provider: KeyProvider, *, verify_digest: bool
     return tensors, meta, reader
 
 
-class _HashingWriter:
-    """Pass-through file wrapper that hashes what is written (the ciphertext sha256 for the audit log)."""
+class _HashedSink:
+    """File wrapper whose writes are flushed and handed to a :class:`BackgroundFileHasher`
+    (the container's SHA-256 for the sidecar and the audit log, one pass, off the writer's thread)."""
 
-    def __init__(self, raw: BinaryIO) -> None:
-        self.raw = raw
-        self.sha = hashlib.sha256()
-        self.count = 0
+    def __init__(self, handle: BinaryIO) -> None:
+        from securetrain.crypto.private_file import BackgroundFileHasher
+
+        self.handle = handle
+        self.hasher = BackgroundFileHasher(handle.fileno())
 
     def write(self, data: bytes | memoryview) -> int:
-        self.sha.update(data)
-        self.count += len(data)
-        return self.raw.write(data)
+        n = self.handle.write(data)
+        self.handle.flush()  # in the file before the hasher reads it back
+        self.hasher.advance(len(data))
+        return n
 
 
 _NAME = re.compile(r"^step-(\d{12})\.stenc$")
@@ -208,7 +210,7 @@ class EncryptedCheckpointStore:
 
     def __init__(self, directory: str | os.PathLike[str], keyring: KeyProvider, *, key_id: str | None = None,
                  keep_last: int | None = None, audit: AuditRecorder | None = None,
-                 segment_size: int = DEFAULT_SEGMENT_SIZE, digest: bool = True,
+                 segment_size: int = DEFAULT_SEGMENT_SIZE, digest: bool = False,
                  verify_sha256: bool | None = None, recipients: Sequence[tuple[KeyProvider, str | None]] = (),
                  store_id: str | None = None, signer: Ed25519PrivateKey | None = None,
                  verify_keys: Sequence[Ed25519PublicKey] = (), accept_unbound: bool = False) -> None:
@@ -275,21 +277,25 @@ class EncryptedCheckpointStore:
         meta[META_STEP] = str(step)
         try:
             with private_writer(path) as fout:
-                hashing = _HashingWriter(fout)
-                writer, tensors_sha = write_checkpoint(
-                    hashing, tensors, meta, self.keyring, key_id=self.key_id,  # type: ignore[arg-type]
-                    segment_size=self.segment_size, digest=self.digest, recipients=self.recipients,
-                    context=binding_context(self.store_id, step), signer=self.signer)
+                sink = _HashedSink(fout)
+                try:
+                    writer, tensors_sha = write_checkpoint(
+                        sink, tensors, meta, self.keyring, key_id=self.key_id,  # type: ignore[arg-type]
+                        segment_size=self.segment_size, digest=self.digest, recipients=self.recipients,
+                        context=binding_context(self.store_id, step), signer=self.signer)
+                finally:
+                    sink.hasher.close()  # the tail is hashed while private_writer fsyncs
                 fout.flush()
                 st = os.fstat(fout.fileno())  # identity of *our* file; the rename keeps inode and mtime
+            sha256 = sink.hasher.hexdigest()
         except SecureTrainError as exc:
             self.audit.record("checkpoint.write", path.name, outcome="failure",
                               details={"step": step, "error": type(exc).__name__})
             raise
-        info = CheckpointInfo(path=path, step=step, sha256=hashing.sha.hexdigest(), key_id=writer.key_id)
+        info = CheckpointInfo(path=path, step=step, sha256=sha256, key_id=writer.key_id)
         self._write_sidecar(info, st)
         self.audit.record("checkpoint.write", path.name, details={
-            "step": step, "key_id": writer.key_id, "sha256": info.sha256, "bytes": hashing.count,
+            "step": step, "key_id": writer.key_id, "sha256": info.sha256, "bytes": sink.hasher.count,
             "tensors": len(tensors), "tensors_sha256": tensors_sha})
         self._prune()
         return info
@@ -309,12 +315,23 @@ class EncryptedCheckpointStore:
                 raise CheckpointError(f"no checkpoints in {self.directory}", hint="train first or check the path")
         try:
             with open(info.path, "rb") as raw:
-                sha = hashlib.sha256()
-                src = TappedReader(raw, sha.update) if verify else raw
-                tensors, meta, reader = read_checkpoint(
-                    src, self.keyring, expect_context=binding_context(self.store_id, info.step),  # type: ignore[arg-type]
-                    accept_unbound=self.accept_unbound, verify_keys=self.verify_keys, name=info.path.name)
-            if verify and sha.hexdigest() != info.sha256:
+                hasher = None
+                if verify:  # hashes the same open file in a worker thread while this one decrypts
+                    from securetrain.crypto.private_file import BackgroundFileHasher
+
+                    hasher = BackgroundFileHasher(raw.fileno())
+                    hasher.advance(os.fstat(raw.fileno()).st_size)
+                    hasher.close()
+                try:
+                    tensors, meta, reader = read_checkpoint(
+                        raw, self.keyring, expect_context=binding_context(self.store_id, info.step),
+                        accept_unbound=self.accept_unbound, verify_keys=self.verify_keys, name=info.path.name)
+                except BaseException:
+                    if hasher is not None:
+                        hasher.cancel()
+                    raise
+                digest = hasher.hexdigest() if hasher is not None else None
+            if verify and digest != info.sha256:
                 raise DigestMismatchError(f"{info.path.name}: sha256 differs from the recorded {info.sha256[:16]}...",
                                      hint="the file changed after its digest was recorded (sidecar or audit log)")
             if meta.get(META_STEP) != str(info.step):
@@ -395,7 +412,7 @@ class EncryptedCheckpointStore:
     def _write_sidecar(self, info: CheckpointInfo, st: os.stat_result) -> None:
         doc = {"step": info.step, "sha256": info.sha256, "key_id": info.key_id, "bytes": st.st_size,
                "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}
-        with private_writer(self._sidecar(info.path)) as out:
+        with private_writer(self._sidecar(info.path), durable=False) as out:  # recomputed if lost
             out.write(json.dumps(doc).encode())
 
     def _info(self, path: Path, step: int) -> CheckpointInfo:

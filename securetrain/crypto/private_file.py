@@ -118,21 +118,25 @@ def _link(fd: int, dest: Path) -> bool:
 
 
 @contextlib.contextmanager
-def private_writer(path: str | os.PathLike[str], mode: int = 0o600) -> Iterator[BinaryIO]:
-    """Yield a binary file that appears at ``path`` (atomically, replacing it) only on clean exit."""
+def private_writer(path: str | os.PathLike[str], mode: int = 0o600, *, durable: bool = True) -> Iterator[BinaryIO]:
+    """Yield a binary file (readable too, e.g. by a background hasher) that appears at ``path``
+    (atomically, replacing it) only on clean exit. ``durable=False`` skips the fsyncs (for data
+    that is recomputed when lost, like the checkpoint sidecars)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd = _open_anonymous(target.parent, mode)
     if fd is None:
-        with _named_temp_writer(target, mode) as handle:
+        with _named_temp_writer(target, mode, durable=durable) as handle:
             yield handle
         return
     with os.fdopen(fd, "r+b") as handle:
         yield handle
         handle.flush()
-        os.fsync(handle.fileno())
+        if durable:
+            os.fsync(handle.fileno())
         _publish(handle.fileno(), target)
-    _fsync_dir(target.parent)
+    if durable:
+        _fsync_dir(target.parent)
 
 
 def _publish(fd: int, target: Path) -> None:
@@ -164,24 +168,104 @@ def _publish(fd: int, target: Path) -> None:
 
 
 @contextlib.contextmanager
-def _named_temp_writer(target: Path, mode: int) -> Iterator[BinaryIO]:
+def _named_temp_writer(target: Path, mode: int, *, durable: bool = True) -> Iterator[BinaryIO]:
     tmp = temp_name(target)
     _register(str(tmp))
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
-        with os.fdopen(fd, "wb") as handle:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
+        with os.fdopen(fd, "r+b") as handle:
             os.fchmod(handle.fileno(), mode)
             yield handle
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.replace(tmp, target)
-        _fsync_dir(target.parent)
+        if durable:
+            _fsync_dir(target.parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
     finally:
         _unregister(str(tmp))
+
+
+# -- hashing what was written, off the critical path ------------------------------------------
+
+
+class BackgroundFileHasher:
+    """SHA-256 of the bytes flushed to ``fd``, computed by a worker thread that reads them back
+    from the page cache (``preadv`` on its own duplicate descriptor).
+
+    The writer calls :meth:`advance` after each flushed write; hashing then overlaps encryption,
+    writing and the final fsync instead of adding a second pass in the writer's thread
+    (``hashlib`` and ``preadv`` release the GIL). :meth:`hexdigest` waits for the result.
+    """
+
+    CHUNK = 4 << 20
+
+    def __init__(self, fd: int) -> None:
+        self._fd = os.dup(fd)
+        self._sha = hashlib.sha256()
+        self._written = 0
+        self._hashed = 0
+        self._done = False
+        self._cancelled = False
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="securetrain-file-hash", daemon=True)
+        self._thread.start()
+
+    @property
+    def count(self) -> int:
+        return self._written
+
+    def advance(self, n: int) -> None:
+        with self._cond:
+            self._written += n
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._done = True
+            self._cond.notify()
+
+    def cancel(self) -> None:
+        """Stop early and wait for the worker (the digest is then meaningless)."""
+        with self._cond:
+            self._cancelled = True
+            self._done = True
+            self._cond.notify()
+        self._thread.join()
+
+    def hexdigest(self) -> str:
+        self.close()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._sha.hexdigest()
+
+    def _run(self) -> None:
+        view = memoryview(bytearray(self.CHUNK))
+        try:
+            while True:
+                with self._cond:
+                    while self._hashed == self._written and not self._done:
+                        self._cond.wait()
+                    target = self._written
+                    if self._hashed == target or self._cancelled:
+                        return
+                while self._hashed < target and not self._cancelled:
+                    n = min(self.CHUNK, target - self._hashed)
+                    got = os.preadv(self._fd, [view[:n]], self._hashed)
+                    if got <= 0:
+                        raise OSError(errno.EIO, "file shorter than what was written")
+                    self._sha.update(view[:got])
+                    self._hashed += got
+        except BaseException as exc:  # reported by hexdigest()
+            self._error = exc
+        finally:
+            os.close(self._fd)
 
 
 # -- signal paths for named temps -----------------------------------------------------------

@@ -77,13 +77,16 @@ def test_store_implements_protocol_and_round_trips(ring: LocalKeyring, tmp_path)
 
 
 def test_plaintext_is_standard_safetensors_with_digest(ring: LocalKeyring, tmp_path) -> None:
-    store = EncryptedCheckpointStore(tmp_path, ring)
+    store = EncryptedCheckpointStore(tmp_path, ring, digest=True)  # opt-in: a second SHA-256 pass
     state = model_state()
     info = store.save(1, state, {})
     plain = S.decrypt_bytes(info.path.read_bytes(), ring)
     assert_same(safetensors.torch.load(plain), {k: v.contiguous() for k, v in state.items()})
     _, meta, _ = read_checkpoint(io.BytesIO(info.path.read_bytes()), ring, verify_digest=True)
     assert len(meta["securetrain.tensors_sha256"]) == 64
+    _, meta, _ = read_checkpoint(io.BytesIO(EncryptedCheckpointStore(tmp_path / "d", ring).save(1, state, {}).path
+                                            .read_bytes()), ring)
+    assert "securetrain.tensors_sha256" not in meta  # default: one SHA-256 pass (the file's), no tensor pre-pass
 
 
 def test_empty_state_and_exact_segment_multiple(ring: LocalKeyring, tmp_path) -> None:
@@ -356,7 +359,7 @@ def test_header_length_that_looks_like_pickle_magic_still_loads(ring: LocalKeyri
     """Regression: a safetensors header of 640 bytes starts with 80 02 - a pickle protocol marker."""
     from securetrain.crypto.safetensors_codec import _prepare, build_header
 
-    store = EncryptedCheckpointStore(tmp_path, ring)
+    store = EncryptedCheckpointStore(tmp_path, ring, digest=True)  # the prediction below includes the digest
     state = {"w": torch.ones(3)}
     for pad in range(0, 2000):
         meta = {"pad": "x" * pad, "securetrain.step": "1", "securetrain.format": "securetrain-checkpoint-v1",
