@@ -46,11 +46,10 @@ def _cli(*args: str, env: dict | None = None, stdin=subprocess.DEVNULL) -> subpr
 
 
 def test_os_errors_are_one_line_with_a_hint_and_exit_code_2(tmp_path) -> None:
-    """A file where a folder is needed, and a read-only output: one line, a hint, exit 2."""
+    """A file where a folder is needed: one line, a hint, exit 2 (not a traceback)."""
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
-    proc = _cli("keys", "init", "--keyring", str(blocker / "keyring.json"),
-                env={"SECURETRAIN_KEYRING_PASSPHRASE": "pw-for-test"})
+    proc = _cli("train", "--output-dir", str(blocker / "out"), "--max-steps", "1", "--json")
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
