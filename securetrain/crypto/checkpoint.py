@@ -289,8 +289,10 @@ class EncryptedCheckpointStore:
                         sink, tensors, meta, self.keyring, key_id=self.key_id,  # type: ignore[arg-type]
                         segment_size=self.segment_size, digest=self.digest, recipients=self.recipients,
                         context=binding_context(self.store_id, step), signer=self.signer)
-                finally:
-                    sink.hasher.close()  # the tail is hashed while private_writer fsyncs
+                except BaseException:
+                    sink.hasher.cancel()
+                    raise
+                sink.hasher.close()  # the tail is hashed while private_writer fsyncs
                 fout.flush()
                 st = os.fstat(fout.fileno())  # identity of *our* file; the rename keeps inode and mtime
             sha256 = sink.hasher.hexdigest()
