@@ -9,7 +9,9 @@ A sender *process* connects to this process over 127.0.0.1 TCP and sends the sam
             fresh tensors and ``recv_into`` them - the floor any transport has to pay;
 * sealed  : ``TensorSealer.send`` (transport v2: per-segment AES-256-GCM straight from tensor
             memory) and ``TensorOpener.recv`` (authenticated header, then each segment decrypted
-            into a freshly allocated tensor).
+            into a freshly allocated tensor);
+* v1      : the pre-v2 path for reference: ``seal()`` (serialize, one GCM call) + ``send_frame`` /
+            ``recv_frame`` + ``open()``.
 
 Prints throughput and the ratio sealed/raw (target >= 0.8). The best of ``--rounds`` rounds counts
 (the machine is shared; the best is the least noise-inflated); rounds alternate raw and sealed.
@@ -34,21 +36,23 @@ views = [t.view(torch.uint8).numpy() for t in state.values()]
 sock = socket.create_connection(("127.0.0.1", port))
 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 while True:
-    mode = sock.recv(1)  # b"r" raw, b"s" sealed, b"" done
+    mode = sock.recv(1)  # b"r" raw, b"s" sealed, b"v" v1 framed, b"" done
     if not mode:
         break
-    sealer = T.TensorSealer(me, "receiver", peer_pub, segment_size=seg)
+    sealer = T.TensorSealer(me, "receiver", peer_pub, segment_size=seg, version=1 if mode == b"v" else 2)
     for _ in range(repeat):
         if mode == b"r":
             for v in views:
                 sock.sendall(v)
+        elif mode == b"v":
+            T.send_frame(sock, sealer.seal(state))
         else:
             sealer.send(sock, state)
 sock.close()
 """
 
 
-def run(size: int, repeat: int, seg: int, rounds: int) -> tuple[float, float]:
+def run(size: int, repeat: int, seg: int, rounds: int) -> dict[str, float]:
     """Best time of raw and of sealed, rounds alternating between them (same noise for both)."""
     import torch
 
@@ -63,10 +67,10 @@ def run(size: int, repeat: int, seg: int, rounds: int) -> tuple[float, float]:
                               me.public_bytes().hex()])
     conn, _ = srv.accept()
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    best = {"raw": float("inf"), "sealed": float("inf")}
+    best = {"raw": float("inf"), "sealed": float("inf"), "v1": float("inf")}
     try:
         for _ in range(rounds):
-            for mode in ("raw", "sealed"):
+            for mode in ("raw", "sealed", "v1"):
                 t0 = time.perf_counter()
                 conn.sendall(mode[:1].encode())
                 for _ in range(repeat):
@@ -80,6 +84,9 @@ def run(size: int, repeat: int, seg: int, rounds: int) -> tuple[float, float]:
                                 if not k:
                                     raise SystemExit("sender closed early")
                                 got += k
+                    elif mode == "v1":
+                        frame = T.recv_frame(conn, max_bytes=size * 2)
+                        assert frame is not None and len(opener.open(frame)) == 8
                     else:
                         result = opener.recv(conn)
                         assert result is not None and len(result[0]) == 8
@@ -88,7 +95,7 @@ def run(size: int, repeat: int, seg: int, rounds: int) -> tuple[float, float]:
         conn.close()
         srv.close()
         child.wait(timeout=60)
-    return best["raw"], best["sealed"]
+    return best
 
 
 def main() -> None:
@@ -102,12 +109,14 @@ def main() -> None:
     repeat = 2 if args.quick else 4
     rounds = args.rounds or (3 if args.quick else 5)
     seg = args.segment_kib << 10
-    t_raw, t_sealed = run(size, repeat, seg, rounds)
+    best = run(size, repeat, seg, rounds)
+    t_raw, t_sealed, t_v1 = best["raw"], best["sealed"], best["v1"]
     gb = size * repeat / 1e9
     print(f"[transport] {size >> 20} MiB state dict x {repeat} over 127.0.0.1 TCP, sender in another process, "
           f"segments {args.segment_kib} KiB, best of {rounds}")
     print(f"  raw sendall/recv_into : {gb / t_raw:6.2f} GB/s   (baseline 1.00x)")
     print(f"  sealed send/recv (v2) : {gb / t_sealed:6.2f} GB/s   ({t_raw / t_sealed:.2f}x of raw; target >= 0.80x)")
+    print(f"  v1 seal+frame+open    : {gb / t_v1:6.2f} GB/s   ({t_raw / t_v1:.2f}x of raw; the pre-v2 path)")
 
 
 if __name__ == "__main__":

@@ -540,8 +540,8 @@ def recv_frame(sock: socket.socket, *, max_bytes: int | None = None) -> bytes | 
     """Receive one frame; ``None`` on a clean close between frames.
 
     ``max_bytes`` defaults to :meth:`TransportLimits.from_env` ``.max_message_bytes`` (1 GiB).
-    Memory grows with the bytes that actually arrive (1 MiB steps), never with the announced
-    length: a peer announcing 2 GiB and sending nothing costs nothing.
+    Memory grows with the bytes that actually arrive (from 1 MiB, doubling: at most twice what
+    arrived), never with the announced length: a peer announcing 2 GiB and sending little costs little.
     """
     limit = TransportLimits.from_env().max_message_bytes if max_bytes is None else max_bytes
     first = sock.recv(_LEN.size, socket.MSG_WAITALL)
@@ -554,12 +554,16 @@ def recv_frame(sock: socket.socket, *, max_bytes: int | None = None) -> bytes | 
     (length,) = _LEN.unpack(first)
     if length > limit:
         raise LimitExceededError(f"incoming frame of {length} bytes exceeds the {limit}-byte limit")
-    buf = bytearray()
-    while len(buf) < length:
-        part = sock.recv(min(_RECV_CHUNK, length - len(buf)))
-        if not part:
-            raise TruncatedError(f"connection closed inside a frame ({len(buf)} of {length} bytes)")
-        buf += part
+    # Grow by doubling from 1 MiB as bytes arrive: at most 2x what actually arrived is allocated.
+    buf = bytearray(min(length, _RECV_CHUNK))
+    got = 0
+    while got < length:
+        if got == len(buf):
+            buf.extend(bytes(min(len(buf), length - len(buf))))
+        k = sock.recv_into(memoryview(buf)[got:])
+        if not k:
+            raise TruncatedError(f"connection closed inside a frame ({got} of {length} bytes)")
+        got += k
     return bytes(buf)
 
 
