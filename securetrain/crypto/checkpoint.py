@@ -240,8 +240,14 @@ class EncryptedCheckpointStore:
         path = self.directory / STORE_ID_FILE
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except PermissionError:
+            raise CheckpointError(f"cannot create {path} (read-only checkpoint directory?)",
+                                  hint="pass store_id= explicitly to open a read-only store") from None
         except FileExistsError:
-            value = path.read_text(encoding="ascii", errors="replace").strip()
+            try:
+                value = path.read_text(encoding="ascii", errors="replace").strip()
+            except OSError as exc:
+                raise CheckpointError(f"cannot read {path}: {exc.strerror}") from None
             if not _STORE_ID.fullmatch(value):
                 raise CheckpointError(f"{path} is malformed", hint="restore it, or pass store_id=") from None
             return value
@@ -283,8 +289,10 @@ class EncryptedCheckpointStore:
                         sink, tensors, meta, self.keyring, key_id=self.key_id,  # type: ignore[arg-type]
                         segment_size=self.segment_size, digest=self.digest, recipients=self.recipients,
                         context=binding_context(self.store_id, step), signer=self.signer)
-                finally:
-                    sink.hasher.close()  # the tail is hashed while private_writer fsyncs
+                except BaseException:
+                    sink.hasher.cancel()
+                    raise
+                sink.hasher.close()  # the tail is hashed while private_writer fsyncs
                 fout.flush()
                 st = os.fstat(fout.fileno())  # identity of *our* file; the rename keeps inode and mtime
             sha256 = sink.hasher.hexdigest()

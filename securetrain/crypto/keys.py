@@ -253,6 +253,24 @@ class LocalKeyring(_LocalKeysMixin):
             raise KeyringError(f"cannot remove the current key {key_id!r}", hint="rotate first")
         del self._keys[key_id]
 
+    def get(self, key_id: str) -> SecretKey | None:
+        return self._keys.get(key_id)
+
+    def put(self, key: SecretKey) -> None:
+        """Add ``key`` without touching the current key (escrow, restore); same id + same bytes is a no-op."""
+        held = self._keys.get(key.key_id)
+        if held is not None and held != key:
+            raise KeyringError(f"a different key with id {key.key_id!r} is already in the keyring")
+        self._keys[key.key_id] = key
+
+    def pop(self, key_id: str) -> SecretKey:
+        """Remove and return ``key_id`` even if it is current (escrow bookkeeping)."""
+        key = self._key(key_id)
+        del self._keys[key_id]
+        if self._current == key_id:
+            self._current = None
+        return key
+
     def current_key_id(self) -> str:
         if self._current is None:
             raise KeyringError("the keyring is empty", hint="run `securetrain keys init`")

@@ -58,7 +58,7 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _open_anonymous(directory: Path, mode: int) -> int | None:
+def _open_anonymous(directory: Path, mode: int, name: str = "probe") -> int | None:
     if not USE_O_TMPFILE or not hasattr(os, "O_TMPFILE"):
         return None
     flags = os.O_TMPFILE | os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
@@ -71,7 +71,7 @@ def _open_anonymous(directory: Path, mode: int) -> int | None:
             # inode cannot be linked again), that an anonymous inode can be given a name.
             probe_fd = os.open(directory, flags, mode)
             try:
-                probe = temp_name(directory / "probe")
+                probe = temp_name(directory / name)  # named like the target's temps: swept with them
                 ok = _link(probe_fd, probe)
                 if ok:
                     os.unlink(probe)
@@ -124,7 +124,7 @@ def private_writer(path: str | os.PathLike[str], mode: int = 0o600, *, durable: 
     that is recomputed when lost, like the checkpoint sidecars)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd = _open_anonymous(target.parent, mode)
+    fd = _open_anonymous(target.parent, mode, target.name)
     if fd is None:
         with _named_temp_writer(target, mode, durable=durable) as handle:
             yield handle
@@ -342,7 +342,9 @@ def sweep_stale_temps(directory: str | os.PathLike[str], *, prefix: str = "", ma
             continue
         dead = m is not None and m["host"] == me and int(m["pid"]) != os.getpid() and not _pid_alive(int(m["pid"]))
         if dead or now - st.st_mtime > max_age_s:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 os.unlink(entry.path)
-                removed.append(Path(entry.path))
+            except OSError:  # gone already, or not ours to remove (read-only directory)
+                continue
+            removed.append(Path(entry.path))
     return removed

@@ -133,7 +133,8 @@ def rotate_keyring(
             in_use = key_ids_in_use(files)
             blocked = {kid: in_use[kid] for kid in previous if kid in in_use}
             if not result.failed and not blocked and result.rewrapped:
-                result.escrow = _escrow_keys(ring_path, passphrase, [ring._key(k) for k in previous], audit)
+                old_keys = [key for kid in previous if (key := ring.get(kid)) is not None]
+                result.escrow = _escrow_keys(ring_path, passphrase, old_keys, audit)
                 for kid in previous:
                     ring.remove(kid)
                 ring.save(ring_path, passphrase)
@@ -173,12 +174,11 @@ def _escrow_keys(ring_path: Path, passphrase: str | None, keys: Sequence[SecretK
     path = escrow_path(ring_path)
     escrow = _load_escrow(path, passphrase)
     for key in keys:
-        held = escrow._keys.get(key.key_id)
-        if held is None:
-            escrow._keys[key.key_id] = key
-        elif held != key:
+        try:
+            escrow.put(key)
+        except KeyringError:
             raise KeyringError(f"the escrow already holds a different key under id {key.key_id!r}",
-                               hint=f"inspect {path} with `securetrain keys escrow list`; nothing was removed")
+                               hint=f"inspect {path} with `securetrain keys escrow list`; nothing was removed") from None
     escrow.save(path, passphrase)
     for key in keys:
         audit.record("key.escrow", f"keyring:{ring_path.name}",
@@ -203,16 +203,16 @@ def purge_escrow(keyring: str | os.PathLike[str], passphrase: str | None = None,
     with keyring_lock(ring_path):
         escrow = _load_escrow(path, passphrase)
         targets = escrow.key_ids() if purge_all else list(key_ids)
-        unknown = [k for k in targets if k not in escrow._keys]
+        unknown = [k for k in targets if escrow.get(k) is None]
         if unknown:
             raise KeyringError(f"not in the escrow: {', '.join(unknown)}", hint="see `securetrain keys escrow list`")
         purged = []
         for kid in targets:
-            key = escrow._keys.pop(kid)
+            key = escrow.pop(kid)
             purged.append(kid)
             audit.record("key.purge", f"keyring:{ring_path.name}",
                          details={"key_id": kid, "key_fingerprint": key.fingerprint})
-        if escrow._keys:
+        if escrow.key_ids():
             escrow.save(path, passphrase)
         elif path.exists():
             path.unlink()
@@ -227,16 +227,14 @@ def restore_from_escrow(keyring: str | os.PathLike[str], key_id: str, passphrase
     path = escrow_path(ring_path)
     with keyring_lock(ring_path):
         escrow = _load_escrow(path, passphrase)
-        key = escrow._keys.get(key_id)
+        key = escrow.get(key_id)
         if key is None:
             raise KeyringError(f"key {key_id!r} is not in the escrow", hint="see `securetrain keys escrow list`")
         ring = LocalKeyring.load(ring_path, passphrase)
-        current = ring.current_key_id()
-        ring.add(key)
-        ring._current = current
+        ring.put(key)  # not current
         ring.save(ring_path, passphrase)  # durable in the keyring before it leaves the escrow
-        del escrow._keys[key_id]
-        if escrow._keys:
+        escrow.pop(key_id)
+        if escrow.key_ids():
             escrow.save(path, passphrase)
         else:
             path.unlink()

@@ -192,3 +192,23 @@ def test_cli_decrypt_hashes_while_streaming(tmp_path: Path, monkeypatch) -> None
     with AuditLog(str(db)) as log:
         events = [e for e in log.entries() if e.action == "checkpoint.decrypt" and e.resource == src.name]
     assert events and events[-1].details["ciphertext_sha256"] == digest
+
+
+def test_background_hasher_matches_and_cancels(tmp_path: Path) -> None:
+    import hashlib
+    import threading
+
+    data = os.urandom(9 << 20)
+    with P.private_writer(tmp_path / "h.bin") as f:
+        hasher = P.BackgroundFileHasher(f.fileno())
+        for off in range(0, len(data), 1 << 20):
+            f.write(data[off:off + (1 << 20)])
+            f.flush()
+            hasher.advance(len(data[off:off + (1 << 20)]))
+        hasher.close()
+    assert hasher.hexdigest() == hashlib.sha256(data).hexdigest() and hasher.count == len(data)
+    with open(tmp_path / "h.bin", "rb") as f:
+        other = P.BackgroundFileHasher(f.fileno())
+        other.advance(len(data))
+        other.cancel()
+    assert not [t for t in threading.enumerate() if t.name == "securetrain-file-hash"]
