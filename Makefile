@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: setup demo test bench docs clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# The local CPU wheel; installing it first keeps pip from fetching a multi-GB CUDA build.

@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> None:
     secure_training.serve(
         name=args.name,
         cron=args.cron,
+        limit=1,  # this process runs one flow run at a time ...
+        global_limit=1,  # ... and the deployment allows one at a time anywhere (runs share GPUs and keys)
         parameters={"config_path": str(Path(args.config).resolve())},
         tags=["securetrain"],
         description="De-identify, train with encrypted checkpoints, HE-evaluate, seal the audit log.",

@@ -6,9 +6,12 @@ message of every record that passes through the loggers it is installed on.
 
 What counts as secret-shaped (documented in docs/concepts.md):
 - PEM blocks (private keys, certificates);
-- ``key=...``, ``secret: ...``, ``password=...``, ``passphrase``, ``token``, ``kek`` assignments;
+- the password in a URL (``postgresql://user:PASSWORD@host``), shown as ``***`` (:func:`mask_url`);
+- ``key=...``, ``secret: ...``, ``password=...``, ``passphrase``, ``token``, ``kek`` assignments (the
+  value only: an exception name such as ``KeyringError:`` is a word, not an assignment);
 - runs of 32+ hex characters or 40+ base64 characters, unless written as ``sha256:<hex>``
-  (the form securetrain uses for digests, which are not secret);
+  (the form securetrain uses for digests, which are not secret); a file path made of lower-case
+  words (``runs/demo/keys/keyring``) is not base64-shaped;
 - card numbers (13-19 digits passing the Luhn check), US SSNs, e-mail addresses;
 - DICOM person names (``Family^Given``).
 """
@@ -22,8 +25,10 @@ REDACTED = "[REDACTED]"
 
 _PEM = re.compile(r"-----BEGIN [A-Z0-9 ]+-----.*?-----END [A-Z0-9 ]+-----", re.S)
 _ASSIGNMENT = re.compile(
-    r"(?i)\b([\w-]*(?:key|secret|password|passwd|passphrase|token|kek)[\w-]*)(\s*[=:]\s*)(['\"]?)[^\s'\",;]+\3"
+    r"(?i)\b(?![\w-]*(?:error|exception|warning)\b)"
+    r"([\w-]*(?:key|secret|password|passwd|passphrase|token|kek)[\w-]*)(\s*[=:]\s*)(['\"]?)[^\s'\",;]+\3"
 )
+_URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s/:@]*:)([^\s/@]+)@")
 _DIGEST = re.compile(r"\bsha256:[0-9a-f]{64}\b")
 _HEX = re.compile(r"\b[0-9a-fA-F]{32,}\b")
 _B64 = re.compile(r"(?<![A-Za-z0-9+/=])[A-Za-z0-9+/_-]{40,}={0,2}(?![A-Za-z0-9+/=])")
@@ -50,9 +55,29 @@ def _card(match: re.Match[str]) -> str:
     return REDACTED if 13 <= len(digits) <= 19 and _luhn_ok(digits) else match.group(0)
 
 
+def mask_url(url: str) -> str:
+    """``url`` with the password of its user-info replaced by ``***`` (everything else kept).
+
+    For every URL securetrain prints or stores (console, report, result.json, Prefect results):
+    ``postgresql+psycopg://writer:s3cret@db:5432/audit`` becomes
+    ``postgresql+psycopg://writer:***@db:5432/audit``. Paths and URLs without a password are unchanged.
+    """
+    return _URL_PASSWORD.sub(r"\1***@", str(url))
+
+
+def _b64_shaped(match: re.Match[str]) -> str:
+    """Random base64 mixes cases and digits; a lower-case path or identifier does not."""
+    s = match.group(0)
+    classes = sum((any(c.islower() for c in s), any(c.isupper() for c in s), any(c.isdigit() for c in s)))
+    if classes < 2 or ("/" in s and classes < 3):
+        return s
+    return REDACTED
+
+
 def redact(text: str) -> str:
     """Return ``text`` with every secret- or PHI-shaped substring replaced by ``[REDACTED]``."""
     text = _PEM.sub(REDACTED, text)
+    text = mask_url(text)
     text = _ASSIGNMENT.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
     # Protect digests from the hex/base64 rules by swapping them out first.
     digests: list[str] = []
@@ -63,7 +88,7 @@ def redact(text: str) -> str:
 
     text = _DIGEST.sub(_stash, text)
     text = _HEX.sub(REDACTED, text)
-    text = _B64.sub(REDACTED, text)
+    text = _B64.sub(_b64_shaped, text)
     text = _CARD.sub(_card, text)
     text = _SSN.sub(REDACTED, text)
     text = _EMAIL.sub(REDACTED, text)

@@ -90,6 +90,10 @@ def _run(config_path: Path | None, *, use_prefect: bool, overrides: dict | None 
             # The local ephemeral server needs 15-25 s on a busy 2-core machine; Prefect waits 20.
             os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
             flow = _load_flow()
+            from securetrain.pipeline.prefect_server import start_temporary_server, uses_temporary_server
+
+            if uses_temporary_server():
+                start_temporary_server()  # own session: Ctrl-C stops the pipeline, not its server
             result = PipelineResult.model_validate(
                 flow(config_path=str(config_path) if config_path else None, overrides=overrides)
             )
@@ -98,7 +102,7 @@ def _run(config_path: Path | None, *, use_prefect: bool, overrides: dict | None 
     except PipelinePreempted as exc:
         from securetrain.cli.console import err_console
 
-        err_console.print(f"[yellow]{exc}[/]")
+        err_console.print(f"[yellow]{exc}[/]", soft_wrap=True, highlight=False)
         raise typer.Exit(getattr(exc, "exit_code", PREEMPTED_EXIT_CODE)) from None
     _print_result(result)
     if result.audit and not result.audit.verified:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, computed_field
+from pydantic import BaseModel, Field, computed_field, field_validator
 
 
 class DeidSummary(BaseModel):
@@ -115,13 +115,27 @@ class HESummary(BaseModel):
 
 
 class AuditSummary(BaseModel):
-    url: str
+    url: str  # password masked (``user:***@host``): this is printed, reported and stored by Prefect
     entries: int
     root_hash: str
     checkpoint_note: Path
     export_dir: Path
     verified: bool
     verifier_output: str = ""
+
+    @field_validator("url")
+    @classmethod
+    def _mask_password(cls, value: str) -> str:
+        from securetrain.redaction import mask_url
+
+        return mask_url(value)
+
+    @field_validator("verifier_output")
+    @classmethod
+    def _mask_urls(cls, value: str) -> str:
+        from securetrain.redaction import mask_url
+
+        return mask_url(value)
 
 
 class PipelineResult(BaseModel):

@@ -458,6 +458,8 @@ def _he_model_from_chain(features: dict[str, torch.Tensor]) -> torch.nn.Sequenti
 
 def seal_audit(config: PipelineConfig, audit_log: Any) -> AuditSummary:
     """Sign a checkpoint of the log, export it, and verify the export with the standalone verifier."""
+    from securetrain.redaction import mask_url
+
     note_path = config.run_dir / "audit-checkpoint.note"  # the head an auditor keeps from the last run
     checkpoint = audit_log.checkpoint()
     export_dir = Path(audit_log.export(config.run_dir / "audit-export"))
@@ -480,7 +482,7 @@ def seal_audit(config: PipelineConfig, audit_log: Any) -> AuditSummary:
     if verified:  # never replace the held checkpoint with the head of a log that failed verification
         atomic_write_bytes(note_path, checkpoint.note.encode(), mode=0o644)
     return AuditSummary(
-        url=str(audit_log.url),
+        url=mask_url(str(audit_log.url)),  # printed, reported, stored by Prefect: never the password
         entries=checkpoint.tree_size,
         root_hash=checkpoint.root_hash.hex(),
         checkpoint_note=note_path,

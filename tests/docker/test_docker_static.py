@@ -69,6 +69,9 @@ def test_compose_services_and_no_inline_secrets() -> None:
         if image:
             assert ":" in image and not image.endswith(":latest"), f"{name}: unpinned image {image}"
         for key, value in (service.get("environment") or {}).items():
+            if key.endswith("_FILE"):  # a Compose secret: a path under /run/secrets, never the value
+                assert str(value).startswith("/run/secrets/"), f"{name}.{key}"
+                continue
             if re.search(r"PASSWORD|PASSPHRASE|SECRET|DEID_KEY|_KEK$", key):
                 assert str(value).startswith("${"), f"{name}.{key} must come from the env file"
             if "://" in str(value) and "@" in str(value):  # credentials in a URL come from the env file
@@ -83,8 +86,9 @@ def test_worker_can_run_the_prefect_yaml_deployment() -> None:
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
     env = compose["services"]["worker"]["environment"]
     assert env["SECURETRAIN_HOME"] == "/app"
-    assert "securetrain_audit_writer" in env["SECURETRAIN_AUDIT_URL"]  # not the table owner
-    assert {"SECURETRAIN_DEID_KEY", "SECURETRAIN_KEYRING_PASSPHRASE"} <= set(env)
+    # The audit URL (a Compose secret) names the writer role, not the table owner.
+    assert "securetrain_audit_writer" in (DOCKER / "compose.yaml").read_text()
+    assert {"SECURETRAIN_DEID_KEY_FILE", "SECURETRAIN_KEYRING_PASSPHRASE_FILE", "SECURETRAIN_AUDIT_URL_FILE"} <= set(env)
     for dockerfile in DOCKERFILES:
         text = dockerfile.read_text()
         assert "prefect.yaml /app/prefect.yaml" in text and "examples /app/examples" in text
@@ -92,4 +96,17 @@ def test_worker_can_run_the_prefect_yaml_deployment() -> None:
 
 def test_dockerignore_keeps_secrets_and_venv_out() -> None:
     ignored = (DOCKER.parent / ".dockerignore").read_text().split()
-    assert {".venv", ".git", "docker/.env"} <= set(ignored)
+    assert {".venv", ".git", "docker/.env", "docker/secrets"} <= set(ignored)
+
+
+def test_worker_secrets_are_compose_secrets() -> None:
+    """securetrain's secrets reach the worker as files (SECURETRAIN_<X>_FILE), not environment values."""
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    worker = compose["services"]["worker"]
+    env = worker["environment"]
+    for variable in ("SECURETRAIN_AUDIT_URL", "SECURETRAIN_KEYRING_PASSPHRASE", "SECURETRAIN_DEID_KEY"):
+        assert variable not in env and env[f"{variable}_FILE"].startswith("/run/secrets/")
+        secret = env[f"{variable}_FILE"].rsplit("/", 1)[1]
+        assert secret in worker["secrets"] and compose["secrets"][secret]["file"].startswith("./secrets/")
+    ignored = (DOCKER.parent / ".gitignore").read_text().splitlines()
+    assert "docker/secrets/" in ignored

@@ -56,3 +56,21 @@ def test_filter_redacts_args_and_exceptions(caplog: pytest.LogCaptureFixture) ->
     text = caplog.text
     assert key not in text
     assert text.count(REDACTED) >= 2
+
+
+def test_url_passwords_are_masked_and_the_rest_kept() -> None:
+    from securetrain.redaction import mask_url
+
+    url = "postgresql+psycopg://securetrain_audit_writer:Sup3r-S3cret@postgres:5432/securetrain"
+    assert mask_url(url) == "postgresql+psycopg://securetrain_audit_writer:***@postgres:5432/securetrain"
+    assert "Sup3r-S3cret" not in redact(f"audit at {url} ready")
+    assert mask_url("/work/runs/demo/audit.db") == "/work/runs/demo/audit.db"
+    assert mask_url("sqlite:////tmp/a.db") == "sqlite:////tmp/a.db"
+    assert mask_url("http://user@host/x") == "http://user@host/x"
+
+
+def test_words_around_values_survive() -> None:
+    """Redact values, not the words around them (no "[REDACTED] not found: [REDACTED].json")."""
+    text = "KeyringError: keyring not found: /work/runs/demo/keys/securetrain-keyring.json"
+    assert redact(text) == text
+    assert redact("passphrase=hunter2-xyz") == f"passphrase={REDACTED}"

@@ -17,6 +17,7 @@ import rfc8785
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from securetrain.config.loader import load_model
+from securetrain.resources import resolve_policy
 from securetrain.masking.dicom.profile_table import SIMPLE_ACTIONS, Option
 
 POLICY_ENV_PREFIX = "SECURETRAIN_DEID_POLICY__"
@@ -239,6 +240,9 @@ class DicomPolicy(BaseModel):
         return frozenset((e.group, e.creator.strip(), el) for e in self.safe_private for el in e.elements)
 
 
-def load_policy(path: str | os.PathLike[str] | None = None, *, data: dict | None = None) -> DicomPolicy:
-    """Load and validate a policy; any problem is one ``ConfigError`` naming the field."""
+def load_policy(name_or_path: str | os.PathLike[str] | None = None, *, data: dict | None = None) -> DicomPolicy:
+    """Load and validate a policy by path or shipped name (``"dicom-basic"``).
+
+    Any problem is one ``ConfigError`` naming the field."""
+    path = None if name_or_path is None else resolve_policy(name_or_path)
     return load_model(DicomPolicy, path, data=data, env_prefix=POLICY_ENV_PREFIX)

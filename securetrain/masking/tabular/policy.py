@@ -18,6 +18,7 @@ import rfc8785
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from securetrain.config.loader import load_model
+from securetrain.resources import resolve_policy
 
 DetectorName = Literal["pan", "email", "phone", "ssn", "iban", "person"]
 DEFAULT_PHONE_REGIONS = ("US", "GB", "DE", "FR")
@@ -205,10 +206,12 @@ class MaskingPolicy(BaseModel):
         return hashlib.sha256(rfc8785.dumps(self.model_dump(mode="json"))).hexdigest()
 
 
-def load_policy(path: str | os.PathLike[str] | None = None, *, data: dict | None = None) -> MaskingPolicy:
-    """Load and validate a policy; any problem is one ConfigError naming the field.
+def load_policy(name_or_path: str | os.PathLike[str] | None = None, *, data: dict | None = None) -> MaskingPolicy:
+    """Load and validate a policy by path or shipped name (``"finance-pii"``); any problem is one
+    ConfigError naming the field.
 
     Environment overrides are deliberately disabled: a compliance policy must be exactly what
     is in the reviewed, versioned file, so its digest in the audit log identifies it.
     """
+    path = None if name_or_path is None else resolve_policy(name_or_path)
     return load_model(MaskingPolicy, path, data=data, environ={})

@@ -1,0 +1,5 @@
+"""``python -m securetrain``: the CLI."""
+
+from securetrain.cli.main import main
+
+main()
