@@ -133,7 +133,7 @@ def rotate_keyring(
             in_use = key_ids_in_use(files)
             blocked = {kid: in_use[kid] for kid in previous if kid in in_use}
             if not result.failed and not blocked and result.rewrapped:
-                old_keys = [key for kid in previous if (key := ring.get(kid)) is not None]
+                old_keys = [k for k in (ring.get(kid) for kid in previous) if k is not None]
                 result.escrow = _escrow_keys(ring_path, passphrase, old_keys, audit)
                 for kid in previous:
                     ring.remove(kid)

@@ -120,6 +120,9 @@ def test_remove_old_escrows_then_purge(setup) -> None:
     assert ring.keys()[0].material().hex() not in escrow_path(kr).read_text()
     actions = [e["action"] for e in audit.events]
     assert "key.escrow" in actions and "key.rotate" in actions
+    rotate = next(e["details"] for e in audit.events if e["action"] == "key.rotate")
+    assert rotate["new_key_id"] == "k2" and rotate["previous_key_ids"] == ["k1"] and rotate["removed_key_ids"] == ["k1"]
+    assert result.new_key.key_id == "k2"
     # The escrow can open the old backup (it is a keyring file), and restore puts k1 back.
     assert S.decrypt_bytes(old_copy, LocalKeyring.load(escrow_path(kr))) == data
     restore_from_escrow(kr, "k1", audit=audit)
