@@ -18,7 +18,7 @@ from securetrain.pipeline import stages
 from securetrain.pipeline.config import PipelineConfig, load_pipeline_config
 from securetrain.pipeline.report import markdown_summary
 from securetrain.pipeline.results import AuditSummary, HESummary, PipelineResult, PreparedData, TrainingSummary
-from securetrain.pipeline.runner import assemble_result, config_digest, finish_report, open_run_audit
+from securetrain.pipeline.runner import assemble_result, config_digest, finish_report, open_run_audit, sign_provenance
 from securetrain.pipeline.secrets import export_passphrase_for_children, load_run_secrets, run_keyring_path
 from securetrain.redaction import install_redaction
 from securetrain.secretenv import resolve_secret_files
@@ -81,6 +81,12 @@ def he_evaluate_task(config: PipelineConfig, features: dict[str, Any]) -> HESumm
 
 
 # Sealing appends a checkpoint: not retried, so a failure is visible rather than papered over.
+@task(name="sign-provenance", cache_policy=NO_CACHE, result_serializer="json")
+def sign_provenance_task(config: PipelineConfig, prepared: PreparedData, training: TrainingSummary) -> dict | None:
+    with open_run_audit(config) as audit:
+        return sign_provenance(config, audit, prepared, training, load_run_secrets(config))
+
+
 @task(name="seal-audit", cache_policy=NO_CACHE, result_serializer="json")
 def seal_audit_task(config: PipelineConfig, steps: int) -> AuditSummary:
     with open_run_audit(config) as audit:
@@ -153,8 +159,9 @@ def secure_training(config_path: str | None = None, overrides: dict[str, Any] | 
     if config.he.enabled:
         features = extract_features_task.with_options(result_serializer=_tensor_serializer(config))(config)
         he = he_evaluate_task(config, features)
+    provenance = sign_provenance_task(config, prepared, training)
     sealed = seal_audit_task(config, training.steps)
-    result = finish_report(assemble_result(config, prepared, training, he, sealed), config)
+    result = finish_report(assemble_result(config, prepared, training, he, sealed, provenance), config)
     publish_artifacts(result)
     logger.info("report: %s", result.report_html)
     return result.model_dump(mode="json")
