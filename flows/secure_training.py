@@ -94,6 +94,40 @@ def seal_audit_task(config: PipelineConfig, steps: int) -> AuditSummary:
         return stages.seal_audit(config, audit)
 
 
+@task(name="release", cache_policy=NO_CACHE, result_serializer="json")
+def release_task(config: PipelineConfig) -> dict[str, Any]:
+    from securetrain.release.gate import release_step
+
+    return release_step(config)
+
+
+def await_release_approval(config: PipelineConfig, outcome: dict[str, Any]) -> None:
+    """Stop at "awaiting approval": suspend a deployed run (it exits and is rescheduled on resume),
+    pause an in-process one (it blocks until resumed); a timeout fails the run."""
+    from prefect.context import get_run_context
+    from prefect.flow_runs import pause_flow_run, suspend_flow_run
+
+    get_run_logger().warning(
+        "awaiting approval: %s. Approve with 'securetrain release approve %s --key APPROVER.pem', then resume "
+        "this flow run.", "; ".join(outcome["failures"]), config.run_dir)
+    flow_run = get_run_context().flow_run  # type: ignore[union-attr]
+    timeout = config.release.approval_timeout_s
+    if flow_run is not None and flow_run.deployment_id is not None:
+        suspend_flow_run(timeout=timeout)
+    else:
+        pause_flow_run(timeout=timeout, poll_interval=5)
+
+
+def release_with_approval(config: PipelineConfig) -> dict[str, Any]:
+    outcome = release_task(config)
+    while outcome["status"] == "awaiting_approval":
+        await_release_approval(config, outcome)
+        outcome = release_task(config)
+    if outcome["status"] == "refused":
+        get_run_logger().error("release refused: %s", "; ".join(outcome["failures"]))
+    return outcome
+
+
 def publish_artifacts(result: PipelineResult) -> None:
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
@@ -164,7 +198,10 @@ def secure_training(config_path: str | None = None, overrides: dict[str, Any] | 
     result = finish_report(assemble_result(config, prepared, training, he, sealed, provenance), config)
     publish_artifacts(result)
     logger.info("report: %s", result.report_html)
-    return result.model_dump(mode="json")
+    summary = result.model_dump(mode="json")
+    if config.release.await_approval:
+        summary["release"] = release_with_approval(config)
+    return summary
 
 
 if __name__ == "__main__":

@@ -165,6 +165,7 @@ class ReleaseConfig(BaseModel):
                                  "'awaiting approval' until policies/release.yaml holds, then exports the model.")
     policy: Path | None = Field(None, description="Release policy; default policies/release.yaml.")
     export_to: Path | None = Field(None, description="Where the release step writes the model; default <run_dir>/release/model.safetensors.")
+    approval_timeout_s: PositiveInt = Field(7 * 24 * 3600, description="How long the paused/suspended flow waits for approvals.")
 
 
 class PipelineConfig(BaseModel):
