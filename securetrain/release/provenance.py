@@ -9,7 +9,7 @@ At the end of a pipeline run :func:`sign_run_provenance` writes ``<run_dir>/rele
 - ``run-config.json``: the run's configuration exactly as digested (``config.sha256``), so the
   release commands can find the run's audit log and keys from the run directory alone.
 
-Key: a dedicated Ed25519 key ``<secrets dir>/provenance-signing.pem`` (purpose
+Key: a dedicated Ed25519 key ``$SECURETRAIN_PROVENANCE_KEY`` or ``<secrets dir>/provenance-signing.pem`` (purpose
 ``securetrain-provenance``), separate from the audit log's signing key: compromising one does not
 let an attacker forge the other. The statement names the audit checkpoint (tree size + root) that
 covers the run; then a ``provenance.sign`` audit event records the statement's digest.
@@ -156,9 +156,11 @@ def release_dir(run_dir: Path) -> Path:
 
 
 def signing_key_path(config: Any) -> Path:
+    """``$SECURETRAIN_PROVENANCE_KEY`` (an Ed25519 PEM, 0600), else ``<secrets dir>/provenance-signing.pem``."""
     from securetrain.pipeline.secrets import keys_dir
 
-    return keys_dir(config) / "provenance-signing.pem"
+    explicit = os.environ.get("SECURETRAIN_PROVENANCE_KEY")
+    return Path(explicit) if explicit else keys_dir(config) / "provenance-signing.pem"
 
 
 def _data_dir(config: Any, prepared: Any) -> Path | None:
