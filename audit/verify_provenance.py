@@ -203,10 +203,19 @@ def _notes(text: str) -> list[tuple[str, int, str]]:
     return out
 
 
+class _Args(argparse.Namespace):
+    """verify_audit's options; any option this file does not set reads as None (its parser's default)."""
+
+    def __getattr__(self, name: str) -> None:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
+
+
 def check_audit(st: dict, payload: bytes, export: Path, audit_key: Path | None, checks: list[str]) -> None:
     va = _verify_audit_module()
-    ns = argparse.Namespace(export=str(export), vkey=None, public_key=str(audit_key) if audit_key else None,
-                            trusted_checkpoint=[], html=None, json=False)
+    ns = _Args(export=str(export), vkey=None, public_key=str(audit_key) if audit_key else None,
+               trusted_checkpoint=[], html=None, json=False)
     result = va.verify(ns)
     if not result.get("ok"):
         raise Failure(f"audit export does not verify: {result.get('error')}")
