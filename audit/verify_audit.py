@@ -4,10 +4,12 @@
 Needs only Python >= 3.11 and the ``cryptography`` package; it deliberately imports nothing from
 securetrain (and not rfc8785) so an auditor can read all of it. Usage::
 
-    python verify_audit.py EXPORT_DIR [--vkey KEY | --public-key PEM] \
+    python verify_audit.py EXPORT_DIR (--vkey KEY | --public-key PEM | --trust-embedded-key) \
         [--trusted-checkpoint OLD.note ...] [--html report.html] [--json]
 
-Exit status: 0 verified, 1 verification failed (first bad entry named), 2 usage or I/O error.
+Exit status: 0 verified against the key you pinned, 1 verification failed (first bad entry named),
+2 usage or I/O error, 3 self-consistent only: checked against the export's own public_key.pem
+(UNTRUSTED: a forger re-signs with a new key), unless --trust-embedded-key accepts that.
 The format is specified in docs/audit-format.md.
 """
 
@@ -170,7 +172,8 @@ def split_notes(blob: str) -> list[str]:
     return [n for n in notes if n.strip()]
 
 
-def load_key(args: argparse.Namespace, export: Path, warnings: list[str]) -> Ed25519PublicKey:
+def load_key(args: argparse.Namespace, export: Path, warnings: list[str]) -> tuple[Ed25519PublicKey, bool]:
+    """The key to verify with, and whether it was pinned by the auditor (not taken from the export)."""
     if args.vkey:
         value = Path(args.vkey).read_text().strip() if Path(args.vkey).is_file() else args.vkey.strip()
         name, hex_id, b64 = value.split("+", 2)  # base64 may contain "+"
@@ -180,14 +183,15 @@ def load_key(args: argparse.Namespace, export: Path, warnings: list[str]) -> Ed2
         pub = Ed25519PublicKey.from_public_bytes(raw[1:])
         if key_id(name, pub).hex() != hex_id:
             raise Failure("verifier key id does not match its name and key")
-        return pub
+        return pub, True
     path = Path(args.public_key) if args.public_key else export / "public_key.pem"
     if not args.public_key:
-        warnings.append("using the export's own public_key.pem; pass --vkey/--public-key you obtained independently")
+        warnings.append("UNTRUSTED: using the export's own public_key.pem, which proves self-consistency only; "
+                        "pass --vkey/--public-key you obtained independently")
     key = serialization.load_pem_public_key(path.read_bytes())
     if not isinstance(key, Ed25519PublicKey):
         raise Failure("public key is not Ed25519")
-    return key
+    return key, bool(args.public_key)
 
 
 # ---- the verification run -----------------------------------------------------------------
@@ -195,7 +199,8 @@ def verify(args: argparse.Namespace) -> dict:
     export = Path(args.export)
     warnings: list[str] = []
     checks: list[str] = []
-    result = {"ok": False, "entries": 0, "root_hash": None, "error": None, "seq": None, "warnings": warnings, "checks": checks}
+    result = {"ok": False, "entries": 0, "root_hash": None, "error": None, "seq": None, "warnings": warnings,
+              "checks": checks, "trusted": False}
     try:
         manifest = json.loads((export / "manifest.json").read_text())
         if manifest.get("format") != "securetrain-audit-export" or manifest.get("version") != 1:
@@ -204,7 +209,7 @@ def verify(args: argparse.Namespace) -> dict:
             if "/" in name or hashlib.sha256((export / name).read_bytes()).hexdigest() != want:
                 raise Failure(f"{name}: SHA-256 does not match manifest.json")
         checks.append("manifest file digests match")
-        pub = load_key(args, export, warnings)
+        pub, result["trusted"] = load_key(args, export, warnings)
         pending = []
         for i, note in enumerate(split_notes((export / "checkpoints.note").read_text(encoding="utf-8"))):
             pending.append((*open_checkpoint(note, pub, f"stored checkpoint #{i}"), "stored"))
@@ -264,6 +269,8 @@ def verify(args: argparse.Namespace) -> dict:
                           "(appended after the export, or its checkpoints were removed)", covered)
         checks.append(f"{tree.size} entries: canonical, densely numbered, hash chain intact")
         checks.append(f"Merkle roots (RFC 6962) match every checkpoint; root {tree.root().hex()}")
+        check_latest(export, manifest, pub, tree.size, tree.root())
+        checks.append("checkpoint.note and manifest.json name exactly this tree")
         result.update(ok=True, entries=tree.size, root_hash=tree.root().hex())
     except Failure as exc:
         result.update(error=str(exc), seq=exc.seq)
@@ -272,8 +279,24 @@ def verify(args: argparse.Namespace) -> dict:
     return result
 
 
+def check_latest(export: Path, manifest: dict, pub: Ed25519PublicKey, size: int, root: bytes) -> None:
+    """checkpoint.note is the newest checkpoint and signs this tree; the manifest describes it."""
+    latest = split_notes((export / "checkpoint.note").read_text(encoding="utf-8"))
+    want_root = None
+    if size or latest:
+        if len(latest) != 1:
+            raise Failure("checkpoint.note must hold exactly the newest checkpoint")
+        _, cp_size, cp_root = open_checkpoint(latest[0], pub, "checkpoint.note")
+        if cp_size != size or cp_root != root:
+            raise Failure(f"checkpoint.note signs a tree of {cp_size} entries that is not the exported one ({size})")
+        want_root = root.hex()
+    if manifest.get("entries") != size or manifest.get("tree_size") != size or manifest.get("root_hash") != want_root:
+        raise Failure(f"manifest.json entries/tree_size/root_hash do not describe the exported tree ({size} entries, "
+                      f"root {root.hex()})")
+
+
 def write_html(result: dict, path: str) -> None:
-    status = "VERIFIED" if result["ok"] else "FAILED"
+    status = ("VERIFIED" if result["trusted"] else "SELF-CONSISTENT ONLY (UNTRUSTED KEY)") if result["ok"] else "FAILED"
     rows = "".join(f"<li>{html.escape(c)}</li>" for c in result["checks"])
     warn = "".join(f"<li>{html.escape(w)}</li>" for w in result["warnings"])
     err = "" if result["ok"] else f"<p class=bad>First problem (seq {result['seq']}): {html.escape(str(result['error']))}</p>"
@@ -290,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("export", help="directory written by 'securetrain audit export'")
     parser.add_argument("--vkey", help="trusted verifier key (name+id+base64) or a file holding it")
     parser.add_argument("--public-key", help="trusted Ed25519 public key (PEM)")
+    parser.add_argument("--trust-embedded-key", action="store_true",
+                        help="accept the export's own public_key.pem (self-consistency only) and exit 0")
     parser.add_argument("--trusted-checkpoint", action="append", help="checkpoint note you kept earlier (repeatable)")
     parser.add_argument("--html", help="also write an HTML report here")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -300,14 +325,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     elif result["ok"]:
-        print(f"OK: {result['entries']} entries verified, root {result['root_hash']}")
+        what = "OK" if result["trusted"] else "SELF-CONSISTENT (UNTRUSTED KEY)"
+        print(f"{what}: {result['entries']} entries verified, root {result['root_hash']}")
         for w in result["warnings"]:
             print(f"warning: {w}")
     else:
         where = f"entry seq={result['seq']}: " if result["seq"] is not None else ""
         print(f"FAILED: {where}{result['error']}", file=sys.stderr)
     if result["ok"]:
-        return 0
+        if result["trusted"] or args.trust_embedded_key:
+            return 0
+        print("UNTRUSTED: verified only against the public key shipped inside the export; a forger re-signs with "
+              "their own key. Pass --vkey/--public-key with the key you hold (or --trust-embedded-key).", file=sys.stderr)
+        return 3
     return 2 if result.get("io_error") else 1
 
 

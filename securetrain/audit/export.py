@@ -10,13 +10,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from securetrain.io.atomic import atomic_write_bytes, atomic_writer
 
 if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     from securetrain.audit.log import AuditLog
+    from securetrain.audit.verify import VerifyReport
 
 EXPORT_FORMAT = "securetrain-audit-export"
 EXPORT_VERSION = 1
@@ -56,3 +60,124 @@ def export_log(log: AuditLog, outdir: str | os.PathLike[str], *, checkpoint: boo
     }
     atomic_write_bytes(out / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n", mode=0o600)
     return out
+
+
+#: Files every export has; a missing one is an error, not a failed verification.
+REQUIRED_FILES = ("manifest.json", "entries.jsonl", "checkpoints.note", "checkpoint.note")
+
+
+def _read_text(path: Path) -> str:
+    from securetrain.audit.errors import AuditExportError
+
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise AuditExportError(f"the export has no {path.name} ({path})",
+                               hint="pass the directory written by 'securetrain audit export', complete") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AuditExportError(f"cannot read {path}: {type(exc).__name__}") from None
+
+
+def verify_export(
+    outdir: str | os.PathLike[str],
+    *,
+    public_key: Ed25519PublicKey | None = None,
+    trusted_notes: Sequence[str] = (),
+    on_entry: Callable[[int], None] | None = None,
+) -> VerifyReport:
+    """Verify an export directory, streaming ``entries.jsonl`` (memory independent of its length).
+
+    ``public_key`` is the key the auditor holds. Without it the export's own ``public_key.pem`` is
+    used and the report's ``key_source`` is ``"embedded"``: that proves only that the export is
+    self-consistent (anyone can rebuild and re-sign a forged export with a fresh key), so callers
+    must not present it as verified. Besides every entry and checkpoint, checks the manifest's file
+    digests, ``entries``/``tree_size``/``root_hash``, and that ``checkpoint.note`` is the newest
+    checkpoint and signs exactly the exported tree.
+
+    Raises :class:`~securetrain.audit.errors.AuditExportError` for a missing or unreadable file;
+    every integrity problem is reported in the returned report instead.
+    """
+    from securetrain.audit.errors import AuditExportError, AuditIntegrityError
+    from securetrain.audit.keys import load_public_key_pem
+    from securetrain.audit.note import split_notes
+    from securetrain.audit.verify import VerifyReport, _open, iter_line_batches, verify_lines
+
+    out = Path(outdir)
+    if not out.is_dir():
+        raise AuditExportError(f"{out} is not an export directory", hint="pass the directory 'securetrain audit export' wrote")
+    missing = [name for name in REQUIRED_FILES if not (out / name).is_file()]
+    if missing:
+        raise AuditExportError(f"the export {out} is incomplete: no {', '.join(missing)}",
+                               hint="copy the whole directory written by 'securetrain audit export'")
+    manifest_text = _read_text(out / "manifest.json")
+    notes_text = _read_text(out / "checkpoints.note")
+    latest_text = _read_text(out / "checkpoint.note")
+    key_source = "pinned"
+    if public_key is None:
+        key_source = "embedded"
+        try:
+            public_key = load_public_key_pem((out / "public_key.pem").read_bytes())
+        except OSError:
+            raise AuditExportError(f"the export has no readable public_key.pem and no --public-key was given") from None
+
+    def failed(problem: str, message: str) -> VerifyReport:
+        return VerifyReport(False, 0, "", error=AuditIntegrityError(message, problem=problem), key_source=key_source)
+
+    try:
+        manifest = json.loads(manifest_text)
+    except json.JSONDecodeError:
+        return failed("manifest", "manifest.json is not JSON")
+    if not isinstance(manifest, dict) or manifest.get("format") != EXPORT_FORMAT or manifest.get("version") != EXPORT_VERSION:
+        return failed("manifest", "manifest.json: unknown export format")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        return failed("manifest", "manifest.json has no file digests")
+    for name in ("checkpoints.note", "checkpoint.note", "public_key.pem", "verifier_key.txt", "entries.jsonl"):
+        if name not in files:
+            return failed("manifest", f"manifest.json lists no digest for {name}")
+    for name, want in sorted(files.items()):
+        if name == "entries.jsonl":
+            continue  # hashed while it is streamed below
+        if "/" in name or name.startswith(".") or not (out / name).is_file():
+            return failed("manifest", f"manifest.json names {name!r}, which is not a file of the export")
+        if hashlib.sha256((out / name).read_bytes()).hexdigest() != want:
+            return failed("manifest", f"{name}: SHA-256 does not match manifest.json (damaged or altered)")
+
+    digest = hashlib.sha256()
+    with open(out / "entries.jsonl", "rb") as handle:
+        report = verify_lines(iter_line_batches(handle, digest=digest), public_key=public_key,
+                              checkpoint_notes=split_notes(notes_text), trusted_notes=trusted_notes,
+                              on_entry=on_entry, require_signed=True)
+    report.key_source = key_source
+    if not report.ok:
+        return report
+
+    def fail(problem: str, message: str) -> VerifyReport:
+        report.ok, report.error = False, AuditIntegrityError(message, problem=problem)
+        return report
+
+    if digest.hexdigest() != files["entries.jsonl"]:
+        return fail("manifest", "entries.jsonl: SHA-256 does not match manifest.json (damaged or altered)")
+    size, root = report.entries, report.root_hash
+    latest_notes = split_notes(latest_text)
+    if size == 0 and not latest_notes:
+        want_root = None
+    elif len(latest_notes) != 1:
+        return fail("checkpoint-note", "checkpoint.note must hold exactly the newest checkpoint")
+    else:
+        try:
+            latest, _ = _open(latest_notes[0], public_key, trusted=False)
+        except AuditIntegrityError as exc:
+            return fail(exc.problem, f"checkpoint.note: {exc}")
+        if latest.tree_size != size or latest.root_hash.hex() != root:
+            return fail("checkpoint-note", f"checkpoint.note signs a tree of {latest.tree_size} entries that is not the "
+                                           f"exported one ({size} entries, root {root})")
+        want_root = root
+    if manifest.get("entries") != size or manifest.get("tree_size") != size or manifest.get("root_hash") != want_root:
+        return fail("manifest", f"manifest.json says entries={manifest.get('entries')!r}, tree_size="
+                                f"{manifest.get('tree_size')!r}, root_hash={manifest.get('root_hash')!r}; the export "
+                                f"holds {size} entries with root {root}")
+    if key_source == "embedded":
+        report.warnings.append("UNTRUSTED: checked against the export's own public_key.pem, which proves only that "
+                               "the export is self-consistent; pass the log's public key you obtained independently")
+    return report
