@@ -108,6 +108,29 @@ class Tree:
         self.peaks.append(node)
         self.size += 1
 
+    def push(self, node: bytes, height: int) -> None:
+        """Append a perfect subtree of 2**height leaves (size must be a multiple of 2**height)."""
+        n = self.size >> height
+        while n & 1:
+            node = node_hash(self.peaks.pop(), node)
+            n >>= 1
+        self.peaks.append(node)
+        self.size += 1 << height
+
+    def extend(self, leaves: list) -> None:
+        """Same as append() for each leaf; aligned perfect subtrees are hashed level by level."""
+        i, n = 0, len(leaves)
+        while i < n:
+            height = (n - i).bit_length() - 1
+            if self.size:
+                height = min(height, (self.size & -self.size).bit_length() - 1)
+            level = leaves[i : i + (1 << height)]
+            while len(level) > 1:
+                pairs = iter(level)
+                level = [hashlib.sha256(b"\x01" + a + b).digest() for a, b in zip(pairs, pairs)]
+            self.push(level[0], height)
+            i += 1 << height
+
     def root(self) -> bytes:
         if not self.peaks:
             return hashlib.sha256(b"").digest()
@@ -115,6 +138,150 @@ class Tree:
         for peak in reversed(self.peaks[:-1]):
             acc = node_hash(peak, acc)
         return acc
+
+
+# ---- RFC 6962 proofs (a port of transparency-dev/merkle proof/verify.go) -------------------
+def _chain_inner(seed: bytes, proof: list, index: int) -> bytes:
+    for i, h in enumerate(proof):
+        seed = node_hash(seed, h) if (index >> i) & 1 == 0 else node_hash(h, seed)
+    return seed
+
+
+def _chain_inner_right(seed: bytes, proof: list, index: int) -> bytes:
+    for i, h in enumerate(proof):
+        if (index >> i) & 1:
+            seed = node_hash(h, seed)
+    return seed
+
+
+def _chain_border_right(seed: bytes, proof: list) -> bytes:
+    for h in proof:
+        seed = node_hash(h, seed)
+    return seed
+
+
+def _decomp(index: int, size: int) -> tuple[int, int]:
+    inner = (index ^ (size - 1)).bit_length()
+    return inner, bin(index >> inner).count("1")
+
+
+def verify_inclusion(index: int, size: int, leaf: bytes, proof: list, root: bytes) -> bool:
+    if not 0 <= index < size or len(leaf) != 32 or any(len(p) != 32 for p in proof):
+        return False
+    inner, border = _decomp(index, size)
+    if len(proof) != inner + border:
+        return False
+    return _chain_border_right(_chain_inner(leaf, proof[:inner], index), proof[inner:]) == root
+
+
+def verify_consistency(size1: int, size2: int, proof: list, root1: bytes, root2: bytes) -> bool:
+    """size1 = 0 is rejected: a proof from the empty tree proves nothing."""
+    if size1 <= 0 or size2 < size1 or any(len(p) != 32 for p in proof):
+        return False
+    if size1 == size2:
+        return not proof and root1 == root2
+    if not proof:
+        return False
+    fork, border = _decomp(size1 - 1, size2)
+    shift = (size1 & -size1).bit_length() - 1
+    inner = fork - shift
+    seed, start = (root1, 0) if size1 == 1 << shift else (proof[0], 1)
+    if len(proof) != start + inner + border:
+        return False
+    rest, mask = proof[start:], (size1 - 1) >> shift
+    if start == 1:  # the proof's nodes inside the old tree must rebuild root1
+        sub_inner = min((size1 - 1).bit_length(), ((size1 - 1) ^ (size2 - 1)).bit_length()) - shift
+        if _chain_border_right(_chain_inner_right(seed, rest[:sub_inner], mask), rest[inner:inner + border]) != root1:
+            return False
+    return _chain_border_right(_chain_inner(seed, rest[:inner], mask), rest[inner:]) == root2
+
+
+# ---- fast acceptance of canonical entry lines --------------------------------------------
+# A line is accepted here only when it is provably the canonical entry `seq` chained onto `prev`:
+# strict UTF-8, one regular expression for the eleven top-level members in JCS order with JCS
+# string escaping, and the details object re-encoded by the C json encoder (sorted keys, floats
+# and out-of-range integers refused) - identical to JCS when no character lies beyond U+FFFF.
+# Everything else goes through exact_check() below, which decides and names the problem.
+JCS_STRING = r'"(?:[^"\\\x00-\x1f]|\\["\\bfnrt]|\\u00(?:0[0-7bef]|1[0-9a-f]))*"'
+ENTRY_LINE = re.compile(
+    r'\{"action":' + JCS_STRING + r',"actor":' + JCS_STRING + r',"details":(\{.*?\}),"hostname":' + JCS_STRING
+    + r',"mac":' + JCS_STRING + r',"outcome":' + JCS_STRING + r',"prev_hash":"([0-9a-f]{64})","resource":'
+    + JCS_STRING + r',"seq":(0|[1-9][0-9]{0,15}),"ts":' + JCS_STRING + r',"v":1\}').fullmatch
+ASTRAL = re.compile("[\U00010000-\U0010ffff]").search
+
+
+def _refuse(_text: str) -> None:
+    raise ValueError("not allowed in audit entries")
+
+
+def _safe_int(text: str) -> int:
+    value = int(text)
+    if abs(value) > 2**53 - 1:
+        raise ValueError("integer outside the I-JSON range")
+    return value
+
+
+decode_details = json.JSONDecoder(parse_float=_refuse, parse_int=_safe_int, parse_constant=_refuse).decode
+encode_sorted = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode
+
+
+def fast_ok(raw: bytes, seq: int, prev: str) -> bool:
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        return False
+    m = ENTRY_LINE(text)
+    if m is None or m[2] != prev or m[3] != str(seq) or (not text.isascii() and ASTRAL(text)):
+        return False
+    try:
+        return m[1] == "{}" or encode_sorted(decode_details(m[1])) == m[1]
+    except (ValueError, RecursionError):
+        return False
+
+
+def exact_check(raw: bytes, seq: int, prev: str) -> None:
+    """The specification, check by check (docs/audit-format.md); raises Failure naming the problem."""
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise Failure("not valid JSON", seq) from None
+    if not isinstance(obj, dict) or set(obj) != FIELDS:
+        raise Failure(f"fields must be exactly {sorted(FIELDS)}", seq)
+    if obj["v"] != 1 or type(obj["v"]) is not int:
+        raise Failure(f"unknown format version {obj['v']!r}", seq)
+    if type(obj["seq"]) is not int or obj["seq"] != seq:
+        raise Failure(f"seq is {obj['seq']!r}, expected {seq} (entry deleted, inserted or reordered)", seq)
+    if any(not isinstance(obj[f], str) for f in STR_FIELDS) or not isinstance(obj["details"], dict):
+        raise Failure("a field has the wrong type", seq)
+    try:
+        canonical = jcs(obj).encode()
+    except Failure as exc:
+        raise Failure(str(exc), seq) from None
+    if canonical != raw:
+        raise Failure("bytes are not RFC 8785 canonical JSON (edited by hand?)", seq)
+    if obj["prev_hash"] != prev:
+        raise Failure(f"prev_hash does not match the hash of entry {seq - 1} (entry {seq - 1} or {seq} was altered, "
+                      "or entries were removed)", seq)
+
+
+MAX_LINE = 1 << 20
+
+
+def line_batches(handle, digest):  # noqa: ANN001, ANN201
+    """Lines (newline stripped) in batches, reading 1 MiB at a time; feeds every byte to digest."""
+    carry = b""
+    while True:
+        buf = handle.read(1 << 20)
+        if not buf:
+            break
+        digest.update(buf)
+        parts = (carry + buf).split(b"\n")
+        carry = parts.pop()
+        if len(carry) > MAX_LINE:
+            raise Failure(f"a line longer than {MAX_LINE} bytes")
+        yield parts
+    if carry:
+        yield [carry]
 
 
 # ---- signed notes / checkpoints (c2sp.org/signed-note, c2sp.org/tlog-checkpoint) ----------
@@ -205,10 +372,13 @@ def verify(args: argparse.Namespace) -> dict:
         manifest = json.loads((export / "manifest.json").read_text())
         if manifest.get("format") != "securetrain-audit-export" or manifest.get("version") != 1:
             raise Failure("manifest.json: unknown export format")
+        if "entries.jsonl" not in manifest["files"]:
+            raise Failure("manifest.json lists no digest for entries.jsonl")
         for name, want in sorted(manifest["files"].items()):
+            if name == "entries.jsonl":
+                continue  # hashed while it is streamed below
             if "/" in name or hashlib.sha256((export / name).read_bytes()).hexdigest() != want:
                 raise Failure(f"{name}: SHA-256 does not match manifest.json")
-        checks.append("manifest file digests match")
         pub, result["trusted"] = load_key(args, export, warnings)
         pending = []
         for i, note in enumerate(split_notes((export / "checkpoints.note").read_text(encoding="utf-8"))):
@@ -221,44 +391,41 @@ def verify(args: argparse.Namespace) -> dict:
         if len(origins) > 1:
             raise Failure(f"checkpoints come from different logs: {sorted(origins)}")
         pending.sort(key=lambda p: p[1])
-        tree, prev, seq = Tree(), GENESIS, -1
-        covered = 0
+        tree, prev, covered = Tree(), GENESIS, 0
 
-        def settle() -> None:
+        def add(leaves: list) -> None:  # append leaves, stopping at every checkpoint size
             nonlocal covered
-            while pending and pending[0][1] == tree.size:
-                _, size, root, kind = pending.pop(0)
-                if root != tree.root():
-                    raise Failure(f"Merkle root of the first {size} entries does not match the {kind} checkpoint", size - 1 if size else None)
-                covered = max(covered, size)
+            i = 0
+            while True:
+                while pending and pending[0][1] == tree.size:
+                    _, size, root, kind = pending.pop(0)
+                    if root != tree.root():
+                        raise Failure(f"Merkle root of the first {size} entries does not match the {kind} checkpoint",
+                                      size - 1 if size else None)
+                    covered = max(covered, size)
+                if i == len(leaves):
+                    return
+                stop = min(len(leaves), i + pending[0][1] - tree.size) if pending else len(leaves)
+                tree.extend(leaves[i:stop])
+                i = stop
 
-        settle()
+        add([])
+        digest = hashlib.sha256()
+        sha256 = hashlib.sha256
         with open(export / "entries.jsonl", "rb") as handle:
-            for seq, line in enumerate(handle):
-                raw = line[:-1] if line.endswith(b"\n") else line
-                try:
-                    obj = json.loads(raw)
-                except (ValueError, UnicodeDecodeError):
-                    raise Failure("not valid JSON", seq) from None
-                if not isinstance(obj, dict) or set(obj) != FIELDS:
-                    raise Failure(f"fields must be exactly {sorted(FIELDS)}", seq)
-                if obj["v"] != 1 or type(obj["v"]) is not int:
-                    raise Failure(f"unknown format version {obj['v']!r}", seq)
-                if type(obj["seq"]) is not int or obj["seq"] != seq:
-                    raise Failure(f"seq is {obj['seq']!r}, expected {seq} (entry deleted, inserted or reordered)", seq)
-                if any(not isinstance(obj[f], str) for f in STR_FIELDS) or not isinstance(obj["details"], dict):
-                    raise Failure("a field has the wrong type", seq)
-                try:
-                    canonical = jcs(obj).encode()
-                except Failure as exc:
-                    raise Failure(str(exc), seq) from None
-                if canonical != raw:
-                    raise Failure("bytes are not RFC 8785 canonical JSON (edited by hand?)", seq)
-                if obj["prev_hash"] != prev:
-                    raise Failure(f"prev_hash does not match the hash of entry {seq - 1} (entry {seq - 1} or {seq} was altered, or entries were removed)", seq)
-                prev = hashlib.sha256(raw).hexdigest()
-                tree.append(leaf_hash(raw))
-                settle()
+            for batch in line_batches(handle, digest):
+                leaves, seq = [], tree.size
+                for raw in batch:
+                    if not fast_ok(raw, seq, prev):
+                        try:
+                            exact_check(raw, seq, prev)
+                        except Failure:
+                            add(leaves)  # checkpoints before the bad entry are checked first
+                            raise
+                    prev = sha256(raw).hexdigest()
+                    leaves.append(sha256(b"\x00" + raw).digest())
+                    seq += 1
+                add(leaves)
         if pending:
             _, size, _, kind = pending[0]
             raise Failure(f"export has {tree.size} entries but a {kind} checkpoint covers {size}: the tail was removed", tree.size)
@@ -267,6 +434,9 @@ def verify(args: argparse.Namespace) -> dict:
             # so unsigned entries were appended afterwards - or the checkpoints were removed.
             raise Failure(f"entries {covered}..{tree.size - 1} are not covered by a signed checkpoint "
                           "(appended after the export, or its checkpoints were removed)", covered)
+        if digest.hexdigest() != manifest["files"]["entries.jsonl"]:
+            raise Failure("entries.jsonl: SHA-256 does not match manifest.json")
+        checks.append("manifest file digests match")
         checks.append(f"{tree.size} entries: canonical, densely numbered, hash chain intact")
         checks.append(f"Merkle roots (RFC 6962) match every checkpoint; root {tree.root().hex()}")
         check_latest(export, manifest, pub, tree.size, tree.root())

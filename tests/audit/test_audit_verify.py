@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -181,8 +182,7 @@ def test_manifest_digest_of_entries_is_checked_by_the_cli(log: AuditLog, tmp_pat
 @pytest.mark.postgres
 def test_cli_schema_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     psycopg = pytest.importorskip("psycopg")
-    from conftest import POSTGRES_URL
-
+    POSTGRES_URL = os.environ.get("SECURETRAIN_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
     libpq = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
     try:
         psycopg.connect(libpq, connect_timeout=3).close()
