@@ -5,7 +5,7 @@ Needs only Python >= 3.11 and the ``cryptography`` package; it deliberately impo
 securetrain (and not rfc8785) so an auditor can read all of it. Usage::
 
     python verify_audit.py EXPORT_DIR (--vkey KEY | --public-key PEM | --trust-embedded-key) \
-        [--trusted-checkpoint OLD.note ...] [--html report.html] [--json]
+        [--trusted-checkpoint OLD.note ...] [--since-checkpoint HELD.note] [--html report.html] [--json]
 
 Exit status: 0 verified against the key you pinned, 1 verification failed (first bad entry named),
 2 usage or I/O error, 3 self-consistent only: checked against the export's own public_key.pem
@@ -21,6 +21,8 @@ import binascii
 import hashlib
 import html
 import json
+import json.encoder
+import json.scanner
 import re
 import sys
 from pathlib import Path
@@ -202,11 +204,13 @@ def verify_consistency(size1: int, size2: int, proof: list, root1: bytes, root2:
 # string escaping, and the details object re-encoded by the C json encoder (sorted keys, floats
 # and out-of-range integers refused) - identical to JCS when no character lies beyond U+FFFF.
 # Everything else goes through exact_check() below, which decides and names the problem.
-JCS_STRING = r'"(?:[^"\\\x00-\x1f]|\\["\\bfnrt]|\\u00(?:0[0-7bef]|1[0-9a-f]))*"'
-ENTRY_LINE = re.compile(
-    r'\{"action":' + JCS_STRING + r',"actor":' + JCS_STRING + r',"details":(\{.*?\}),"hostname":' + JCS_STRING
-    + r',"mac":' + JCS_STRING + r',"outcome":' + JCS_STRING + r',"prev_hash":"([0-9a-f]{64})","resource":'
-    + JCS_STRING + r',"seq":(0|[1-9][0-9]{0,15}),"ts":' + JCS_STRING + r',"v":1\}').fullmatch
+JCS_STRING = r'"[^"\\\x00-\x1f]*(?:\\(?:["\\bfnrt]|u00(?:0[0-7bef]|1[0-9a-f]))[^"\\\x00-\x1f]*)*"'
+ENTRY_HEAD = re.compile(r'\{"action":' + JCS_STRING + r',"actor":' + JCS_STRING + r',"details":\{').match
+# No canonical string can hold '},"hostname":"' (its quotes would be escaped): the last one ends details.
+ENTRY_TAIL = re.compile(
+    r',"hostname":' + JCS_STRING + r',"mac":' + JCS_STRING + r',"outcome":' + JCS_STRING
+    + r',"prev_hash":"([0-9a-f]{64})","resource":' + JCS_STRING + r',"seq":(0|[1-9][0-9]{0,15}),"ts":'
+    + JCS_STRING + r',"v":1\}').fullmatch
 ASTRAL = re.compile("[\U00010000-\U0010ffff]").search
 
 
@@ -221,8 +225,24 @@ def _safe_int(text: str) -> int:
     return value
 
 
-decode_details = json.JSONDecoder(parse_float=_refuse, parse_int=_safe_int, parse_constant=_refuse).decode
-encode_sorted = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode
+DETAILS_DECODER = json.JSONDecoder(parse_float=_refuse, parse_int=_safe_int, parse_constant=_refuse)
+DETAILS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+# The C scanner and encoder, called directly (JSONDecoder.decode/JSONEncoder.encode add Python work).
+scan_details = json.scanner.c_make_scanner(DETAILS_DECODER) if json.scanner.c_make_scanner else DETAILS_DECODER.scan_once
+c_encode = (json.encoder.c_make_encoder(None, None, json.encoder.encode_basestring, None, ":", ",", True, False, False)
+            if json.encoder.c_make_encoder else None)
+
+
+def details_canonical(text: str) -> bool:
+    if text == "{}":
+        return True
+    try:
+        obj, end = scan_details(text, 0)
+        if end != len(text) or type(obj) is not dict:
+            return False
+        return ("".join(c_encode(obj, 0)) if c_encode else DETAILS_ENCODER.encode(obj)) == text
+    except (ValueError, RecursionError, StopIteration):
+        return False
 
 
 def fast_ok(raw: bytes, seq: int, prev: str) -> bool:
@@ -230,13 +250,13 @@ def fast_ok(raw: bytes, seq: int, prev: str) -> bool:
         text = raw.decode()
     except UnicodeDecodeError:
         return False
-    m = ENTRY_LINE(text)
-    if m is None or m[2] != prev or m[3] != str(seq) or (not text.isascii() and ASTRAL(text)):
+    head, end = ENTRY_HEAD(text), text.rfind('},"hostname":"')
+    if head is None or end < head.end() - 1:
         return False
-    try:
-        return m[1] == "{}" or encode_sorted(decode_details(m[1])) == m[1]
-    except (ValueError, RecursionError):
+    tail = ENTRY_TAIL(text, end + 1)
+    if tail is None or tail[1] != prev or tail[2] != str(seq) or (not text.isascii() and ASTRAL(text)):
         return False
+    return details_canonical(text[head.end() - 1 : end + 1])
 
 
 def exact_check(raw: bytes, seq: int, prev: str) -> None:
@@ -409,10 +429,19 @@ def verify(args: argparse.Namespace) -> dict:
                 tree.extend(leaves[i:stop])
                 i = stop
 
-        add([])
         digest = hashlib.sha256()
         sha256 = hashlib.sha256
         with open(export / "entries.jsonl", "rb") as handle:
+            if args.since_checkpoint:
+                tree, prev = resume(export, Path(args.since_checkpoint), pub, handle)
+                older = [p for p in pending if p[1] < tree.size]
+                pending[:] = [p for p in pending if p[1] >= tree.size]
+                covered = tree.size
+                checks.append(f"incremental: entries 0..{tree.size - 1} authenticated by the held checkpoint "
+                              "(compact range from ranges.jsonl); only newer entries parsed")
+                if older:
+                    warnings.append(f"{len(older)} checkpoints older than the held one were not re-checked")
+            add([])
             for batch in line_batches(handle, digest):
                 leaves, seq = [], tree.size
                 for raw in batch:
@@ -434,9 +463,12 @@ def verify(args: argparse.Namespace) -> dict:
             # so unsigned entries were appended afterwards - or the checkpoints were removed.
             raise Failure(f"entries {covered}..{tree.size - 1} are not covered by a signed checkpoint "
                           "(appended after the export, or its checkpoints were removed)", covered)
-        if digest.hexdigest() != manifest["files"]["entries.jsonl"]:
+        if args.since_checkpoint:
+            warnings.append("incremental: the manifest digest of entries.jsonl was not recomputed")
+        elif digest.hexdigest() != manifest["files"]["entries.jsonl"]:
             raise Failure("entries.jsonl: SHA-256 does not match manifest.json")
-        checks.append("manifest file digests match")
+        else:
+            checks.append("manifest file digests match")
         checks.append(f"{tree.size} entries: canonical, densely numbered, hash chain intact")
         checks.append(f"Merkle roots (RFC 6962) match every checkpoint; root {tree.root().hex()}")
         check_latest(export, manifest, pub, tree.size, tree.root())
@@ -447,6 +479,49 @@ def verify(args: argparse.Namespace) -> dict:
     except (OSError, KeyError, ValueError) as exc:
         result.update(error=f"cannot read export: {type(exc).__name__}: {exc}", io_error=True)
     return result
+
+
+def resume(export: Path, held_path: Path, pub: Ed25519PublicKey, handle) -> tuple[Tree, str]:  # noqa: ANN001
+    """Tree and chain head at the held checkpoint, authenticated by its signed root.
+
+    ranges.jsonl gives the compact range (peaks) at the held size: they must fold to the held root.
+    The entries of the smallest peak are re-hashed (which authenticates the last one, whose hash
+    the next entry chains to); the file handle is left at the first newer entry.
+    """
+    held = [open_checkpoint(n, pub, f"held checkpoint {held_path}") for n in split_notes(held_path.read_text(encoding="utf-8"))]
+    if not held:
+        raise Failure(f"{held_path} holds no checkpoint note")
+    _, size, root = max(held, key=lambda c: c[1])
+    tree = Tree()
+    if size == 0:
+        return tree, GENESIS
+    record = None
+    with open(export / "ranges.jsonl", "rb") as ranges:
+        for line in ranges:
+            item = json.loads(line)
+            if isinstance(item, dict) and item.get("tree_size") == size:
+                record = item
+                break
+    if record is None:
+        raise Failure(f"the export has no compact range at the held checkpoint's size {size}")
+    peaks = [bytes.fromhex(p) for p in record["peaks"]]
+    if len(peaks) != bin(size).count("1") or any(len(p) != 32 for p in peaks):
+        raise Failure(f"ranges.jsonl: malformed compact range for size {size}")
+    tree.size, tree.peaks = size, peaks
+    if tree.root() != root:
+        raise Failure(f"the export's compact range at size {size} does not match the held checkpoint "
+                      "(history before it was rewritten)")
+    handle.seek(max(int(record["lowest_offset"]), 0))
+    sub, last = Tree(), b""
+    for _ in range(size & -size):
+        line = handle.readline(MAX_LINE + 1)
+        if not line.endswith(b"\n"):
+            raise Failure(f"entries.jsonl ends or breaks before the held checkpoint's size {size}")
+        last = line[:-1]
+        sub.append(leaf_hash(last))
+    if sub.root() != peaks[-1]:
+        raise Failure(f"entries before {size} do not match the held checkpoint (history before it was rewritten)")
+    return tree, hashlib.sha256(last).hexdigest()
 
 
 def check_latest(export: Path, manifest: dict, pub: Ed25519PublicKey, size: int, root: bytes) -> None:
@@ -465,6 +540,51 @@ def check_latest(export: Path, manifest: dict, pub: Ed25519PublicKey, size: int,
                       f"root {root.hex()})")
 
 
+def verify_proof(args: argparse.Namespace) -> dict:
+    """Check the JSON printed by 'securetrain audit prove' (inclusion) or 'prove --consistency' against the key."""
+    result = {"ok": False, "error": None, "seq": None, "warnings": [], "checks": [], "trusted": False,
+              "entries": 0, "root_hash": None}
+    try:
+        proof = json.loads(Path(args.proof).read_text(encoding="utf-8"))
+        pub, result["trusted"] = load_key(args, Path(args.export or "."), result["warnings"])
+        nodes = [bytes.fromhex(h) for h in proof["proof"]]
+        cp = open_checkpoint(proof["checkpoint"], pub, "the proof's checkpoint") if proof.get("checkpoint") else None
+        if "old_size" in proof:  # consistency proof
+            old, new = int(proof["old_size"]), int(proof["new_size"])
+            old_root, new_root = bytes.fromhex(proof["old_root"]), bytes.fromhex(proof["new_root"])
+            if not verify_consistency(old, new, nodes, old_root, new_root):
+                raise Failure(f"consistency proof {old} -> {new} does not verify (the log was not append-only)")
+            result["checks"].append(f"RFC 6962 consistency proof {old} -> {new} verifies")
+            for path in args.trusted_checkpoint or []:
+                for note in split_notes(Path(path).read_text(encoding="utf-8")):
+                    _, size, root = open_checkpoint(note, pub, f"held checkpoint {path}")
+                    if (size, root) not in ((old, old_root), (new, new_root)):
+                        raise Failure(f"held checkpoint {path} (size {size}) is not an end of this proof")
+                    result["checks"].append(f"held checkpoint of size {size} is an end of the proof")
+            size, root = new, new_root
+        else:
+            entry = proof["entry"].encode()
+            leaf, index, size, root = leaf_hash(entry), int(proof["leaf_index"]), int(proof["tree_size"]), bytes.fromhex(proof["root_hash"])
+            if leaf.hex() != proof.get("leaf_hash", leaf.hex()):
+                raise Failure("leaf_hash is not SHA-256(0x00 || entry)")
+            if int(proof.get("seq", index)) != index or json.loads(entry).get("seq") != index:
+                raise Failure("the entry's seq is not the proven leaf index")
+            if not verify_inclusion(index, size, leaf, nodes, root):
+                raise Failure(f"inclusion proof of entry {index} in a tree of {size} does not verify", index)
+            result["checks"].append(f"RFC 6962 inclusion proof of entry {index} in a tree of {size} verifies")
+        if cp is None:
+            raise Failure("the proof carries no signed checkpoint; pass one that signs its root")
+        if cp[1] != size or cp[2] != root:
+            raise Failure(f"the checkpoint signs a tree of {cp[1]} entries, not the proof's root")
+        result["checks"].append(f"the root is signed by the trusted key (checkpoint of size {size})")
+        result.update(ok=True, entries=size, root_hash=root.hex())
+    except Failure as exc:
+        result.update(error=str(exc), seq=exc.seq)
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        result.update(error=f"cannot read the proof: {type(exc).__name__}: {exc}", io_error=True)
+    return result
+
+
 def write_html(result: dict, path: str) -> None:
     status = ("VERIFIED" if result["trusted"] else "SELF-CONSISTENT ONLY (UNTRUSTED KEY)") if result["ok"] else "FAILED"
     rows = "".join(f"<li>{html.escape(c)}</li>" for c in result["checks"])
@@ -480,16 +600,23 @@ def write_html(result: dict, path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Verify a securetrain audit-log export offline.")
-    parser.add_argument("export", help="directory written by 'securetrain audit export'")
+    parser.add_argument("export", nargs="?", help="directory written by 'securetrain audit export'")
+    parser.add_argument("--proof", help="check a proof printed by 'securetrain audit prove' instead of an export")
     parser.add_argument("--vkey", help="trusted verifier key (name+id+base64) or a file holding it")
     parser.add_argument("--public-key", help="trusted Ed25519 public key (PEM)")
     parser.add_argument("--trust-embedded-key", action="store_true",
                         help="accept the export's own public_key.pem (self-consistency only) and exit 0")
     parser.add_argument("--trusted-checkpoint", action="append", help="checkpoint note you kept earlier (repeatable)")
+    parser.add_argument("--since-checkpoint", help="incremental: a checkpoint note you hold from an earlier full "
+                        "verification (or an anchor file: its newest note); only newer entries are parsed")
     parser.add_argument("--html", help="also write an HTML report here")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
-    result = verify(args)
+    if not args.export and not args.proof:
+        parser.error("give an export directory or --proof FILE")
+    if args.proof and not (args.vkey or args.public_key):
+        parser.error("--proof needs the key you hold: --vkey or --public-key")
+    result = verify_proof(args) if args.proof else verify(args)
     if args.html:
         write_html(result, args.html)
     if args.json:

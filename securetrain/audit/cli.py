@@ -98,6 +98,9 @@ def verify(
     trust_embedded_key: bool = typer.Option(
         False, "--trust-embedded-key",
         help="With --export and no --public-key: accept the export's own key (proves self-consistency only)."),
+    since_checkpoint: Optional[Path] = typer.Option(
+        None, "--since-checkpoint",
+        help="With --export: incremental check from this held checkpoint (or anchor file): only newer entries are parsed."),
     signing_key: Optional[Path] = _SIGNING_KEY,
     schema: Optional[str] = _SCHEMA,
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -122,8 +125,15 @@ def verify(
             if export is not None:
                 from securetrain.audit.export import verify_export
 
-                report = verify_export(export, public_key=key, trusted_notes=trusted, on_entry=tick)
+                since = _read_notes([since_checkpoint])[0] if since_checkpoint is not None else None
+                report = verify_export(export, public_key=key, trusted_notes=trusted, on_entry=tick,
+                                       since_checkpoint=since)
             else:
+                if since_checkpoint is not None:
+                    from securetrain.audit.errors import AuditConfigError
+
+                    raise AuditConfigError("--since-checkpoint needs --export (incremental database checks are not "
+                                           "supported yet)", hint="export the log, then verify the export")
                 with _open(db, signing_key, need_key=key is None, schema=schema) as log:
                     report = log.verify(trusted_checkpoints=trusted, public_key=key,
                                         on_entry=lambda n: tick(n) if n % 4096 == 0 else None)
@@ -186,16 +196,33 @@ def export(
 
 
 def prove(
-    seq: int = typer.Argument(..., help="Entry to prove."), db: Optional[str] = _DB,
+    seq: Optional[int] = typer.Argument(None, help="Entry to prove (omit with --consistency)."), db: Optional[str] = _DB,
     size: Optional[int] = typer.Option(None, "--size", help="Tree size (default: latest checkpoint)."),
+    consistency: Optional[int] = typer.Option(
+        None, "--consistency", help="Print a consistency proof from this older tree size instead."),
     schema: Optional[str] = _SCHEMA,
 ) -> None:
-    """Print an RFC 6962 inclusion proof for entry SEQ as JSON."""
+    """Print an RFC 6962 inclusion proof for entry SEQ (or a consistency proof) as JSON, with the signed checkpoint.
+
+    Check it offline with: python audit/verify_audit.py --proof FILE --vkey KEY.
+    """
+    from securetrain.audit.errors import AuditConfigError
+
+    if (seq is None) == (consistency is None):
+        raise AuditConfigError("give either SEQ (inclusion proof) or --consistency OLD_SIZE")
     with _open(db, schema=schema) as log:
-        proof = log.inclusion_proof(seq, size)
-        cp = log.latest_checkpoint()
-        if cp is not None and cp.tree_size == proof["tree_size"]:
-            proof["checkpoint"] = cp.note
+        if size is None:
+            cp = log.latest_checkpoint()
+            size = cp.tree_size if cp is not None else log.size()
+        if consistency is not None:
+            proof = log.consistency_proof(consistency, size)
+            target = proof["new_size"]
+        else:
+            proof = log.inclusion_proof(seq, size)
+            target = proof["tree_size"]
+        signed = [c for c in log.checkpoints() if c.tree_size == target]
+        if signed:
+            proof["checkpoint"] = signed[-1].note
     typer.echo(json.dumps(proof, indent=2))
 
 

@@ -87,6 +87,19 @@ class CompactRange:
             acc = node_hash(peak, acc)
         return acc
 
+    def peaks(self) -> list[bytes]:
+        """Roots of the perfect subtrees making up the tree, largest (leftmost) first."""
+        return list(self._peaks)
+
+    @classmethod
+    def from_peaks(cls, size: int, peaks: Sequence[bytes]) -> CompactRange:
+        """A range continuing a tree of ``size`` leaves; authenticate ``peaks`` by comparing :meth:`root`."""
+        if size < 0 or len(peaks) != bin(size).count("1") or any(len(p) != 32 for p in peaks):
+            raise ValueError(f"a tree of {size} leaves has {bin(max(size, 0)).count('1')} peaks of 32 bytes")
+        cr = cls()
+        cr.size, cr._peaks = size, list(peaks)
+        return cr
+
     def copy(self) -> CompactRange:
         other = CompactRange()
         other.size, other._peaks = self.size, list(self._peaks)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import json.encoder
+import json.scanner
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -121,12 +123,15 @@ class Record:
 #     UTF-16 order and the encoder's escaping is JCS's, so equality means canonical.
 # Anything the fast path does not accept goes through the exact slow path (full parse, RFC 8785,
 # named failure), which decides; so the fast path can only make verification faster, not laxer.
-_JCS_STRING = r'"(?:[^"\\\x00-\x1f]|\\["\\bfnrt]|\\u00(?:0[0-7bef]|1[0-9a-f]))*"'
-_ENTRY_LINE = re.compile(
-    r'\{"action":' + _JCS_STRING + r',"actor":' + _JCS_STRING + r',"details":(\{.*?\}),"hostname":' + _JCS_STRING
-    + r',"mac":' + _JCS_STRING + r',"outcome":' + _JCS_STRING + r',"prev_hash":"([0-9a-f]{64})","resource":'
-    + _JCS_STRING + r',"seq":(0|[1-9][0-9]{0,15}),"ts":' + _JCS_STRING + r',"v":1\}'
-).fullmatch
+# A JCS string, "unrolled" so runs of ordinary characters are one fast character-class loop.
+_JCS_STRING = r'"[^"\\\x00-\x1f]*(?:\\(?:["\\bfnrt]|u00(?:0[0-7bef]|1[0-9a-f]))[^"\\\x00-\x1f]*)*"'
+_ENTRY_HEAD = re.compile(r'\{"action":' + _JCS_STRING + r',"actor":' + _JCS_STRING + r',"details":\{').match
+# Everything after details. In canonical JSON no string can hold '},"hostname":"' (its quotes would be
+# escaped), so the last occurrence of that text is where details ends.
+_ENTRY_TAIL = re.compile(
+    r',"hostname":' + _JCS_STRING + r',"mac":' + _JCS_STRING + r',"outcome":' + _JCS_STRING
+    + r',"prev_hash":"([0-9a-f]{64})","resource":' + _JCS_STRING + r',"seq":(0|[1-9][0-9]{0,15}),"ts":'
+    + _JCS_STRING + r',"v":1\}').fullmatch
 _ASTRAL = re.compile("[\U00010000-\U0010ffff]").search
 
 
@@ -141,16 +146,25 @@ def _safe_int(text: str) -> int:
     raise ValueError("integer outside the I-JSON range")
 
 
-_decode_details = json.JSONDecoder(parse_float=_refuse, parse_int=_safe_int, parse_constant=_refuse).decode
-_encode_sorted = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False).encode
+_DETAILS_DECODER = json.JSONDecoder(parse_float=_refuse, parse_int=_safe_int, parse_constant=_refuse)
+_DETAILS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False)
+# The C scanner/encoder called directly: JSONDecoder.decode and JSONEncoder.encode add Python-level
+# wrapper work per call that costs more than the parsing itself for a small details object.
+_scan_details = (json.scanner.c_make_scanner(_DETAILS_DECODER) if json.scanner.c_make_scanner
+                 else _DETAILS_DECODER.scan_once)
+_c_encode = (json.encoder.c_make_encoder(None, None, json.encoder.encode_basestring, None, ":", ",", True, False, False)
+             if json.encoder.c_make_encoder else None)
 
 
 def _details_canonical(text: str) -> bool:
     if text == "{}":
         return True
     try:
-        return _encode_sorted(_decode_details(text)) == text
-    except (ValueError, RecursionError):
+        obj, end = _scan_details(text, 0)
+        if end != len(text) or type(obj) is not dict:
+            return False
+        return ("".join(_c_encode(obj, 0)) if _c_encode else _DETAILS_ENCODER.encode(obj)) == text
+    except (ValueError, RecursionError, StopIteration):
         return False
 
 
@@ -163,9 +177,13 @@ def fast_accept(raw: bytes, seq: int, prev_hash: str) -> bool:
         text = raw.decode()
     except UnicodeDecodeError:
         return False
-    m = _ENTRY_LINE(text)
-    return (m is not None and m[2] == prev_hash and m[3] == str(seq)
-            and (text.isascii() or _ASTRAL(text) is None) and _details_canonical(m[1]))
+    head = _ENTRY_HEAD(text)
+    end = text.rfind('},"hostname":"')
+    if head is None or end < head.end() - 1:
+        return False
+    tail = _ENTRY_TAIL(text, end + 1)
+    return (tail is not None and tail[1] == prev_hash and tail[2] == str(seq)
+            and (text.isascii() or _ASTRAL(text) is None) and _details_canonical(text[head.end() - 1 : end + 1]))
 
 
 def check_entry(raw: bytes, obj: Any, seq: int, prev_hash: str) -> None:
@@ -315,19 +333,25 @@ def verify_lines(
     trusted_notes: Iterable[str] = (),
     on_entry: Callable[[int], None] | None = None,
     require_signed: bool = True,
+    start: tuple[CompactRange, str] | None = None,
 ) -> VerifyReport:
-    """Verify an export's entry lines, given in batches (see :func:`iter_line_batches`)."""
+    """Verify an export's entry lines, given in batches (see :func:`iter_line_batches`).
+
+    ``start = (tree, prev_hash)`` continues a verification from an authenticated compact range
+    (incremental verification): the batches then begin with line ``tree.size``, and checkpoints
+    at or below that size are not re-checked (a warning says how many).
+    """
 
     def run(walk: _Walk) -> None:
         for batch in batches:
             walk.lines(batch)
 
-    return _run(public_key, checkpoint_notes, trusted_notes, on_entry, require_signed, run, batches)
+    return _run(public_key, checkpoint_notes, trusted_notes, on_entry, require_signed, run, batches, start=start)
 
 
 def _run(public_key: Ed25519PublicKey | None, checkpoint_notes: Iterable[str], trusted_notes: Iterable[str],
          on_entry: Callable[[int], None] | None, require_signed: bool, body: Callable[[_Walk], Any],
-         source: Any) -> VerifyReport:
+         source: Any, *, start: tuple[CompactRange, str] | None = None) -> VerifyReport:
     report = VerifyReport(True, 0, CompactRange().root().hex())
     try:
         own, trusted = _open_notes(public_key, checkpoint_notes, trusted_notes)
@@ -338,7 +362,18 @@ def _run(public_key: Ed25519PublicKey | None, checkpoint_notes: Iterable[str], t
         report.latest_checkpoint_size = max(c.tree_size for c, _ in own)
     if public_key is None and (own or trusted):
         report.warnings.append("no trusted public key given: checkpoint signatures were checked only for form")
-    walk = _Walk(sorted(own + trusted, key=lambda item: item[0].tree_size), report, on_entry=on_entry)
+    pending = sorted(own + trusted, key=lambda item: item[0].tree_size)
+    if start is None:
+        walk = _Walk(pending, report, on_entry=on_entry)
+    else:
+        tree, prev = start
+        skipped = sum(1 for c, _ in pending if c.tree_size < tree.size)
+        if skipped:
+            report.warnings.append(f"{skipped} checkpoints older than the held one (size {tree.size}) were not "
+                                   "re-checked: incremental verification relies on the earlier full one")
+        walk = _Walk([p for p in pending if p[0].tree_size >= tree.size], report, tree=tree, prev=prev,
+                     on_entry=on_entry)
+        report.entries = tree.size
     try:
         walk.settle()
         body(walk)

@@ -241,7 +241,21 @@ def _entry(rng: random.Random, seq: int, prev: str) -> bytes:
     return rfc8785.dumps(obj)
 
 
-def test_fast_path_agrees_with_rfc8785() -> None:
+def _standalone_module():  # noqa: ANN202
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("verify_audit_fast", VERIFIER)
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+FAST_PATHS = {"library": fast_accept, "standalone": _standalone_module().fast_ok}
+
+
+@pytest.mark.parametrize("impl", sorted(FAST_PATHS))
+def test_fast_path_agrees_with_rfc8785(impl: str) -> None:
+    fast_accept = FAST_PATHS[impl]
     rng = random.Random(20261204)
     prev = "ab" * 32
     accepted = 0
@@ -267,9 +281,120 @@ def test_fast_path_agrees_with_rfc8785() -> None:
     b'{"a":1.5}', b'{"a":1e5}', b'{"a":NaN}', b'{"a":9007199254740992}', b'{"a":-0}', b'{"b":1,"a":2}',
     b'{"a":1,"a":1}', b'{"a":"\\u0041"}', b'{"a":"\\/"}', b'{"a":"\\ud800"}', b'{"a":"\\u001F"}', b'{ "a":1}',
     b'{"a":[1 ,2]}', b'{"a":"\x01"}'])
-def test_fast_path_refuses_non_canonical_details(details: bytes) -> None:
+@pytest.mark.parametrize("impl", sorted(FAST_PATHS))
+def test_fast_path_refuses_non_canonical_details(details: bytes, impl: str) -> None:
+    fast_accept = FAST_PATHS[impl]
     prev = "00" * 32
     good = rfc8785.dumps(canonical.entry_object(seq=0, ts="t", actor="a", hostname="h", mac="m", action="a",
                                                 resource="r", outcome="success", details={"a": 1}, prev_hash=prev))
     assert fast_accept(good, 0, prev)
     assert not fast_accept(good.replace(b'"details":{"a":1}', b'"details":' + details), 0, prev)
+
+
+@pytest.mark.parametrize("impl", sorted(FAST_PATHS))
+@pytest.mark.parametrize("details", [{"a": {"b": 1}, "hostname": "x"}, {"a": '},"hostname":"'}, {}, {"x": {}},
+                                     {"hostname": {"mac": "m"}, "v": 1}])
+def test_fast_path_accepts_details_that_look_like_the_top_level(details: dict, impl: str) -> None:
+    prev = "00" * 32
+    raw = rfc8785.dumps(canonical.entry_object(seq=7, ts="t", actor="a", hostname="h", mac="m", action="a",
+                                               resource="r", outcome="success", details=details, prev_hash=prev))
+    assert FAST_PATHS[impl](raw, 7, prev)
+
+
+# -- incremental verification from a held checkpoint ---------------------------------------------
+def _grow(log: AuditLog, n: int) -> None:
+    for i in range(n):
+        log.record("dataset.read", f"dataset:new-{i}", details={"rows": i})
+
+
+@pytest.mark.parametrize("held_size_target", [4, 8, 10])
+def test_incremental_verification_from_a_held_checkpoint(log: AuditLog, tmp_path: Path, held_key: Path,
+                                                         held_size_target: int) -> None:
+    first = log.export(tmp_path / "day1")
+    notes = {int(n.split("\n")[1]): n for n in split_notes((first / "checkpoints.note").read_text())}
+    held = tmp_path / "held.note"
+    held.write_text(notes[held_size_target])
+    _grow(log, 10)
+    out = log.export(tmp_path / "day2")
+    r = cli("verify", "--export", str(out), "--public-key", str(held_key), "--since-checkpoint", str(held), "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["entries"] == 20
+    r = standalone(out, "--vkey", str(held_key), "--since-checkpoint", str(held), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["entries"] == 20, (r.stdout, r.stderr)
+    # A new entry edited: found, with its seq.
+    lines = (out / "entries.jsonl").read_bytes().splitlines(keepends=True)
+    lines[15] = lines[15].replace(b'"actor":"alice"', b'"actor":"mallory"')
+    (out / "entries.jsonl").write_bytes(b"".join(lines))
+    r = cli("verify", "--export", str(out), "--public-key", str(held_key), "--since-checkpoint", str(held))
+    assert r.exit_code == 1 and "seq=15" in flat(r), r.output
+    r = standalone(out, "--vkey", str(held_key), "--since-checkpoint", str(held))
+    assert r.returncode == 1 and "seq=15" in r.stderr, r.stderr
+
+
+def test_incremental_verification_detects_a_rewritten_past(log: AuditLog, tmp_path: Path, held_key: Path) -> None:
+    first = log.export(tmp_path / "day1")
+    held = tmp_path / "held.note"
+    held.write_text((first / "checkpoint.note").read_text())  # size 10
+    _grow(log, 5)
+    out = log.export(tmp_path / "day2")
+    # The old entry 9 (last before the held size) is edited: the chain head is re-derived from it.
+    lines = (out / "entries.jsonl").read_bytes().splitlines(keepends=True)
+    lines[9] = lines[9].replace(b'"actor":"alice"', b'"actor":"mallory"')
+    (out / "entries.jsonl").write_bytes(b"".join(lines))
+    r = cli("verify", "--export", str(out), "--public-key", str(held_key), "--since-checkpoint", str(held))
+    assert r.exit_code == 1 and "held checkpoint" in flat(r), r.output
+    r = standalone(out, "--vkey", str(held_key), "--since-checkpoint", str(held))
+    assert r.returncode == 1 and "held checkpoint" in r.stderr, r.stderr
+    # A forged compact range (peaks of another tree) is refused.
+    ranges = (out / "ranges.jsonl").read_text().splitlines()
+    forged = [json.dumps({**json.loads(x), "peaks": ["11" * 32] * len(json.loads(x)["peaks"])}) for x in ranges]
+    (out / "ranges.jsonl").write_text("\n".join(forged) + "\n")
+    _refresh_manifest(out, "ranges.jsonl")  # the manifest is no trust anchor: the attacker fixes it
+    r = cli("verify", "--export", str(out), "--public-key", str(held_key), "--since-checkpoint", str(held))
+    assert r.exit_code == 1 and "compact range" in flat(r), r.output
+    r = standalone(out, "--vkey", str(held_key), "--since-checkpoint", str(held))
+    assert r.returncode == 1 and "compact range" in r.stderr, r.stderr
+    # A held note signed by another key is refused.
+    other = AuditLog(tmp_path / "o.db", signing_key=Ed25519PrivateKey.generate())
+    other.record("a.b", "r")
+    (tmp_path / "other.note").write_text(other.checkpoint().note)
+    r = cli("verify", "--export", str(out), "--public-key", str(held_key), "--since-checkpoint", str(tmp_path / "other.note"))
+    assert r.exit_code == 1, r.output
+    other.close()
+
+
+# -- proofs from `securetrain audit prove`, checked by the standalone verifier -------------------
+def test_standalone_checks_prove_output(log: AuditLog, tmp_path: Path, held_key: Path) -> None:
+    r = cli("prove", "5", "--db", log.url)
+    assert r.exit_code == 0, r.output
+    proof = json.loads(r.output)
+    assert proof["tree_size"] == 8 and "checkpoint" in proof
+    good = tmp_path / "proof.json"
+    good.write_text(r.output)
+    res = standalone(Path(""), "--proof", str(good), "--vkey", str(held_key))
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    for field, value in (("entry", proof["entry"].replace("dataset:5", "dataset:6")), ("leaf_index", 4),
+                         ("proof", list(reversed(proof["proof"]))), ("tree_size", 9)):
+        (tmp_path / "bad.json").write_text(json.dumps({**proof, field: value}))
+        res = standalone(Path(""), "--proof", str(tmp_path / "bad.json"), "--vkey", str(held_key))
+        assert res.returncode == 1, (field, res.stdout, res.stderr)
+    other = AuditLog(tmp_path / "o.db", signing_key=Ed25519PrivateKey.generate())
+    res = standalone(Path(""), "--proof", str(good), "--vkey", other.verifier_key())
+    assert res.returncode == 1 and "not signed by the trusted key" in res.stderr
+    other.close()
+    # Consistency: from the held size-4 checkpoint to the size-8 one.
+    r = cli("prove", "--consistency", "4", "--size", "8", "--db", log.url)
+    assert r.exit_code == 0, r.output
+    cons = tmp_path / "cons.json"
+    cons.write_text(r.output)
+    held = tmp_path / "held.note"
+    held.write_text(split_notes((tmp_path / "audit-anchors.notes").read_text())[0])  # size 4
+    res = standalone(Path(""), "--proof", str(cons), "--vkey", str(held_key), "--trusted-checkpoint", str(held))
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    data = json.loads(r.output)
+    (tmp_path / "bad.json").write_text(json.dumps({**data, "old_root": "00" * 32}))
+    res = standalone(Path(""), "--proof", str(tmp_path / "bad.json"), "--vkey", str(held_key))
+    assert res.returncode == 1 and "does not verify" in res.stderr, res.stderr
+    (tmp_path / "bad.json").write_text(json.dumps({**data, "old_size": 0, "proof": []}))
+    res = standalone(Path(""), "--proof", str(tmp_path / "bad.json"), "--vkey", str(held_key))
+    assert res.returncode == 1  # a proof from the empty tree proves nothing
