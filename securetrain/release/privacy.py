@@ -46,9 +46,10 @@ from securetrain.release.errors import PrivacyError, PrivacyModelError
 from securetrain.training.config import PrivacyConfig, TrainingConfig
 from securetrain.training.errors import ResumeMismatchError
 from securetrain.training.seeding import epoch_seed
+from securetrain.training.stop import StopReason
 from securetrain.training.trainer import Trainer, TrainResult, _batch_len, _to_device
 
-BUDGET_REASON = "privacy_budget"
+BUDGET_REASON = StopReason.PRIVACY_BUDGET
 _SAMPLER_MIX = 0xD9_5A_3C
 
 
@@ -147,7 +148,7 @@ class PoissonFeeder:
 class DPTrainer(Trainer):
     """The trainer with DP-SGD (see the module docstring); ``config.privacy`` must be set."""
 
-    final_validation_reasons = ("completed", BUDGET_REASON)
+    final_validation_reasons = (StopReason.COMPLETED, BUDGET_REASON)
 
     def __init__(self, model: nn.Module, train_data: Any, config: TrainingConfig | None = None, **kwargs: Any) -> None:
         if config is None or config.privacy is None:
@@ -327,7 +328,7 @@ class DPTrainer(Trainer):
             self.audit.record(action, self.run_id, details={"epoch": self.progress.epoch, **summary})
 
     # --- the loop ------------------------------------------------------------------------
-    def _train_loop(self) -> str:
+    def _train_loop(self) -> StopReason:
         if not self._early_stop and not self._budget_left():
             return BUDGET_REASON  # resumed with the budget already spent
         return super()._train_loop()
@@ -354,7 +355,7 @@ class DPTrainer(Trainer):
                 w.micro_batches += n  # the window's mean loss is per sample
                 self.progress.samples += n
 
-    def _after_optimizer_step(self) -> str | None:
+    def _after_optimizer_step(self) -> StopReason | None:
         stop = super()._after_optimizer_step()
         epoch_ends = self._per_epoch is not None and self.progress.position >= self._per_epoch
         if stop is None and not epoch_ends and not self._budget_left():
@@ -362,7 +363,7 @@ class DPTrainer(Trainer):
             return BUDGET_REASON
         return stop
 
-    def _end_epoch(self) -> str | None:
+    def _end_epoch(self) -> StopReason | None:
         stop = super()._end_epoch()  # an epoch that used up the budget still ends (validation, epsilon event)
         self._record_epsilon("privacy.epsilon")
         cfg, p = self.config, self.progress

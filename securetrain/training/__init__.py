@@ -24,6 +24,7 @@ _EXPORTS = {
     "ResumeMismatchError": "errors",
     "TrainingError": "errors",
     "SafetensorsCheckpointStore": "safetensors_store",
+    "StopReason": "stop",
     "INTERRUPTED_EXIT_CODE": "trainer",
     "PREEMPTED_EXIT_CODE": "trainer",
     "Trainer": "trainer",

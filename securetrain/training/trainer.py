@@ -17,7 +17,7 @@ The loop is a handful of named steps (:meth:`Trainer._train_epoch`, :meth:`Train
 state on the object, so it reads top to bottom and subclasses can override one step.
 
 Preemption: SIGTERM sets a flag; the current optimizer step finishes, a checkpoint is written and
-:meth:`fit` returns with ``reason="preempted"`` (the CLI then exits with
+:meth:`fit` returns with ``reason=StopReason.PREEMPTED`` (the CLI then exits with
 :data:`PREEMPTED_EXIT_CODE`). Ctrl-C (SIGINT) does the same, and the exit status is then
 :data:`INTERRUPTED_EXIT_CODE` (130, as a shell reports Ctrl-C); a second Ctrl-C aborts at once
 (``KeyboardInterrupt``) without waiting for the step. Restarting with the same config resumes from that checkpoint and ends
@@ -50,6 +50,7 @@ from securetrain.training.defaults import default_audit_log, default_checkpoint_
 from securetrain.training.distributed import DistContext, init_distributed
 from securetrain.training.errors import ResumeMismatchError, TrainingError
 from securetrain.training.schedulers import build_scheduler
+from securetrain.training.stop import StopReason
 from securetrain.training.seeding import capture_rng_state, restore_rng_state, seed_everything
 from securetrain.training.validation import BestTracker, MetricsFn, PredictFn, classification_metrics, collect_outputs
 
@@ -126,7 +127,7 @@ class TrainResult:
     steps: int
     epoch: int
     final_loss: float | None
-    reason: str  # "completed" | "preempted" | "early_stopped" | "privacy_budget" (DP runs)
+    reason: StopReason
     checkpoint: CheckpointInfo | None
     resumed_from: int | None
     device: str
@@ -138,7 +139,7 @@ class TrainResult:
 
     @property
     def exit_code(self) -> int:
-        if self.reason != "preempted":
+        if self.reason != StopReason.PREEMPTED:
             return 0
         return INTERRUPTED_EXIT_CODE if self.stop_signal == signal.SIGINT else PREEMPTED_EXIT_CODE
 
@@ -180,7 +181,7 @@ class Trainer:
     """
 
     #: Stop reasons after which the held-out metrics are computed once more (if not already for this step).
-    final_validation_reasons: tuple[str, ...] = ("completed",)
+    final_validation_reasons: tuple[StopReason, ...] = (StopReason.COMPLETED,)
 
     def __init__(
         self,
@@ -525,14 +526,14 @@ class Trainer:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGINT):
                 previous[signum] = signal.signal(signum, self._on_signal)
-        reason = "completed"
+        reason = StopReason.COMPLETED
         info: CheckpointInfo | None = None
         try:
-            reason = self._train_loop()
+            reason = StopReason(self._train_loop())
             if (reason in self.final_validation_reasons and self.eval_data is not None
                     and self._validated_step != self.progress.step):
                 self._validate()  # a run cut short by max_steps still reports its held-out metrics
-            if reason != "completed" or cfg.checkpoint_at_end:
+            if reason != StopReason.COMPLETED or cfg.checkpoint_at_end:
                 # Skip a duplicate write when checkpoint_every already saved this very step.
                 info = self._saved_info if self._saved_step == self.progress.step else self._checkpoint()
         except BaseException as exc:
@@ -557,7 +558,7 @@ class Trainer:
             steps=self.progress.step, epoch=self.progress.epoch, final_loss=self._last_loss, reason=reason,
             checkpoint=info, resumed_from=resumed_from, device=str(device), precision=precision,
             validation=tuple(t.history), best=best,
-            stop_signal=self._stop_signal if reason == "preempted" else None,
+            stop_signal=self._stop_signal if reason == StopReason.PREEMPTED else None,
         )
         if self.is_main:
             self.audit.record("training.stop", self.run_id, details={
@@ -570,7 +571,7 @@ class Trainer:
         return result
 
     # --- the loop, as named steps --------------------------------------------------------
-    def _train_loop(self) -> str:
+    def _train_loop(self) -> StopReason:
         """Epochs until ``epochs``/``max_steps``; returns why it stopped."""
         cfg = self.config
         if self._per_epoch == 0:
@@ -579,10 +580,10 @@ class Trainer:
         self.model.train()
         p = self.progress
         if self._early_stop:  # resumed after early stopping: the run is over
-            return "early_stopped"
+            return StopReason.EARLY_STOPPED
         while cfg.epochs is None or p.epoch < cfg.epochs:
             if cfg.max_steps is not None and p.step >= cfg.max_steps:
-                return "completed"
+                return StopReason.COMPLETED
             stop = self._train_epoch()
             if stop is not None:
                 return stop
@@ -590,9 +591,9 @@ class Trainer:
             if stop is not None:
                 return stop
         self._log_window()
-        return "completed"
+        return StopReason.COMPLETED
 
-    def _train_epoch(self) -> str | None:
+    def _train_epoch(self) -> StopReason | None:
         """One pass over the (remaining) batches of ``progress.epoch``; a reason if the run must stop."""
         cfg = self.config
         p = self.progress
@@ -667,7 +668,7 @@ class Trainer:
         self.progress.step += 1
         self._window.steps += 1
 
-    def _after_optimizer_step(self) -> str | None:
+    def _after_optimizer_step(self) -> StopReason | None:
         """Log, honour a stop request, checkpoint, respect ``max_steps``."""
         cfg = self.config
         p = self.progress
@@ -676,15 +677,15 @@ class Trainer:
         stop = self.dist.any_flag(self._stop_requested) if self.dist.enabled else self._stop_requested
         if stop:
             self._log_window()
-            return "preempted"
+            return StopReason.PREEMPTED
         if cfg.checkpoint_every and p.step % cfg.checkpoint_every == 0:
             self._checkpoint()
         if cfg.max_steps is not None and p.step >= cfg.max_steps:
             self._log_window()
-            return "completed"
+            return StopReason.COMPLETED
         return None
 
-    def _end_epoch(self) -> str | None:
+    def _end_epoch(self) -> StopReason | None:
         """Advance the epoch counter; validate when due; a reason if early stopping fired."""
         p = self.progress
         p.epoch += 1
@@ -693,7 +694,7 @@ class Trainer:
             return None
         self._log_window()
         self._validate()
-        return "early_stopped" if self._early_stop else None
+        return StopReason.EARLY_STOPPED if self._early_stop else None
 
     def _validate(self) -> dict[str, Any]:
         """Metrics on ``eval_data`` (main rank), best tracking, early-stop decision (all ranks)."""
