@@ -23,6 +23,8 @@ import html
 import json
 import json.encoder
 import json.scanner
+import multiprocessing
+import os
 import re
 import sys
 from pathlib import Path
@@ -304,6 +306,50 @@ def line_batches(handle, digest):  # noqa: ANN001, ANN201
         yield [carry]
 
 
+def read_chunk_lines(path: str, start: int, end: int) -> list:
+    """The lines whose first byte lies in [start, end), newline stripped."""
+    with open(path, "rb") as handle:
+        if start > 0:
+            handle.seek(start - 1)
+            if handle.read(1) != b"\n":
+                handle.readline()  # the rest of a line that began in the previous range
+        pos = handle.tell()
+        if pos >= end:
+            return []
+        data = handle.read(end - pos)
+        if not data.endswith(b"\n"):
+            data += handle.readline()  # the line that crosses the end belongs here
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return lines
+
+
+def chunk_worker(rng: tuple) -> tuple:
+    """Check a range relative to its first entry's own seq/prev_hash: (count, seq0, prev0, last, leaves, ok)."""
+    lines = read_chunk_lines(*rng)
+    if not lines:
+        return 0, None, None, None, [], True
+    try:
+        first = json.loads(lines[0])
+        seq0, prev0 = first["seq"], first["prev_hash"]
+        if type(seq0) is not int or type(prev0) is not str:
+            raise TypeError
+    except Exception:  # noqa: BLE001 - the caller re-checks this range sequentially
+        return len(lines), None, None, None, [], False
+    seq, prev, leaves = seq0, prev0, []
+    for raw in lines:
+        if not fast_ok(raw, seq, prev):
+            try:
+                exact_check(raw, seq, prev)
+            except Failure:
+                return len(lines), seq0, prev0, None, [], False
+        prev = hashlib.sha256(raw).hexdigest()
+        leaves.append(hashlib.sha256(b"\x00" + raw).digest())
+        seq += 1
+    return len(lines), seq0, prev0, prev, leaves, True
+
+
 # ---- signed notes / checkpoints (c2sp.org/signed-note, c2sp.org/tlog-checkpoint) ----------
 def key_id(name: str, pub: Ed25519PublicKey) -> bytes:
     raw = pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
@@ -442,7 +488,9 @@ def verify(args: argparse.Namespace) -> dict:
                 if older:
                     warnings.append(f"{len(older)} checkpoints older than the held one were not re-checked")
             add([])
-            for batch in line_batches(handle, digest):
+
+            def check(batch: list) -> None:  # sequential: every entry, in order
+                nonlocal prev
                 leaves, seq = [], tree.size
                 for raw in batch:
                     if not fast_ok(raw, seq, prev):
@@ -455,6 +503,27 @@ def verify(args: argparse.Namespace) -> dict:
                     leaves.append(sha256(b"\x00" + raw).digest())
                     seq += 1
                 add(leaves)
+
+            path = export / "entries.jsonl"
+            size = path.stat().st_size
+            workers = args.workers if args.workers is not None else (min(os.cpu_count() or 1, 8) if size >= 16 << 20 else 1)
+            if workers > 1 and not args.since_checkpoint:
+                # Byte ranges checked by worker processes, each relative to its own first entry; chained
+                # here. A range with any problem is re-checked sequentially (same messages as above).
+                step = args.chunk_bytes
+                ranges = [(str(path), lo, min(lo + step, size)) for lo in range(0, size, step)]
+                with multiprocessing.get_context("spawn").Pool(workers) as pool:
+                    for rng, (count, seq0, prev0, last, leaves, ok) in zip(ranges, pool.imap(chunk_worker, ranges)):
+                        if count and (not ok or seq0 != tree.size or prev0 != prev):
+                            check(read_chunk_lines(*rng))
+                        elif count:
+                            add(leaves)
+                            prev = last
+                while block := handle.read(1 << 20):
+                    digest.update(block)
+            else:
+                for batch in line_batches(handle, digest):
+                    check(batch)
         if pending:
             _, size, _, kind = pending[0]
             raise Failure(f"export has {tree.size} entries but a {kind} checkpoint covers {size}: the tail was removed", tree.size)
@@ -609,6 +678,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trusted-checkpoint", action="append", help="checkpoint note you kept earlier (repeatable)")
     parser.add_argument("--since-checkpoint", help="incremental: a checkpoint note you hold from an earlier full "
                         "verification (or an anchor file: its newest note); only newer entries are parsed")
+    parser.add_argument("--workers", type=int, help="processes checking entries (default: CPU count for "
+                        "entries.jsonl of 16 MiB or more, else 1)")
+    parser.add_argument("--chunk-bytes", type=int, default=4 << 20, help=argparse.SUPPRESS)  # tests: tiny ranges
     parser.add_argument("--html", help="also write an HTML report here")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
