@@ -231,6 +231,11 @@ DETAILS_DECODER = json.JSONDecoder(parse_float=_refuse, parse_int=_safe_int, par
 DETAILS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 # The C scanner and encoder, called directly (JSONDecoder.decode/JSONEncoder.encode add Python work).
 scan_details = json.scanner.c_make_scanner(DETAILS_DECODER) if json.scanner.c_make_scanner else DETAILS_DECODER.scan_once
+# Without the Python parse_int hook the C scanner parses integers itself: used when no run of 16
+# digits (the only integers that can exceed 2^53-1) occurs in the text.
+PLAIN_DECODER = json.JSONDecoder(parse_float=_refuse, parse_constant=_refuse)
+scan_plain = json.scanner.c_make_scanner(PLAIN_DECODER) if json.scanner.c_make_scanner else PLAIN_DECODER.scan_once
+LONG_DIGITS = re.compile("[0-9]{16}").search
 c_encode = (json.encoder.c_make_encoder(None, None, json.encoder.encode_basestring, None, ":", ",", True, False, False)
             if json.encoder.c_make_encoder else None)
 
@@ -239,7 +244,7 @@ def details_canonical(text: str) -> bool:
     if text == "{}":
         return True
     try:
-        obj, end = scan_details(text, 0)
+        obj, end = (scan_details if LONG_DIGITS(text) else scan_plain)(text, 0)
         if end != len(text) or type(obj) is not dict:
             return False
         return ("".join(c_encode(obj, 0)) if c_encode else DETAILS_ENCODER.encode(obj)) == text
@@ -491,17 +496,18 @@ def verify(args: argparse.Namespace) -> dict:
 
             def check(batch: list) -> None:  # sequential: every entry, in order
                 nonlocal prev
-                leaves, seq = [], tree.size
+                leaves, seq, cur = [], tree.size, prev
                 for raw in batch:
-                    if not fast_ok(raw, seq, prev):
+                    if not fast_ok(raw, seq, cur):
                         try:
-                            exact_check(raw, seq, prev)
+                            exact_check(raw, seq, cur)
                         except Failure:
                             add(leaves)  # checkpoints before the bad entry are checked first
                             raise
-                    prev = sha256(raw).hexdigest()
+                    cur = sha256(raw).hexdigest()
                     leaves.append(sha256(b"\x00" + raw).digest())
                     seq += 1
+                prev = cur
                 add(leaves)
 
             path = export / "entries.jsonl"
