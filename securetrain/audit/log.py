@@ -9,13 +9,17 @@ every ``checkpoint_every`` entries and on demand, and are published to the confi
 
 from __future__ import annotations
 
+import atexit
 import getpass
 import hashlib
 import json
 import logging
 import os
+import signal
 import socket
 import threading
+import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,11 +27,11 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, insert, select, text
-from sqlalchemy.exc import DBAPIError, OperationalError
-from sqlalchemy.exc import IntegrityError as SAIntegrityError
+from sqlalchemy.exc import DBAPIError
 
 from securetrain.audit import canonical as canon
 from securetrain.audit.anchors import Anchor
+from securetrain.audit.dberrors import classify
 from securetrain.audit.errors import AuditConfigError, AuditError, AuditEventError, AuditIntegrityError
 from securetrain.audit.keys import load_or_create_signing_key, public_key_pem
 from securetrain.audit.merkle import CompactRange, consistency_proof, inclusion_proof, leaf_hash, root_hash
@@ -123,12 +127,21 @@ class AuditLog:
         schema: str | None = None,
         create: bool = True,
         busy_timeout_s: float = 30.0,
+        group_commit_window_s: float = 0.0,
+        durable: bool = True,
     ) -> None:
         self.url = _normalise_url(url)
         # Kept so a worker process can reopen the same log (see __getstate__).
         self._reopen_args = {"actor": actor, "signing_key": signing_key, "origin": origin,
                              "checkpoint_every": checkpoint_every, "anchors": tuple(anchors), "schema": schema,
-                             "busy_timeout_s": busy_timeout_s}
+                             "busy_timeout_s": busy_timeout_s, "group_commit_window_s": group_commit_window_s,
+                             "durable": durable}
+        if not 0.0 <= group_commit_window_s <= 1.0:
+            raise AuditConfigError("group_commit_window_s must be between 0 and 1 second")
+        self.group_commit_window_s = float(group_commit_window_s)
+        self.durable = bool(durable)
+        if not self.durable:
+            _install_exit_flush()
         self.actor = canon._check_text("actor", actor or os.environ.get("SECURETRAIN_ACTOR") or getpass.getuser(), limit=256)
         self.hostname = socket.gethostname() or "unknown"
         self.mac = canon.mac_address()
@@ -138,9 +151,14 @@ class AuditLog:
         self._signing_key: Ed25519PrivateKey | None = signing_key if isinstance(signing_key, Ed25519PrivateKey) else None
         self._origin = origin
         self._lock = threading.RLock()
+        self._engine_lock = threading.Lock()
         self._cache = CompactRange()
         self._cache_head = canon.GENESIS_HASH  # entry_hash of the last leaf in _cache
         self.backend = self.url.split(":", 1)[0].split("+", 1)[0]
+        self._busy_timeout_s = busy_timeout_s
+        self._engines: tuple[Engine, Engine, Engine | None] | None = None
+        self._pid = os.getpid()
+        self._init_group_commit()
         if self.backend == "sqlite":
             self.schema = None
             db_file = Path(self.url.split(":///", 1)[1]) if ":///" in self.url else None
@@ -150,25 +168,66 @@ class AuditLog:
                 elif not db_file.is_file():
                     # Opening would silently create an empty log that then "verifies": fail closed.
                     raise AuditConfigError(f"no audit database at {db_file}", hint="check --db / SECURETRAIN_AUDIT_URL")
-            self._write_engine = self._sqlite_engine(immediate=True, timeout=busy_timeout_s)
-            self._read_engine = self._sqlite_engine(immediate=False, timeout=busy_timeout_s)
         elif self.backend in ("postgresql", "postgres"):
             self.schema = schema or DEFAULT_PG_SCHEMA
             if not self.schema.replace("_", "").isalnum():
                 raise AuditConfigError(f"PostgreSQL schema name {self.schema!r} must be alphanumeric/underscore")
-            base = create_engine(self.url, pool_pre_ping=True, pool_size=3, max_overflow=2)
-            self._write_engine = self._read_engine = base.execution_options(schema_translate_map={None: self.schema})
-            self._base_engine = base
             digest = hashlib.sha256(f"securetrain.audit:{self.schema}".encode()).digest()
             self._lock_key = int.from_bytes(digest[:8], "big", signed=True)
         else:
             raise AuditConfigError(f"unsupported audit database URL scheme {self.backend!r}", hint="use a path, sqlite:/// or postgresql+psycopg://")
+        _LIVE_LOGS.add(self)
         if create:
             self._ensure_schema()
         else:
             self._require_schema()
 
-    # -- engines and schema ---------------------------------------------------------------
+    # -- engines (one set per process) and schema ----------------------------------------
+    def _build_engines(self) -> tuple[Engine, Engine, Engine | None]:
+        if self.backend == "sqlite":
+            return (self._sqlite_engine(immediate=True, timeout=self._busy_timeout_s),
+                    self._sqlite_engine(immediate=False, timeout=self._busy_timeout_s), None)
+        base = create_engine(self.url, pool_pre_ping=True, pool_size=3, max_overflow=2)
+        opts = base.execution_options(schema_translate_map={None: self.schema})
+        return opts, opts, base
+
+    def _current_engines(self) -> tuple[Engine, Engine, Engine | None]:
+        """This process's engines, created on first use. A forked child never uses its parent's."""
+        if self._pid != os.getpid():  # forked without the at-fork hook having run (defensive)
+            self._forget_inherited_state()
+        engines = self._engines
+        if engines is None:
+            with self._engine_lock:
+                engines = self._engines
+                if engines is None:
+                    engines = self._engines = self._build_engines()
+        return engines
+
+    @property
+    def _write_engine(self) -> Engine:
+        return self._current_engines()[0]
+
+    @property
+    def _read_engine(self) -> Engine:
+        return self._current_engines()[1]
+
+    def _forget_inherited_state(self) -> None:
+        """In a forked child: drop the parent's pooled connections without closing them.
+
+        Closing them would end the parent's sessions (PostgreSQL) or disturb its locks (SQLite);
+        ``dispose(close=False)`` detaches the pool, and the old pools are kept referenced so the
+        connections are never even garbage-collected here. Locks and group-commit state held by
+        the parent's threads are replaced too.
+        """
+        engines, self._engines = self._engines, None
+        if engines is not None:
+            for engine in {id(e): e for e in engines if e is not None}.values():
+                _INHERITED.append(engine.pool)
+                engine.dispose(close=False)
+        self._pid = os.getpid()
+        self._lock = threading.RLock()
+        self._init_group_commit()
+
     def _sqlite_engine(self, *, immediate: bool, timeout: float) -> Engine:
         engine = create_engine(self.url, connect_args={"timeout": timeout, "check_same_thread": False})
 
@@ -196,8 +255,8 @@ class AuditLog:
         try:
             with self._read_engine.connect() as conn:
                 present = inspect(conn).has_table(E.name, schema=self.schema)
-        except OperationalError as exc:
-            raise AuditError(f"cannot open audit database ({self.backend}): {exc.orig}", hint="check the URL and that the server is up") from None
+        except DBAPIError as exc:
+            raise classify(exc, backend=self.backend, operation="opening the audit log") from None
         if not present:
             raise AuditConfigError("the database holds no securetrain audit log", hint="check --db / SECURETRAIN_AUDIT_URL")
 
@@ -217,8 +276,8 @@ class AuditLog:
                     stmts = [s.replace("%", "%%") for s in postgres_ddl(self.schema or "")]
                 for stmt in stmts:
                     conn.exec_driver_sql(stmt)
-        except OperationalError as exc:
-            raise AuditError(f"cannot open audit database ({self.backend}): {exc.orig}", hint="check the URL and that the server is up") from None
+        except DBAPIError as exc:
+            raise classify(exc, backend=self.backend, operation="creating the audit log") from None
 
     # -- key and identity -----------------------------------------------------------------
     @property
@@ -272,7 +331,70 @@ class AuditLog:
             prepared.append((action, resource, outcome, clean, canon.canonical_bytes(clean).decode()))
         if not prepared:
             return []
-        entries: list[AuditEntry] = []
+        if not self.durable:
+            return self._enqueue_async(prepared)
+        req = _Pending(prepared)
+        self._submit(req)
+        if req.error is not None:
+            raise req.error
+        return req.entries
+
+    # -- group commit -----------------------------------------------------------------------
+    def _init_group_commit(self) -> None:
+        self._gc_cond = threading.Condition(threading.Lock())
+        self._gc_pending: list[_Pending] = []
+        self._gc_leader = False
+        self._gc_async_error: BaseException | None = None
+        self._gc_flusher: threading.Thread | None = None
+        self._gc_closing = False
+
+    def _submit(self, req: _Pending) -> None:
+        """Queue ``req`` and return once it is committed (or failed).
+
+        The first caller to find no commit in progress becomes the leader: it takes every request
+        queued so far (after an optional bounded wait, ``group_commit_window_s``) and appends them
+        all in one transaction; callers arriving meanwhile wait and form the next batch.
+        """
+        cond = self._gc_cond
+        with cond:
+            self._gc_pending.append(req)
+            while not req.done and self._gc_leader:
+                cond.wait()
+            if req.done:
+                return
+            self._gc_leader = True
+        self._lead()
+
+    def _lead(self) -> list[_Pending]:
+        """Commit one batch as leader, then hand leadership on (caller set ``_gc_leader``)."""
+        cond = self._gc_cond
+        batch: list[_Pending] = []
+        crossed = False
+        try:
+            if self.group_commit_window_s:
+                time.sleep(self.group_commit_window_s)
+            with cond:
+                batch, self._gc_pending = self._gc_pending, []
+            if batch:
+                crossed = self._commit_batch(batch)
+        except BaseException as exc:  # KeyboardInterrupt while leading: fail the batch, never hang it
+            for r in batch:
+                if not r.done and r.error is None:
+                    r.error = exc if isinstance(exc, AuditError) else AuditError(
+                        f"audit append interrupted: {type(exc).__name__}", hint="nothing was recorded; retry")
+            raise
+        finally:
+            with cond:
+                for r in batch:
+                    r.done = True
+                self._gc_leader = False
+                cond.notify_all()
+        if crossed:
+            self.checkpoint()
+        return batch
+
+    def _commit_batch(self, batch: list[_Pending]) -> bool:
+        """Append every request of ``batch`` in one transaction; True if a checkpoint is due."""
         with self._lock:
             try:
                 with self._write_engine.begin() as conn:
@@ -281,22 +403,95 @@ class AuditLog:
                     seq, prev = (head.seq + 1, head.entry_hash) if head else (0, canon.GENESIS_HASH)
                     start = seq
                     rows = []
-                    for action, resource, outcome, clean, details_json in prepared:
-                        entry = AuditEntry(seq, canon.utc_timestamp(), self.actor, self.hostname, self.mac, action,
-                                           resource, outcome, clean, prev, "")
-                        digest = canon.sha256_hex(entry.hashed_bytes())
-                        entry = AuditEntry(**{**entry.__dict__, "entry_hash": digest})
-                        entries.append(entry)
-                        rows.append({**entry.__dict__, "details": details_json})
-                        seq, prev = seq + 1, digest
+                    results: list[list[AuditEntry]] = []
+                    for req in batch:
+                        entries = []
+                        for action, resource, outcome, clean, details_json in req.events:
+                            ts = canon.utc_timestamp()
+                            obj = canon.entry_object(seq=seq, ts=ts, actor=self.actor, hostname=self.hostname,
+                                                     mac=self.mac, action=action, resource=resource, outcome=outcome,
+                                                     details=clean, prev_hash=prev)
+                            digest = canon.sha256_hex(canon.canonical_bytes(obj))
+                            entry = AuditEntry(seq, ts, self.actor, self.hostname, self.mac, action, resource,
+                                               outcome, clean, prev, digest)
+                            entries.append(entry)
+                            rows.append({**entry.__dict__, "details": details_json})
+                            seq, prev = seq + 1, digest
+                        results.append(entries)
                     conn.execute(insert(E), rows)
-            except (SAIntegrityError, DBAPIError) as exc:
-                raise AuditError(f"audit append refused by the database: {type(exc.orig).__name__}",
-                                 hint="the log may have been tampered with; run 'securetrain audit verify'") from None
+            except DBAPIError as exc:
+                err = classify(exc, backend=self.backend)
+                for req in batch:
+                    req.error = err
+                return False
+        for req, entries in zip(batch, results, strict=True):
+            req.entries = entries
         every = self.checkpoint_every
-        if every and start // every != seq // every:
-            self.checkpoint()
-        return entries
+        return bool(every and start // every != seq // every)
+
+    # -- asynchronous mode (opt-in) ---------------------------------------------------------
+    def _enqueue_async(self, prepared: list[tuple[Any, ...]]) -> list[AuditEntry]:
+        """Queue without waiting; a background thread commits. Errors surface on the next call."""
+        cond = self._gc_cond
+        with cond:
+            if self._gc_async_error is not None:
+                raise self._gc_async_error
+            self._gc_pending.append(_Pending(prepared))
+            if self._gc_flusher is None or not self._gc_flusher.is_alive():
+                _install_exit_flush()
+                self._gc_flusher = threading.Thread(target=self._flusher_loop, name="securetrain-audit-flush",
+                                                    daemon=True)
+                self._gc_flusher.start()
+            cond.notify_all()
+        return []
+
+    def _flusher_loop(self) -> None:
+        cond = self._gc_cond
+        pid = os.getpid()
+        while pid == os.getpid():
+            with cond:
+                while not self._gc_pending or self._gc_leader:
+                    if self._gc_closing and not self._gc_pending:
+                        return
+                    cond.wait(0.5)
+                self._gc_leader = True
+            try:
+                self._lead_async()
+            except BaseException:  # noqa: BLE001 - recorded in _gc_async_error by _lead_async
+                pass
+
+    def _lead_async(self) -> None:
+        try:
+            batch = self._lead()
+        except BaseException as exc:  # noqa: BLE001
+            with self._gc_cond:
+                self._gc_async_error = exc if isinstance(exc, AuditError) else AuditError(
+                    f"asynchronous audit flush failed: {type(exc).__name__}")
+            raise
+        failed = next((r.error for r in batch if r.error is not None), None)
+        if failed is not None:  # a failed batch fails every later call: never drop entries silently
+            log.error("asynchronous audit append failed: %s", failed)
+            with self._gc_cond:
+                self._gc_async_error = self._gc_async_error or failed
+
+    def flush(self) -> None:
+        """Commit everything queued (asynchronous mode) and raise the first asynchronous failure."""
+        cond = self._gc_cond
+        while True:
+            with cond:
+                while self._gc_leader:
+                    cond.wait()
+                if not self._gc_pending:
+                    err = self._gc_async_error
+                    break
+                self._gc_leader = True
+            batch = self._lead()
+            failed = next((r.error for r in batch if r.error is not None), None)
+            if failed is not None:
+                with cond:
+                    self._gc_async_error = self._gc_async_error or failed
+        if err is not None:
+            raise err
 
     # -- reading --------------------------------------------------------------------------
     def size(self) -> int:
@@ -345,7 +540,12 @@ class AuditLog:
 
     # -- checkpoints and proofs -----------------------------------------------------------
     def checkpoint(self) -> Checkpoint:
-        """Sign the current tree head (idempotent if nothing was appended) and publish it."""
+        """Sign the current tree head (idempotent if nothing was appended) and publish it.
+
+        In asynchronous mode everything queued is committed first, so the checkpoint covers it.
+        """
+        if not self.durable:
+            self.flush()
         key, origin = self.signing_key, self.origin
         with self._lock:
             with self._write_engine.begin() as conn:
@@ -477,18 +677,94 @@ class AuditLog:
 
     # -- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:
-        self._write_engine.dispose()
-        if self._read_engine is not self._write_engine:
-            self._read_engine.dispose()
-        base = getattr(self, "_base_engine", None)
-        if base is not None:
-            base.dispose()
+        """Flush queued asynchronous entries (raising if they cannot be stored), then release connections."""
+        if not self.durable and self._pid == os.getpid():
+            with self._gc_cond:
+                self._gc_closing = True
+                self._gc_cond.notify_all()
+            self.flush()
+        engines, self._engines = self._engines, None
+        if engines is None:
+            return
+        if self._pid != os.getpid():
+            self._forget_inherited_state()
+            return
+        for engine in {id(e): e for e in engines if e is not None}.values():
+            engine.dispose()
 
     def __enter__(self) -> AuditLog:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Pending:
+    """One caller's events waiting for a group commit."""
+
+    __slots__ = ("events", "entries", "error", "done")
+
+    def __init__(self, events: list[tuple[Any, ...]]) -> None:
+        self.events = events
+        self.entries: list[AuditEntry] = []
+        self.error: BaseException | None = None
+        self.done = False
+
+
+#: Every open log in this process, so the at-fork hook can reset them in the child.
+_LIVE_LOGS: weakref.WeakSet[AuditLog] = weakref.WeakSet()
+#: Connection pools inherited from the parent; kept referenced forever so they are never closed here.
+_INHERITED: list[Any] = []
+
+
+_EXIT_HOOKS_PID: int | None = None
+
+
+def _flush_all_async() -> None:
+    for audit_log in list(_LIVE_LOGS):
+        if not audit_log.durable and audit_log._pid == os.getpid():
+            try:
+                audit_log.flush()
+            except Exception as exc:  # noqa: BLE001 - at exit there is no caller left to raise to
+                log.error("audit entries could not be flushed at exit: %s", exc)
+
+
+def _install_exit_flush() -> None:
+    """Flush asynchronous logs at interpreter exit, at multiprocessing-worker exit and on SIGTERM."""
+    global _EXIT_HOOKS_PID
+    if _EXIT_HOOKS_PID == os.getpid():
+        return
+    _EXIT_HOOKS_PID = os.getpid()
+    atexit.register(_flush_all_async)
+    from multiprocessing import util as mp_util
+
+    # Worker processes leave through os._exit() after running these finalizers (atexit is skipped).
+    mp_util.Finalize(None, _flush_all_async, exitpriority=100)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def _on_sigterm(signum: int, frame: Any) -> None:
+        _flush_all_async()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    try:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main interpreter
+        pass
+
+
+def _after_fork_in_child() -> None:
+    for audit_log in list(_LIVE_LOGS):
+        audit_log._forget_inherited_state()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def open_audit_log(url_or_path: str | os.PathLike[str] | None = None, **kwargs: Any) -> AuditLog:
