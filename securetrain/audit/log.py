@@ -154,6 +154,7 @@ class AuditLog:
         self._engine_lock = threading.Lock()
         self._cache = CompactRange()
         self._cache_head = canon.GENESIS_HASH  # entry_hash of the last leaf in _cache
+        self._cache_checked: set[tuple[int, bytes]] = set()  # reference checkpoints the cache reproduced
         self.backend = self.url.split(":", 1)[0].split("+", 1)[0]
         self._busy_timeout_s = busy_timeout_s
         self._engines: tuple[Engine, Engine, Engine | None] | None = None
@@ -309,8 +310,13 @@ class AuditLog:
     def record(
         self, action: str, resource: str, *, outcome: str = "success", details: Mapping[str, Any] | None = None
     ) -> AuditEntry:
-        """Append one event (the ``AuditRecorder`` protocol)."""
-        return self.append_many([(action, resource, outcome, details)])[0]
+        """Append one event (the ``AuditRecorder`` protocol).
+
+        Returns the stored entry once it is durable (committed). In asynchronous mode
+        (``durable=False``) it returns ``None`` as soon as the event is queued.
+        """
+        entries = self.append_many([(action, resource, outcome, details)])
+        return entries[0] if entries else None  # type: ignore[return-value]
 
     def append_many(
         self, events: Sequence[tuple[str, str, str, Mapping[str, Any] | None] | Mapping[str, Any]]
@@ -527,7 +533,11 @@ class AuditLog:
             rows = conn.execute(select(C).order_by(C.c.tree_size)).all()
         out = []
         for r in rows:
-            origin, size, root = parse_checkpoint_text(parse_note(r.note)[0])
+            try:
+                origin, size, root = parse_checkpoint_text(parse_note(r.note)[0])
+            except Exception:  # noqa: BLE001 - a malformed row is reported by verify(), not here
+                log.error("audit checkpoint row at size %s is malformed (ignored)", r.tree_size)
+                continue
             out.append(Checkpoint(origin, size, root, r.note))
         return out
 
@@ -543,62 +553,136 @@ class AuditLog:
         """Sign the current tree head (idempotent if nothing was appended) and publish it.
 
         In asynchronous mode everything queued is committed first, so the checkpoint covers it.
+        Before signing, the tree must reproduce the newest checkpoint that verifies with this
+        log's key among those *published* to the anchors and those stored in the database, so
+        someone who can rewrite the database (rows and checkpoints) cannot make the writer sign a
+        forged history; the writer refuses (:class:`AuditIntegrityError`) and logs an alert.
         """
         if not self.durable:
             self.flush()
         key, origin = self.signing_key, self.origin
-        with self._lock:
-            with self._write_engine.begin() as conn:
-                self._take_lock(conn)
-                head = conn.execute(select(E.c.seq).order_by(E.c.seq.desc()).limit(1)).first()
-                size = 0 if head is None else head.seq + 1
-                last = conn.execute(select(C).order_by(C.c.tree_size.desc()).limit(1)).first()
-                if last is not None and last.tree_size == size:
-                    o, s, r = parse_checkpoint_text(parse_note(last.note)[0])
-                    return Checkpoint(o, s, r, last.note)
-                self._extend_cache(conn, size, last)
-                cp = sign_checkpoint(origin, size, self._cache.root(), origin, key)
-                conn.execute(insert(C), [{"tree_size": size, "root_hash": cp.root_hash.hex(),
-                                           "created_at": canon.utc_timestamp(), "note": cp.note}])
+        published = self._published_reference()
+        for _attempt in range(2):
+            with self._lock:
+                with self._write_engine.begin() as conn:
+                    self._take_lock(conn)
+                    head = conn.execute(select(E.c.seq).order_by(E.c.seq.desc()).limit(1)).first()
+                    size = 0 if head is None else head.seq + 1
+                    stored = self._newest_valid_stored(conn)
+                    refs = {ref[0]: ref[1] for ref in (stored, published) if ref is not None}
+                    if max(refs, default=0) > size:
+                        big = max(refs)
+                        log.critical("audit log %s has %d entries but checkpoint %d was signed: refusing to sign",
+                                     self.schema or self.url, size, big)
+                        raise AuditIntegrityError(
+                            f"the log has {size} entries but checkpoint {big} was signed"
+                            f"{' and published' if published and published[0] == big else ''}: entries were deleted",
+                            seq=size, problem="truncated", hint="run 'securetrain audit verify' against the anchors")
+                    taken = conn.execute(select(C).where(C.c.tree_size == size)).first()
+                    if taken is not None:
+                        if stored is not None and stored[0] == size:  # ours and valid: idempotent
+                            self._extend_cache(conn, size, refs)
+                            o, s_, r = parse_checkpoint_text(parse_note(taken.note)[0])
+                            return Checkpoint(o, s_, r, taken.note)
+                        # A row at this size that does not verify was inserted without the key.
+                        # Record that in the chain, which also makes a fresh size to sign.
+                        pass
+                    else:
+                        self._extend_cache(conn, size, refs)
+                        cp = sign_checkpoint(origin, size, self._cache.root(), origin, key)
+                        try:
+                            conn.execute(insert(C), [{"tree_size": size, "root_hash": cp.root_hash.hex(),
+                                                       "created_at": canon.utc_timestamp(), "note": cp.note}])
+                        except DBAPIError as exc:
+                            raise classify(exc, backend=self.backend, operation="storing a checkpoint") from None
+                        break
+            log.error("audit checkpoint row at size %d does not verify with the log key; recording an alert", size)
+            self.record("audit.alert", f"checkpoint:{size}",
+                        outcome="failure", details={"problem": "unverifiable checkpoint row", "tree_size": size})
+        else:
+            raise AuditIntegrityError("could not sign a checkpoint: unverifiable checkpoint rows keep appearing",
+                                      problem="checkpoint-row", hint="run 'securetrain audit verify'")
         for anchor in self.anchors:
             anchor.publish(cp)
         return cp
 
-    def _extend_cache(self, conn: Connection, size: int, last: Any) -> None:
+    def _published_reference(self) -> tuple[int, bytes] | None:
+        """(size, root) of the newest checkpoint published to the anchors that verifies with our key."""
+        best: tuple[int, bytes] | None = None
+        for anchor in self.anchors:
+            try:
+                notes = anchor.notes()
+            except Exception as exc:  # noqa: BLE001 - an unreadable anchor must not be skipped silently
+                raise AuditError(f"cannot read the published checkpoints of anchor {anchor!r}: {type(exc).__name__}",
+                                 hint="the writer checks new checkpoints against published ones; fix the anchor") from None
+            for note in notes:
+                ref = self._verified_ref(note)
+                if ref is not None and (best is None or ref[0] > best[0]):
+                    best = ref
+        return best
+
+    def _verified_ref(self, note: str) -> tuple[int, bytes] | None:
+        try:
+            text_ = verify_note(note, find_signer(note, self.public_key), self.public_key)
+            _o, size, root = parse_checkpoint_text(text_)
+        except Exception:  # noqa: BLE001 - another key's or a malformed note is not a reference
+            return None
+        return size, root
+
+    def _newest_valid_stored(self, conn: Connection) -> tuple[int, bytes] | None:
+        """Newest stored checkpoint that verifies with our key (bogus rows are skipped and logged)."""
+        for row in conn.execute(select(C.c.tree_size, C.c.note).order_by(C.c.tree_size.desc())):
+            ref = self._verified_ref(row.note)
+            if ref is not None and ref[0] == row.tree_size:
+                return ref
+            log.error("audit checkpoint row at size %d does not verify with the log key (ignored)", row.tree_size)
+        return None
+
+    def _extend_cache(self, conn: Connection, size: int, refs: Mapping[int, bytes]) -> None:
         """Grow the cached tree to ``size`` leaves, refusing to sign a history that was rewritten.
 
         The signing key must not become an oracle for someone who can only write the database:
-        every new row must chain onto the cached head, and the tree must reproduce the newest
-        stored checkpoint (whose signature is checked with our own key) at its size.
+        every new row must chain onto the cached head, and the tree must reproduce every reference
+        checkpoint (the newest stored and the newest published one, signatures checked with our
+        own key) at its size.
         """
-        prev_size, prev_root = 0, None
-        if last is not None:
-            prev_size = last.tree_size
-            text = verify_note(last.note, find_signer(last.note, self.public_key), self.public_key)
-            prev_root = parse_checkpoint_text(text)[2]
-            if prev_size > size:
-                raise AuditIntegrityError(f"the log has {size} entries but checkpoint {prev_size} was signed: "
-                                          "entries were deleted", seq=size, problem="truncated")
-        if self._cache.size > prev_size:  # cannot be checked against the stored checkpoint: rebuild
-            self._cache, self._cache_head = CompactRange(), canon.GENESIS_HASH
+        pending = {n: r for n, r in refs.items() if (n, r) not in self._cache_checked}
+        if pending and self._cache.size > min(pending):  # cannot be checked any more: rebuild
+            self._reset_cache()
+
+        def check_here() -> None:
+            want = pending.get(self._cache.size)
+            if want is None:
+                return
+            if self._cache.root() != want:
+                n = self._cache.size
+                self._reset_cache()
+                log.critical("audit log rewritten: first %d entries no longer match a signed checkpoint", n)
+                raise AuditIntegrityError(f"the first {n} entries no longer match the signed checkpoint; "
+                                          "refusing to sign a rewritten history", seq=n - 1 if n else None,
+                                          problem="checkpoint-root", hint="run 'securetrain audit verify'")
+            self._cache_checked.add((self._cache.size, want))
+
+        check_here()
         for row in self._rows(conn, self._cache.size, size):
-            if self._cache.size == prev_size and self._cache.root() != prev_root and prev_root is not None:
-                break
             entry = _entry_from_row(row)[0]
             raw = entry.hashed_bytes()
             if row.seq != self._cache.size or entry.prev_hash != self._cache_head or canon.sha256_hex(raw) != entry.entry_hash:
-                self._cache, self._cache_head = CompactRange(), canon.GENESIS_HASH
+                self._reset_cache()
+                log.critical("audit log entry seq=%s does not chain onto the signed history", row.seq)
                 raise AuditIntegrityError(f"entry seq={row.seq} does not chain onto the signed history; refusing to "
                                           "sign a checkpoint", seq=row.seq, problem="prev_hash",
                                           hint="the database was modified; run 'securetrain audit verify'")
             self._cache.append(leaf_hash(raw))
             self._cache_head = entry.entry_hash
-        if prev_root is not None and (self._cache.size < prev_size or
-                                      (self._cache.size == prev_size and self._cache.root() != prev_root)):
-            self._cache, self._cache_head = CompactRange(), canon.GENESIS_HASH
-            raise AuditIntegrityError(f"the first {prev_size} entries no longer match the signed checkpoint; "
-                                      "refusing to sign a rewritten history", seq=prev_size - 1 if prev_size else None,
-                                      problem="checkpoint-root", hint="run 'securetrain audit verify'")
+            check_here()
+        if self._cache.size != size:
+            n = self._cache.size
+            self._reset_cache()
+            raise AuditIntegrityError(f"expected {size} entries, read {n}", seq=n, problem="truncated")
+
+    def _reset_cache(self) -> None:
+        self._cache, self._cache_head, self._cache_checked = CompactRange(), canon.GENESIS_HASH, set()
 
     def inclusion_proof(self, seq: int, tree_size: int | None = None) -> dict[str, Any]:
         """RFC 6962 inclusion proof of entry ``seq`` in the tree of ``tree_size`` (default: latest checkpoint)."""
@@ -652,7 +736,8 @@ class AuditLog:
         database re-signed with a different key. ``trusted_checkpoints`` are notes kept elsewhere.
         """
         key = public_key or self.public_key
-        notes = [c.note for c in self.checkpoints()]
+        with self._read_engine.connect() as conn:  # raw notes: a malformed row is reported, not raised
+            notes = [r.note for r in conn.execute(select(C.c.note).order_by(C.c.tree_size))]
         return verify_records(self._records(), public_key=key, checkpoint_notes=notes,
                               trusted_notes=trusted_checkpoints, on_entry=on_entry)
 
