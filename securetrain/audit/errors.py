@@ -65,3 +65,6 @@ class AuditRefusedError(AuditDatabaseError):
     This is the one database error that points at possible tampering (or a writer that bypassed
     the log's lock); run ``securetrain audit verify``.
     """
+
+class AuditExportError(AuditError):
+    """An export directory is incomplete or unreadable (a file missing, not a directory)."""
