@@ -39,5 +39,32 @@ class AuditIntegrityError(AuditError, IntegrityError):
         self.problem = problem
 
 
+class AuditDatabaseError(AuditError):
+    """The database could not complete an audit operation. Subclasses say why.
+
+    Nothing was recorded when this is raised from ``record()``/``append_many()``: the transaction
+    was rolled back, so retrying is safe.
+    """
+
+
+class AuditConnectionError(AuditDatabaseError):
+    """The connection to the audit database failed or was lost (server down, network, bad URL)."""
+
+
+class AuditLockTimeoutError(AuditDatabaseError):
+    """The log's write lock (SQLite ``BEGIN IMMEDIATE`` / PostgreSQL lock) was not obtained in time."""
+
+
+class AuditPermissionError(AuditDatabaseError):
+    """The database role or file permissions do not allow the operation."""
+
+
+class AuditRefusedError(AuditDatabaseError):
+    """An append-only trigger or constraint refused the write: a chain check failed in the database.
+
+    This is the one database error that points at possible tampering (or a writer that bypassed
+    the log's lock); run ``securetrain audit verify``.
+    """
+
 class AuditExportError(AuditError):
     """An export directory is incomplete or unreadable (a file missing, not a directory)."""
