@@ -16,12 +16,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from _timing import best_of  # benchmarks/ is on sys.path when run as a script
 
 from securetrain.masking.tabular.masker import TabularMasker
 from securetrain.masking.tabular.synthetic import generate_finance_table
 from securetrain.pipeline.tasks.tabular import TableEncoder
-
-from _timing import best_of  # benchmarks/ is on sys.path when run as a script
 
 POLICY = Path(__file__).resolve().parents[1] / "policies" / "finance-pii.yaml"
 FEATURES = ["amount", "balance", "txn_date", "category", "hour"]

@@ -13,8 +13,8 @@ import hashlib
 import json
 import os
 import re
-import struct
 import secrets
+import struct
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -29,20 +29,19 @@ from securetrain.crypto.errors import (
     KeyNotFoundError,
     UnsafePayloadError,
 )
-from securetrain.errors import IntegrityError
 from securetrain.crypto.keys import KeyProvider
+from securetrain.crypto.private_file import private_writer
 from securetrain.crypto.safetensors_codec import (
     _byte_view,
     _cpu_contig,
     _prepare,
     build_header,
+    parse_header,
     refuse,
     split_header,
-    parse_header,
 )
 from securetrain.crypto.stream import DEFAULT_SEGMENT_SIZE, DecryptingReader, EncryptingWriter, _readinto_full
-from securetrain.errors import SecureTrainError
-from securetrain.crypto.private_file import private_writer
+from securetrain.errors import IntegrityError, SecureTrainError
 from securetrain.training.checkpoint_store import CheckpointInfo, LoadedCheckpoint
 
 if TYPE_CHECKING:

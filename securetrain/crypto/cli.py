@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, BinaryIO, Optional
+from typing import Any, Optional
 
 import typer
 from rich.markup import escape
@@ -122,10 +122,8 @@ def decrypt_cmd(
     import hashlib
 
     from securetrain.audit.cli_support import command_recorder
-    from securetrain.crypto.private_file import private_writer
+    from securetrain.crypto.private_file import private_writer, sweep_stale_temps
     from securetrain.crypto.stream import decrypt_stream
-
-    from securetrain.crypto.private_file import sweep_stale_temps
 
     provider = _provider(keyring)
     verify_keys = _verify_keys(signer_key)
@@ -349,7 +347,7 @@ def keys_list(keyring: Path = KeyringReq) -> None:
 
     ring = LocalKeyring.load(keyring, _passphrase_existing())
     table = Table("key id", "fingerprint", "created (UTC)", "current")
-    for key in ring.keys():
+    for key in ring.keys():  # noqa: SIM118 (LocalKeyring.keys() is a method, not a dict)
         table.add_row(key.key_id, key.fingerprint, time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(key.created)),
                       "*" if key.key_id == ring.current_key_id() else "")
     console.print(table)

@@ -12,9 +12,9 @@ secret: only an optional keyring *path* and key id.
 
 from __future__ import annotations
 
-import functools
 import base64
 import binascii
+import functools
 import json
 from typing import Any, Literal
 

@@ -53,8 +53,8 @@ from securetrain.crypto.errors import (
     WrongKeyError,
 )
 from securetrain.crypto.keys import FINGERPRINT_BYTES, KEY_ID_RE, WRAP_AES256_KW, WRAP_OPAQUE, KeyProvider
-from securetrain.errors import IntegrityError
 from securetrain.crypto.private_file import private_writer
+from securetrain.errors import IntegrityError
 
 MAGIC = b"\x89STENC\r\n"
 VERSION = 2  # written; 1 and 2 are read

@@ -113,9 +113,7 @@ def _is_shape_query(node: Any, shape_nodes: set[Any]) -> bool:
         return True
     if node.op == "call_function" and node.target is getattr and len(node.args) > 1 and node.args[1] in ("shape", "ndim"):
         return True
-    if node.op == "call_function" and node.target is operator.getitem and node.args and node.args[0] in shape_nodes:
-        return True
-    return False
+    return node.op == "call_function" and node.target is operator.getitem and bool(node.args) and node.args[0] in shape_nodes
 
 
 def _tracer_class() -> Any:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import struct
 import re
+import struct
 from collections.abc import Mapping
 from pathlib import Path
 

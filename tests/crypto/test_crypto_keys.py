@@ -14,6 +14,7 @@ import pytest
 from securetrain.audit.recorder import MemoryAuditRecorder
 from securetrain.crypto import stream as S
 from securetrain.crypto.errors import (
+    CryptoError,
     HeaderAuthError,
     KeyNotFoundError,
     KeyringError,
@@ -194,7 +195,8 @@ def test_rewrap_from_local_keyring_to_vault(tmp_path) -> None:
     vault = VaultTransitProvider("checkpoints", client=FakeHvac())
     S.rewrap_file(path, ring, new_provider=vault)
     assert S.inspect_file(path).key_ids == ["vault:transit/checkpoints"]
-    S.verify_stream(open(path, "rb"), vault)
+    with open(path, "rb") as fh:
+        S.verify_stream(fh, vault)
 
 
 # -- rotation ---------------------------------------------------------------------------------
@@ -270,7 +272,7 @@ def test_rewrap_refuses_tampered_or_truncated_file(tmp_path) -> None:
         S.rewrap_file(c, ring)
     assert type(info.value).__name__ == "TruncatedError"
     c.write_bytes(blob[:100] + bytes([blob[100] ^ 1]) + blob[101:])
-    with pytest.raises(Exception):
+    with pytest.raises(CryptoError):
         S.rewrap_file(c, ring)
 
 

@@ -148,9 +148,8 @@ def test_private_writer_replaces_atomically_and_cleans_up_on_error(tmp_path: Pat
 
 def test_cli_decrypt_hashes_while_streaming(tmp_path: Path, monkeypatch) -> None:
     """The audit digest no longer needs the whole container in memory (it read it all before)."""
-    from typer.testing import CliRunner
-
     import typer
+    from typer.testing import CliRunner
 
     from securetrain.crypto import cli as crypto_cli
 

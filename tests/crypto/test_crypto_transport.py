@@ -198,7 +198,7 @@ def test_two_process_exchange_over_loopback_tcp() -> None:
         sealer = T.TensorSealer(server, "worker", worker.public_bytes())
         opener = T.TensorOpener(server, {"worker": worker.public_bytes()})
         with conn:
-            for i in range(3):
+            for _ in range(3):
                 x = torch.randn(64, 32)
                 T.send_frame(conn, sealer.seal({"x": x}))
                 reply = T.recv_frame(conn)

@@ -86,7 +86,7 @@ def _secret_key_bytes(owner: DataOwner) -> bytes:
 
 def test_magic_and_ad_are_distinct() -> None:
     assert SEALED_MAGIC == stream.MAGIC
-    assert SEALED_MAGIC != container.MAGIC[: len(SEALED_MAGIC)]
+    assert container.MAGIC[: len(SEALED_MAGIC)] != SEALED_MAGIC
     assert SECRET_CONTEXT_AD and SECRET_CONTEXT_AD != b""
 
 

@@ -62,5 +62,5 @@ def test_known_region_masking_reencodes_validly(name: str, expected_ts: str, los
     if before.shape[-1] == 3:
         assert photometric in ("RGB", "YBR_RCT") and int(out.get("PlanarConfiguration", 0)) == 0
     assert out.BurnedInAnnotation == "NO"
-    assert "masked known (%d,%d,%d,%d) test box" % box in list(out.DeidentificationMethod)
+    assert "masked known ({},{},{},{}) test box".format(*box) in list(out.DeidentificationMethod)
     assert deid.burned_in.counts.masked == 1

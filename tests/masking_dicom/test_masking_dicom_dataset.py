@@ -40,7 +40,7 @@ def test_items_shapes_labels_meta(synthetic_set: Path) -> None:
     assert len(reasons) == 6 and all("burned-in" in r for r in reasons)
     item = ds[0]
     assert item["pixels"].shape == (1, 16, 16) and item["pixels"].dtype == torch.float32
-    assert 0.0 <= float(item["pixels"].min()) and float(item["pixels"].max()) <= 1.0
+    assert float(item["pixels"].min()) >= 0.0 and float(item["pixels"].max()) <= 1.0
     assert item["label"].dtype == torch.long and item["label"].shape == ()
     meta = item["meta"]
     assert meta["PatientID"].startswith("ST") and meta["SOPInstanceUID"].startswith("2.25.")

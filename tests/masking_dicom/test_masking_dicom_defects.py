@@ -126,7 +126,7 @@ def _raw_dataset_bytes(ds: Dataset, implicit: bool = True) -> bytes:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pydicom.dcmwrite(buf, ds, enforce_file_format=False)
-    assert not buf.getvalue()[128:132] == b"DICM"
+    assert buf.getvalue()[128:132] != b"DICM"
     return buf.getvalue()
 
 

@@ -24,7 +24,7 @@ def run(script: str, *args: str, timeout: int = 240) -> subprocess.CompletedProc
 def test_scripts_are_short_and_use_no_private_names(script: str) -> None:
     source = (SCRIPTS / script).read_text()
     tree = ast.parse(source)
-    code_lines = [l for l in source.splitlines() if l.strip() and not l.lstrip().startswith("#")]
+    code_lines = [ln for ln in source.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     assert len(code_lines) <= 30, f"{script}: {len(code_lines)} lines"
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("securetrain"):

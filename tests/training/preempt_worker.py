@@ -16,7 +16,7 @@ import time
 import torch
 from safetensors.torch import save_file
 
-from securetrain.training import TrainerCallback, Trainer, TrainingConfig
+from securetrain.training import Trainer, TrainerCallback, TrainingConfig
 from securetrain.training.synthetic import SyntheticClassification, make_mlp
 
 

@@ -25,28 +25,28 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import pydicom
+from pydicom.datadict import dictionary_VR, keyword_for_tag
 from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.errors import InvalidDicomError
 from pydicom.filebase import DicomBytesIO
 from pydicom.filewriter import write_dataset, write_file_meta_info
-from pydicom.datadict import dictionary_VR, keyword_for_tag
-from pydicom.errors import InvalidDicomError
 from pydicom.sequence import Sequence
 from pydicom.uid import (
     PYDICOM_IMPLEMENTATION_UID,
-    UID_dictionary,
     ExplicitVRBigEndian,
     ExplicitVRLittleEndian,
     ImplicitVRLittleEndian,
+    UID_dictionary,
 )
 
 from securetrain import __version__
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
 from securetrain.io.atomic import atomic_write_bytes
-from securetrain.masking.dicom.errors import BurnedInAnnotationError, DeidError, UnreadableDicomError
-from securetrain.masking.dicom.keys import DeidKeys, KeyedMapper
-from securetrain.masking.dicom.dates import shift_da, shift_dt
-from securetrain.masking.dicom.mapping import export_mapping
 from securetrain.masking.dicom.burned_in.cleaner import BurnedInCleaner
+from securetrain.masking.dicom.dates import shift_da, shift_dt
+from securetrain.masking.dicom.errors import DeidError, UnreadableDicomError
+from securetrain.masking.dicom.keys import DeidKeys, KeyedMapper
+from securetrain.masking.dicom.mapping import export_mapping
 from securetrain.masking.dicom.policy import DicomPolicy
 from securetrain.masking.dicom.profile_table import CID7050, RECURSE_UIDS, Option, compile_profile, load_table
 from securetrain.masking.dicom.safe_attributes import is_safe_unlisted_text
@@ -801,11 +801,11 @@ def check_complete(ds: Dataset, label: str) -> None:
         raise UnreadableDicomError(f"{label}: no data elements (empty or truncated file)")
     for tag in reversed(sorted(ds._dict)):  # a cut file ends inside its last element
         raw = ds.get_item(tag)
-        if getattr(raw, "is_raw", False) and raw.value is not None and raw.length != 0xFFFFFFFF:
-            if len(raw.value) < raw.length:
-                raise UnreadableDicomError(
-                    f"{label}: element {_fmt(int(tag))} holds {len(raw.value)} of {raw.length} bytes (truncated file?)"
-                )
+        if (getattr(raw, "is_raw", False) and raw.value is not None and raw.length != 0xFFFFFFFF
+                and len(raw.value) < raw.length):
+            raise UnreadableDicomError(
+                f"{label}: element {_fmt(int(tag))} holds {len(raw.value)} of {raw.length} bytes (truncated file?)"
+            )
         break
     if "Rows" not in ds or "Columns" not in ds:
         return

@@ -17,8 +17,8 @@ import rfc8785
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from securetrain.config.loader import load_model
-from securetrain.resources import resolve_policy
 from securetrain.masking.dicom.profile_table import SIMPLE_ACTIONS, Option
+from securetrain.resources import resolve_policy
 
 POLICY_ENV_PREFIX = "SECURETRAIN_DEID_POLICY__"
 _TAG_RE = re.compile(r"^\(?\s*([0-9A-Fa-f]{4})\s*,?\s*([0-9A-Fa-f]{4})\s*\)?$")

@@ -253,7 +253,7 @@ class TabularMasker:
             return None
         if isinstance(rule, RedactRule) or (isinstance(rule, DefaultAction) and rule.action == "redact"):
             return T.redact(column, rule.replacement)
-        if isinstance(rule, KeepRule) or isinstance(rule, DefaultAction):  # default keep
+        if isinstance(rule, (KeepRule, DefaultAction)):  # default keep
             return self._scan_kept(column, report, context or _ScanContext()) if scan_if_kept else column
         if isinstance(rule, TokenizeRule):
             out = T.tokenize(T.normalize(T.as_string(column), rule.normalize), k, domain=rule.domain,

@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from securetrain.masking.tabular.tableio import serialize_table, detect_format
 from securetrain.io.atomic import atomic_write_bytes
+from securetrain.masking.tabular.tableio import detect_format, serialize_table
 
 FIRST = ["Erika", "John", "Amelia", "Rajesh", "Sofia", "Hiroshi", "Oluwaseun", "Margarethe", "Dmitri",
          "Clementine", "Barnaby", "Perpetua", "Ignatius", "Winifred", "Thaddeus", "Ottilie"]

@@ -18,13 +18,19 @@ import numpy as np
 from pydicom.dataset import Dataset
 from pydicom.sequence import Sequence
 
-from securetrain.masking.dicom.errors import OcrUnavailable
-from securetrain.masking.dicom.burned_in.codec import decode_frames, displayed, fill_value, paint, transfer_syntax, write_pixels
+from securetrain.masking.dicom.burned_in.codec import (
+    decode_frames,
+    displayed,
+    fill_value,
+    paint,
+    transfer_syntax,
+    write_pixels,
+)
 from securetrain.masking.dicom.burned_in.detect import TextRule, find_text
 from securetrain.masking.dicom.burned_in.ocr import OcrEngine, OcrUnavailableError, TesseractEngine
 from securetrain.masking.dicom.burned_in.preprocess import to_gray, window_to_uint8
 from securetrain.masking.dicom.burned_in.regions import Region, covered_fraction, merge_regions
-from securetrain.masking.dicom.errors import BurnedInAnnotationError
+from securetrain.masking.dicom.errors import BurnedInAnnotationError, OcrUnavailable
 from securetrain.masking.dicom.pixels import apply_pixel_masks, burned_in_status, matching_masks
 from securetrain.masking.dicom.policy import DicomPolicy
 from securetrain.masking.dicom.profile_table import CID7050, Option
