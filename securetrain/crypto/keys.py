@@ -33,16 +33,17 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 from cryptography.hazmat.primitives.keywrap import InvalidUnwrap, aes_key_unwrap, aes_key_wrap
 
+from securetrain.crypto import vault as _vault
 from securetrain.crypto.errors import KeyNotFoundError, KeyringError, KeyringPermissionError, WrongKeyError
+from securetrain.crypto.wrap_algs import WRAP_AES256_KW
+from securetrain.crypto.wrap_algs import WRAP_OPAQUE as WRAP_OPAQUE  # re-exported (the container reads it here)
 from securetrain.io.atomic import atomic_write_bytes
 
 KEY_BYTES = 32
 FINGERPRINT_BYTES = 8
 KEY_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}")  # use with fullmatch()
 
-# Stanza wrap algorithms (container header field ``wrap_alg``).
-WRAP_AES256_KW = 1  # RFC 3394 AES key wrap under a local 256-bit KEK (40-byte output)
-WRAP_OPAQUE = 2  # provider-defined bytes (e.g. Vault transit ciphertext), opened by the provider
+# Stanza wrap algorithms (container header field ``wrap_alg``): WRAP_AES256_KW, WRAP_OPAQUE (wrap_algs).
 
 ENV_KEK = "SECURETRAIN_KEK"
 ENV_KEK_ID = "SECURETRAIN_KEK_ID"
@@ -409,9 +410,7 @@ def provider_from_env(keyring: str | os.PathLike[str] | None = None) -> KeyProvi
     if keyring is not None or os.environ.get(ENV_KEYRING):
         return LocalKeyring.load(keyring)
     if os.environ.get(ENV_VAULT_KEY):
-        from securetrain.crypto.vault import VaultTransitProvider
-
-        return VaultTransitProvider(os.environ[ENV_VAULT_KEY], mount_point=os.environ.get(ENV_VAULT_MOUNT, "transit"))
+        return _vault.VaultTransitProvider(os.environ[ENV_VAULT_KEY], mount_point=os.environ.get(ENV_VAULT_MOUNT, "transit"))
     if os.environ.get(ENV_KEK):
         return EnvKeyProvider()
     raise KeyringError("no key source configured",

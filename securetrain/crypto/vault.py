@@ -12,7 +12,7 @@ import base64
 from typing import Any
 
 from securetrain.crypto.errors import KeyNotFoundError, KeyringError, WrongKeyError
-from securetrain.crypto.keys import WRAP_OPAQUE
+from securetrain.crypto.wrap_algs import WRAP_OPAQUE
 
 
 class VaultTransitProvider:

@@ -21,38 +21,13 @@ import numpy as np
 
 from securetrain.he.approximations import PolyApprox, fit_activation
 from securetrain.he.errors import HEModelError
+from securetrain.he.steps import LinearStep, PolyStep, Step
+from securetrain.he.strategy import evaluate_numpy, plan_depth
 
 OutputKind = Literal["logits", "probabilities"]
 PLAN_FORMAT = "securetrain.he.plan/1"
 
 
-@dataclass(frozen=True)
-class LinearStep:
-    weight: np.ndarray  # (out, in) float64
-    bias: np.ndarray  # (out,) float64
-
-    @property
-    def n_in(self) -> int:
-        return int(self.weight.shape[1])
-
-    @property
-    def n_out(self) -> int:
-        return int(self.weight.shape[0])
-
-
-@dataclass(frozen=True)
-class PolyStep:
-    coeffs: tuple[float, ...]  # power basis, lowest degree first
-    source: str  # "poly" (exact, from the model) or the activation it approximates
-    input_range: float | None = None
-    max_abs_error: float | None = None  # of the approximation on [-R, R]
-
-    @property
-    def degree(self) -> int:
-        return len(self.coeffs) - 1
-
-
-Step = LinearStep | PolyStep
 
 
 @dataclass(frozen=True)
@@ -66,8 +41,6 @@ class HEPlan:
     @property
     def depth(self) -> int:
         """Multiplicative depth of our evaluation strategy (see strategy.plan_depth)."""
-        from securetrain.he.strategy import plan_depth
-
         return plan_depth(self)
 
     def to_dict(self) -> dict[str, Any]:
@@ -124,8 +97,6 @@ class HEPlan:
     def evaluate_plain(self, features: np.ndarray) -> np.ndarray:
         """(n_samples, n_inputs) → (n_samples, n_outputs), in float64 with *exactly* the
         operations the encrypted evaluation performs: the reference for the HE error."""
-        from securetrain.he.strategy import evaluate_numpy
-
         return evaluate_numpy(self, features)
 
 

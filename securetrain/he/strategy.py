@@ -28,11 +28,14 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from securetrain.he.plan import HEPlan, LinearStep, PolyStep
+from securetrain.he.steps import LinearStep, PolyStep
+
+if TYPE_CHECKING:
+    from securetrain.he.plan import HEPlan
 
 
 @dataclass
