@@ -27,11 +27,14 @@ with bit-identical weights to an uninterrupted run.
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,6 +55,8 @@ from securetrain.training.errors import ResumeMismatchError, TrainingError
 from securetrain.training.schedulers import build_scheduler
 from securetrain.training.seeding import capture_rng_state, restore_rng_state, seed_everything
 from securetrain.training.validation import BestTracker, MetricsFn, PredictFn, classification_metrics, collect_outputs
+
+log = logging.getLogger("securetrain.training")
 
 #: Exit status for "stopped by SIGTERM after a clean checkpoint; rerun to resume" (BSD EX_TEMPFAIL).
 PREEMPTED_EXIT_CODE = 75
@@ -134,6 +139,9 @@ class TrainResult:
     validation: tuple[dict[str, Any], ...] = ()  # one entry per validation: epoch, step, metrics
     best: dict[str, Any] | None = None  # metric, value, epoch, step, checkpoint (path) of the best validation
     stop_signal: int | None = None  # the signal that stopped a preempted run (SIGTERM, SIGINT) if any
+    world_size: int = 1
+    profile_trace: Path | None = None  # Chrome trace written for config.profile
+    memory: dict[str, Any] = field(default_factory=dict)  # backend.memory_summary() at the end (main rank)
 
     @property
     def exit_code(self) -> int:
@@ -236,6 +244,9 @@ class Trainer:
         self._saved_step: int | None = None
         self._saved_info: CheckpointInfo | None = None
         self._validated_step: int | None = None
+        self._profile_trace: Path | None = None
+        self.batch_size = self.config.batch_size
+        self.num_workers = self.config.num_workers or 0
 
     # --- public helpers ------------------------------------------------------------------
     @property
@@ -348,12 +359,31 @@ class Trainer:
             total = min(total, by_epochs) if total else by_epochs
         self._total_steps = total
 
+    def _effective_batch_size(self, backend: DeviceBackend) -> int:
+        """``batch_size`` rounded up to the backend's multiple (``batch_multiple: auto``), logged."""
+        size = self.config.batch_size
+        if self.config.batch_multiple == "off":
+            return size
+        rounded = backend.round_batch_size(size)
+        if rounded != size and self.is_main:
+            log.info("batch_size %d rounded up to %d (a multiple of %d, the %s backend's preferred size; "
+                     "set training.batch_multiple: off to keep %d)", size, rounded, backend.batch_multiple,
+                     backend.name, size)
+        return rounded
+
+    def _effective_num_workers(self, backend: DeviceBackend) -> int:
+        """``num_workers`` as configured, else the backend's advice for this node's ranks."""
+        if self.config.num_workers is not None:
+            return self.config.num_workers
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        return backend.loader_workers(per_node)
+
     def _fingerprint(self, world_size: int, precision: str, dataset_len: int | None) -> dict[str, Any]:
         c = self.config
         # What must match for a resumed run to replay the same sample order and numerics.
         return {
             "seed": c.seed,
-            "batch_size": c.batch_size,
+            "batch_size": self.batch_size,
             "grad_accumulation": c.grad_accumulation,
             "world_size": world_size,
             "shuffle": c.shuffle,
@@ -485,9 +515,11 @@ class Trainer:
         self.model.to(device)
         self.optimizer = self._build_optimizer()
         self.scaler = torch.amp.GradScaler(device.type, init_scale=4096, enabled=precision == "fp16")
+        self.batch_size = self._effective_batch_size(backend)
+        self.num_workers = self._effective_num_workers(backend)
         self.feeder = EpochFeeder(
-            self.train_data, batch_size=cfg.batch_size, seed=cfg.seed, shuffle=cfg.shuffle, drop_last=cfg.drop_last,
-            num_workers=cfg.num_workers, pin_memory=backend.pin_memory and device.type != "cpu",
+            self.train_data, batch_size=self.batch_size, seed=cfg.seed, shuffle=cfg.shuffle, drop_last=cfg.drop_last,
+            num_workers=self.num_workers, pin_memory=backend.pin_memory and device.type != "cpu",
             rank=self.dist.rank, world_size=self.dist.world_size,
         )
         self._plan_length(self.feeder)
@@ -544,6 +576,8 @@ class Trainer:
             checkpoint=info, resumed_from=resumed_from, device=str(device), precision=precision,
             validation=tuple(t.history), best=best,
             stop_signal=self._stop_signal if reason == "preempted" else None,
+            world_size=self.dist.world_size, profile_trace=self._profile_trace,
+            memory=backend.memory_summary() if self.is_main else {},
         )
         if self.is_main:
             self.audit.record("training.stop", self.run_id, details={
@@ -659,16 +693,27 @@ class Trainer:
         p = self.progress
         if self._window.steps >= cfg.log_every or p.step == self._total_steps:
             self._log_window()
-        stop = self.dist.any_flag(self._stop_requested) if self.dist.enabled else self._stop_requested
-        if stop:
+        checkpoint_due = bool(cfg.checkpoint_every and p.step % cfg.checkpoint_every == 0)
+        if self._stop_check_due(checkpoint_due):
             self._log_window()
             return "preempted"
-        if cfg.checkpoint_every and p.step % cfg.checkpoint_every == 0:
+        if checkpoint_due:
             self._checkpoint()
         if cfg.max_steps is not None and p.step >= cfg.max_steps:
             self._log_window()
             return "completed"
         return None
+
+    def _stop_check_due(self, checkpoint_due: bool) -> bool:
+        """Whether the run stops now. One process: the local flag, every step (free). Several: the
+        flag is all-reduced (a host sync) only every ``stop_check_every`` steps, at checkpoints and
+        at the last step, on every rank alike, so all ranks stop after the same step."""
+        if not self.dist.enabled:
+            return self._stop_requested
+        p, every = self.progress, self.config.stop_check_every
+        if p.step % every and not checkpoint_due and p.step != self._total_steps:
+            return False
+        return self.dist.any_flag(self._stop_requested)
 
     def _end_epoch(self) -> str | None:
         """Advance the epoch counter; validate when due; a reason if early stopping fired."""
@@ -724,7 +769,7 @@ class Trainer:
         if isinstance(self.eval_data, DataLoader):
             return self.eval_data
         size = self.config.validation.batch_size or self.config.batch_size
-        return DataLoader(self.eval_data, batch_size=size, shuffle=False, num_workers=self.config.num_workers,
+        return DataLoader(self.eval_data, batch_size=size, shuffle=False, num_workers=self.num_workers,
                           generator=torch.Generator().manual_seed(0))
 
     def _new_window(self) -> _Window:
