@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import zipfile
@@ -32,9 +33,20 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_outside(installed: Path, cwd: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    # PYTHONPATH puts the installed wheel ahead of the checkout's editable install.
-    env = {**os.environ, "PYTHONPATH": str(installed), "PREFECT_HOME": str(cwd / ".prefect")}
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    # PYTHONPATH puts the installed wheel ahead of the checkout's editable install; nothing from the
+    # test session's Prefect settings leaks in, and stdin is closed (a prompt would fail, not hang).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "SECURETRAIN_"))}
+    env.update(PYTHONPATH=str(installed), PREFECT_HOME=str(cwd / ".prefect"), PYTHONFAULTHANDLER="1")
+    proc = subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # SIGABRT makes faulthandler print every thread's stack: the failure says where it hung.
+        proc.send_signal(signal.SIGABRT)
+        out, err = proc.communicate()
+        pytest.fail(f"{args} did not finish in {timeout} s\n{out[-3000:]}\n{err[-6000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def test_wheel_contents(wheel: Path) -> None:
@@ -71,7 +83,7 @@ def test_unknown_policy_name_lists_the_shipped_ones(installed: Path, tmp_path: P
 
 @pytest.mark.slow
 def test_installed_wheel_runs_the_demo_and_verifies_its_export(installed: Path, tmp_path: Path) -> None:
-    proc = run_outside(installed, tmp_path, "-m", "securetrain", "demo", "--no-prefect", timeout=600)
+    proc = run_outside(installed, tmp_path, "-m", "securetrain", "demo", "--no-prefect", timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     export = next(tmp_path.glob("runs/*/audit-export"))
     args = ["-m", "securetrain_audit_verify", str(export)]
