@@ -272,6 +272,16 @@ class EncryptedCheckpointStore:
     def path_for(self, step: int) -> Path:
         return self.directory / f"step-{step:012d}.stenc"
 
+    def shard_store(self, rank: int) -> EncryptedCheckpointStore:
+        """The store of rank ``rank``'s FSDP shards: same keys and settings, ``shards/rank-<R>/``,
+        bound to ``<store id>.rank<R>`` (a shard moved to another rank's place is refused)."""
+        return EncryptedCheckpointStore(
+            self.directory / "shards" / f"rank-{int(rank):05d}", self.keyring, key_id=self.key_id,
+            keep_last=None if self.keep_last is None else self.keep_last + 1,  # a crash between shard and manifest
+            audit=self.audit, segment_size=self.segment_size, digest=self.digest, verify_sha256=self.verify_sha256,
+            recipients=self.recipients, store_id=f"{self.store_id}.rank{int(rank)}"[:128], signer=self.signer,
+            verify_keys=self.verify_keys, accept_unbound=self.accept_unbound)
+
     def save(self, step: int, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> CheckpointInfo:
         if not isinstance(step, int) or step < 0 or step >= 10**12:
             raise CheckpointError(f"invalid step {step!r}")

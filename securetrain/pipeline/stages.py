@@ -293,11 +293,16 @@ def load_trained_model(config: PipelineConfig, secrets: RunSecrets, audit: Audit
     if which == "best" and store.latest() is None:
         store = _checkpoint_store(config, secrets, audit)  # no validation ran: the last weights
     loaded = store.load()
+    tensors = loaded.tensors
+    from securetrain.training import sharded
+
+    if loaded.metadata.get("securetrain.train.format") == sharded.MANIFEST_FORMAT:
+        tensors = sharded.assemble_full(store, loaded)  # FSDP: every rank's shard, each verified
     if data is None:
         _, data = task_datasets(config, secrets, None)
     model = build_task_model(config, data)
     prefix = "model/"
-    state = {k[len(prefix):]: v for k, v in loaded.tensors.items() if k.startswith(prefix)}
+    state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
     model.load_state_dict(state, strict=True)
     return model.eval()
 

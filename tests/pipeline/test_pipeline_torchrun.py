@@ -90,6 +90,26 @@ def test_run_trains_on_two_ranks_with_encrypted_checkpoints(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
+def test_run_with_fsdp_writes_a_shard_per_rank_and_the_model_reassembles(tmp_path: Path) -> None:
+    config = _config(tmp_path, "fsdp", strategy="fsdp")
+    proc = _cli(config)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "fsdp"
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["world_size"] == 2 and result["training"]["strategy"] == "fsdp"
+    shards = sorted(p.relative_to(run_dir / "checkpoints").as_posix()
+                    for p in (run_dir / "checkpoints" / "shards").rglob("*.stenc"))
+    last = result["training"]["steps"]
+    assert f"shards/rank-00000/step-{last:012d}.stenc" in shards and f"shards/rank-00001/step-{last:012d}.stenc" in shards
+    from securetrain.pipeline.secrets import load_run_secrets
+    from securetrain.pipeline.stages import load_trained_model
+
+    cfg = load_pipeline_config(config)
+    model = load_trained_model(cfg, load_run_secrets(cfg), which="last")  # assembled from both shards
+    assert sum(p.numel() for p in model.parameters()) == result["training"]["parameters"]
+
+
+@pytest.mark.slow
 def test_preemption_of_the_stage_is_forwarded_then_the_rerun_resumes(tmp_path: Path) -> None:
     (tmp_path / "killer.py").write_text(KILLER_MODEL)
     config = _config(tmp_path, "pre", checkpoint_every=100, stop_check_every=1)
