@@ -1,8 +1,8 @@
 """Multi-process training from the pipeline: the train stage launches ``torchrun``.
 
 With ``training.nproc_per_node > 1`` (or ``training.nnodes > 1``) the train stage does not train
-in its own process: it writes a launch request (the validated config and the prepare stage's
-summary: no secrets) under ``<run_dir>/train/launch/`` and runs::
+in its own process: it writes a launch request (the validated config and the status file's
+path: no secrets) under ``<run_dir>/train/launch/`` and runs::
 
     python -m torch.distributed.run --nproc-per-node N --nnodes M (--standalone | --rdzv-*) \\
         -m securetrain.pipeline.train_worker <request.json>
@@ -114,7 +114,6 @@ def launch_training(config: Any, prepared: Any, *, log_line: Callable[[str], Non
     status_path = folder / f"status-{nonce}.json"
     atomic_write_bytes(request, json.dumps({
         "config": config.model_dump(mode="json"),
-        "prepared": prepared.model_dump(mode="json") if prepared is not None else None,
         "status": str(status_path),
     }).encode(), mode=0o600)
     cmd = torchrun_command(config, request)

@@ -16,15 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from securetrain.io.atomic import atomic_write_bytes
+from securetrain.training.callbacks import TrainerCallback
 
 
-class _LogLines:
+class _LogLines(TrainerCallback):
     """Rank 0: one plain line per logged window (the stage streams them to its logger)."""
-
-    def __getattr__(self, name: str) -> Any:  # the other TrainerCallback hooks: no-ops
-        if name.startswith("on_"):
-            return lambda *a, **k: None
-        raise AttributeError(name)
 
     def on_step(self, trainer: Any, m: Any) -> None:
         if trainer.is_main:
@@ -39,15 +35,15 @@ class _LogLines:
 
 def _load(argv: list[str]) -> tuple[Any, Any, Path | None]:
     from securetrain.pipeline.config import PipelineConfig, load_pipeline_config
-    from securetrain.pipeline.results import PreparedData
 
+    # The train stage reads the prepared data from the run directory (task_datasets), not from
+    # the prepare stage's summary, so a rank needs only the config.
     if len(argv) == 2 and argv[0] == "--config":
         return load_pipeline_config(argv[1]), None, None
     if len(argv) != 1:
         raise SystemExit("usage: python -m securetrain.pipeline.train_worker (REQUEST.json | --config CONFIG)")
     request = json.loads(Path(argv[0]).read_text())
-    prepared = PreparedData.model_validate(request["prepared"]) if request.get("prepared") else None
-    return PipelineConfig.model_validate(request["config"]), prepared, Path(request["status"])
+    return PipelineConfig.model_validate(request["config"]), None, Path(request["status"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -246,6 +246,7 @@ class Trainer:
         self._saved_info: CheckpointInfo | None = None
         self._validated_step: int | None = None
         self._profile_trace: Path | None = None
+        self._profiler: Any = None
         self._sharded = False
         self.batch_size = self.config.batch_size
         self.num_workers = self.config.num_workers or 0
@@ -634,7 +635,8 @@ class Trainer:
         reason = "completed"
         info: CheckpointInfo | None = None
         try:
-            reason = self._train_loop()
+            with self._profiling():
+                reason = self._train_loop()
             if reason == "completed" and self.eval_data is not None and self._validated_step != self.progress.step:
                 self._validate()  # a run cut short by max_steps still reports its held-out metrics
             if reason != "completed" or cfg.checkpoint_at_end:
@@ -780,6 +782,8 @@ class Trainer:
         """Log, honour a stop request, checkpoint, respect ``max_steps``."""
         cfg = self.config
         p = self.progress
+        if self._profiler is not None:
+            self._profiler.step()
         if self._window.steps >= cfg.log_every or p.step == self._total_steps:
             self._log_window()
         checkpoint_due = bool(cfg.checkpoint_every and p.step % cfg.checkpoint_every == 0)
@@ -792,6 +796,36 @@ class Trainer:
             self._log_window()
             return "completed"
         return None
+
+    @contextlib.contextmanager
+    def _profiling(self) -> Any:
+        """``config.profile``: torch.profiler over ``wait`` + 1 warm-up + ``steps`` optimizer steps on
+        the main rank; the Chrome trace goes to ``output_dir/profile/trace-rank<R>.json``."""
+        spec = self.config.profile
+        if spec is None or not self.is_main:
+            yield
+            return
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        assert self.device is not None
+        path = Path(self.config.output_dir) / "profile" / f"trace-rank{self.dist.rank}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+        def ready(prof: Any) -> None:
+            prof.export_chrome_trace(str(path))
+            self._profile_trace = path
+            log.info("profile trace written to %s", path)
+
+        activities = [ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        with profile(activities=activities, schedule=schedule(wait=spec.wait, warmup=1, active=spec.steps, repeat=1),
+                     on_trace_ready=ready, profile_memory=True) as prof:
+            self._profiler = prof
+            try:
+                yield
+            finally:
+                self._profiler = None
 
     def _stop_check_due(self, checkpoint_due: bool) -> bool:
         """Whether the run stops now. One process: the local flag, every step (free). Several: the

@@ -82,3 +82,17 @@ def test_stop_flag_is_reduced_every_n_steps_at_checkpoints_and_the_end(tmp_path:
     assert trainer._stop_check_due(False) is (every == 1)
     trainer.progress.step = 12
     assert trainer._stop_check_due(False) is True
+
+
+def test_profile_writes_a_chrome_trace_and_the_result_carries_memory(tmp_path: Path) -> None:
+    import json
+
+    trainer, result = _fit(tmp_path, profile={"steps": 2, "wait": 1})
+    assert result.profile_trace == tmp_path / "profile" / "trace-rank0.json"
+    trace = json.loads(result.profile_trace.read_text())
+    names = {e.get("name", "") for e in trace["traceEvents"]}
+    assert any("ProfilerStep#2" in n for n in names) and any(n.startswith("aten::") for n in names)
+    assert not any("ProfilerStep#0" in n for n in names)  # the wait step is not recorded
+    assert result.memory.get("process_rss", 0) > 0
+    _, plain = _fit(tmp_path / "plain")
+    assert plain.profile_trace is None and not (tmp_path / "plain" / "profile").exists()
