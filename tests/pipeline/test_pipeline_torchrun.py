@@ -42,9 +42,16 @@ def build(num_classes):
 '''
 
 
+@pytest.fixture(autouse=True)
+def _no_operator_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Demo secrets only: another test may have exported a passphrase into this process."""
+    for var in ("SECURETRAIN_KEYRING", "SECURETRAIN_KEYRING_PASSPHRASE", "SECURETRAIN_KEK", "SECURETRAIN_DEID_KEY",
+                "SECURETRAIN_VAULT_TRANSIT_KEY", "SECURETRAIN_AUDIT_URL"):
+        monkeypatch.delenv(var, raising=False)
+
+
 def _cli(config: Path, **env: str) -> subprocess.CompletedProcess[str]:
     full = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **env)
-    full.pop("SECURETRAIN_KEYRING_PASSPHRASE", None)
     return subprocess.run([sys.executable, "-m", "securetrain", "run", str(config), "--no-prefect"],
                           capture_output=True, text=True, env=full, timeout=240, cwd=config.parent)
 
