@@ -114,6 +114,16 @@ def _mib(value: Any) -> str:
     return f"{value / 2**20:.0f} MiB" if isinstance(value, (int, float)) else str(value)
 
 
+def _privacy_text(p: dict) -> str:
+    return (f"ε = {_num(p.get('epsilon'))} spent of {_num(p.get('target_epsilon'))} at δ = {p.get('delta')} "
+            f"({p.get('accountant')} accountant, noise multiplier {_num(p.get('noise_multiplier'))}, "
+            f"clip {p.get('max_grad_norm')})")
+
+
+def _privacy_rows(t: Any) -> list[tuple[str, object]]:
+    return [("differential privacy (DP-SGD)", _privacy_text(t.privacy))] if t.privacy else []
+
+
 def markdown_summary(result: PipelineResult) -> str:
     """The run summary as markdown (used for the Prefect artifact)."""
     t = result.training
@@ -131,6 +141,8 @@ def markdown_summary(result: PipelineResult) -> str:
         f"| training | {t.steps} steps on {t.device}, final loss {t.final_loss:.4f}, {t.samples_per_second:.0f} samples/s ({t.reason}) |",
         f"| checkpoints | {len(t.checkpoints)} encrypted; last key id `{t.checkpoints[-1].key_id if t.checkpoints else '-'}` |",
     ]
+    if t.privacy:
+        lines.append(f"| differential privacy | {_privacy_text(t.privacy)} |")
     best = best_validation(t)
     if best:
         lines.append(f"| validation (best epoch {best['epoch']}) | loss {_num(best.get('loss'))}, accuracy "
@@ -200,6 +212,7 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
             ("throughput", f"{t.samples_per_second:.1f} samples/s"),
             ("processes", f"{t.world_size} ({t.strategy})"),
             ("device memory (end)", ", ".join(f"{k} {_mib(v)}" for k, v in t.memory.items()) or "-"),
+            *_privacy_rows(t),
         ]),
     ]
     if t.profile_trace is not None:

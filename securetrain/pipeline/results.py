@@ -79,7 +79,7 @@ class TrainingSummary(BaseModel):
     curve: list[tuple[int, float]] = Field(default_factory=list)  # (step, loss)
     lr_curve: list[tuple[int, float]] = Field(default_factory=list)  # (step, learning rate)
     checkpoints: list[CheckpointSummary] = Field(default_factory=list)
-    reason: str = "completed"  # completed | early_stopped
+    reason: str = "completed"  # completed | early_stopped | privacy_budget
     model_target: str = "cnn"
     parameters: int = 0
     class_names: list[str] = Field(default_factory=list)  # class id -> name
@@ -90,6 +90,7 @@ class TrainingSummary(BaseModel):
     strategy: str = "single"  # single | ddp | fsdp
     profile_trace: Path | None = None  # torch.profiler Chrome trace (training.profile)
     memory: dict[str, Any] = Field(default_factory=dict)  # device memory summary at the end (main rank)
+    privacy: dict[str, Any] | None = None  # DP-SGD runs: epsilon (spent), delta, target_epsilon, noise_multiplier, ...
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -157,6 +158,7 @@ class PipelineResult(BaseModel):
     report_html: Path | None = None
     result_json: Path | None = None
     config_sha256: str | None = None
+    provenance: dict[str, Any] | None = None  # path, statement_sha256, model_sha256, container_sha256, audit_tree_size, keyid
 
     # Shortcuts into ``training`` so result.json answers the common questions at the top level.
     @computed_field  # type: ignore[prop-decorator]

@@ -207,6 +207,9 @@ def train(
     from securetrain.training.callbacks import MetricsHistory
     from securetrain.training.trainer import Trainer
 
+    if config.training.privacy is not None:
+        from securetrain.release.privacy import DPTrainer as Trainer  # type: ignore[assignment]
+
     from securetrain.training.distributed import from_env
 
     _, local_rank, world = from_env()
@@ -267,6 +270,7 @@ def train(
         strategy=config.training.strategy if result.world_size > 1 else "single",
         profile_trace=result.profile_trace,
         memory=_json_safe(result.memory),
+        privacy=_json_safe(result.privacy) if result.privacy else None,
     )
 
 

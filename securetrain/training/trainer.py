@@ -132,7 +132,7 @@ class TrainResult:
     steps: int
     epoch: int
     final_loss: float | None
-    reason: str  # "completed" | "preempted" | "early_stopped"
+    reason: str  # "completed" | "preempted" | "early_stopped" | "privacy_budget" (DP runs)
     checkpoint: CheckpointInfo | None
     resumed_from: int | None
     device: str
@@ -143,6 +143,7 @@ class TrainResult:
     world_size: int = 1
     profile_trace: Path | None = None  # Chrome trace written for config.profile
     memory: dict[str, Any] = field(default_factory=dict)  # backend.memory_summary() at the end (main rank)
+    privacy: dict[str, Any] | None = None  # DP-SGD runs: epsilon, delta, noise_multiplier, ... (securetrain.release.privacy)
 
     @property
     def exit_code(self) -> int:
@@ -186,6 +187,9 @@ class Trainer:
     ``scheduler`` is an ``LRScheduler`` on the optimizer you passed, or a
     :data:`SchedulerFactory`; default: built from ``config.scheduler``.
     """
+
+    #: Stop reasons after which the held-out metrics are computed once more (if not already for this step).
+    final_validation_reasons: tuple[str, ...] = ("completed",)
 
     def __init__(
         self,
@@ -349,6 +353,15 @@ class Trainer:
                                     hint="pass the optimizer too, or a factory(optimizer, total_steps, steps_per_epoch)")
             return arg
         return arg(self.optimizer, self._total_steps, self._steps_per_epoch())
+
+    def _make_feeder(self, backend: DeviceBackend, device: torch.device) -> EpochFeeder:
+        """The epoch-wise batch source (a subclass may substitute one, e.g. Poisson sampling for DP)."""
+        cfg = self.config
+        return EpochFeeder(
+            self.train_data, batch_size=self.batch_size, seed=cfg.seed, shuffle=cfg.shuffle, drop_last=cfg.drop_last,
+            num_workers=self.num_workers, pin_memory=backend.pin_memory and device.type != "cpu",
+            rank=self.dist.rank, world_size=self.dist.world_size,
+        )
 
     def _steps_per_epoch(self) -> int | None:
         return None if self._per_epoch is None else -(-self._per_epoch // self.config.grad_accumulation)
@@ -594,6 +607,8 @@ class Trainer:
             torch.use_deterministic_algorithms(True, warn_only=True)
         precision, self._amp_dtype = self._resolve_precision(backend)
         self.device = device
+        self.batch_size = self._effective_batch_size(backend)  # the backend's advice (logged when it applies)
+        self.num_workers = self._effective_num_workers(backend)
         seed_everything(cfg.seed + self.dist.rank)
         self.model.to(device)
         self._sharded = self.dist.enabled and (cfg.strategy == "fsdp" or sharded.is_fsdp(self.model))
@@ -602,13 +617,7 @@ class Trainer:
             self.model = sharded.wrap_fsdp(self.model, self.dist.world_size, device)
         self.optimizer = self._build_optimizer()
         self.scaler = torch.amp.GradScaler(device.type, init_scale=4096, enabled=precision == "fp16")
-        self.batch_size = self._effective_batch_size(backend)
-        self.num_workers = self._effective_num_workers(backend)
-        self.feeder = EpochFeeder(
-            self.train_data, batch_size=self.batch_size, seed=cfg.seed, shuffle=cfg.shuffle, drop_last=cfg.drop_last,
-            num_workers=self.num_workers, pin_memory=backend.pin_memory and device.type != "cpu",
-            rank=self.dist.rank, world_size=self.dist.world_size,
-        )
+        self.feeder = self._make_feeder(backend, device)
         self._plan_length(self.feeder)
         self.scheduler = self._build_scheduler()
         self._fingerprint_value = self._fingerprint(self.dist.world_size, precision, self.feeder.dataset_length)
@@ -637,7 +646,8 @@ class Trainer:
         try:
             with self._profiling():
                 reason = self._train_loop()
-            if reason == "completed" and self.eval_data is not None and self._validated_step != self.progress.step:
+            if (reason in self.final_validation_reasons and self.eval_data is not None
+                    and self._validated_step != self.progress.step):
                 self._validate()  # a run cut short by max_steps still reports its held-out metrics
             if reason != "completed" or cfg.checkpoint_at_end:
                 # Skip a duplicate write when checkpoint_every already saved this very step.
