@@ -15,6 +15,7 @@ import os
 import re
 import struct
 import secrets
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -244,10 +245,17 @@ class EncryptedCheckpointStore:
             raise CheckpointError(f"cannot create {path} (read-only checkpoint directory?)",
                                   hint="pass store_id= explicitly to open a read-only store") from None
         except FileExistsError:
-            try:
-                value = path.read_text(encoding="ascii", errors="replace").strip()
-            except OSError as exc:
-                raise CheckpointError(f"cannot read {path}: {exc.strerror}") from None
+            # Another process (e.g. the other ranks of a torchrun job) may have just created it and
+            # not yet written the id: wait briefly for the content rather than calling it malformed.
+            deadline = time.monotonic() + 5.0
+            while True:
+                try:
+                    value = path.read_text(encoding="ascii", errors="replace").strip()
+                except OSError as exc:
+                    raise CheckpointError(f"cannot read {path}: {exc.strerror}") from None
+                if value or time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
             if not _STORE_ID.fullmatch(value):
                 raise CheckpointError(f"{path} is malformed", hint="restore it, or pass store_id=") from None
             return value

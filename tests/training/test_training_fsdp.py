@@ -147,3 +147,28 @@ def test_fsdp_refuses_fp16_and_a_prebuilt_optimizer(tmp_path: Path) -> None:
         trainer._check_fsdp("fp16")
     with pytest.raises(TrainingError, match="optimizer factory"):
         trainer._check_fsdp("fp32")
+
+
+def test_store_id_written_by_a_concurrent_opener_is_awaited_not_malformed(tmp_path: Path, kek) -> None:
+    """Every rank opens the same store: one creates .store-id, the others must wait for its content."""
+    import threading
+    import time
+
+    folder = tmp_path / "store"
+    folder.mkdir()
+    (folder / ".store-id").touch(mode=0o600)  # created by the "other rank", id not yet written
+
+    def finish() -> None:
+        time.sleep(0.3)
+        (folder / ".store-id").write_text("store-abc\n")
+
+    writer = threading.Thread(target=finish)
+    writer.start()
+    store = _store(folder)
+    writer.join()
+    assert store.store_id == "store-abc"
+    (folder / ".store-id").write_text("bad id!\n")
+    from securetrain.crypto.checkpoint import CheckpointError
+
+    with pytest.raises(CheckpointError, match="malformed"):
+        _store(folder)
