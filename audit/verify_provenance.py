@@ -42,19 +42,14 @@ class Failure(Exception):
 
 
 def _verify_audit_module():
-    """``verify_audit`` from the installed package, else the file next to this one."""
-    try:
-        from securetrain_audit_verify import verify_audit  # type: ignore[import-not-found]
-
-        return verify_audit
-    except ImportError:
-        path = Path(__file__).resolve().parent / "verify_audit.py"
-        spec = importlib.util.spec_from_file_location("_securetrain_verify_audit", path)
-        if spec is None or spec.loader is None:
-            raise Failure(f"cannot load {path}") from None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
+    """``verify_audit.py`` from this file's own folder (the checkout's audit/ or the installed package)."""
+    path = Path(__file__).resolve().parent / "verify_audit.py"
+    spec = importlib.util.spec_from_file_location("_securetrain_verify_audit", path)
+    if spec is None or spec.loader is None:
+        raise Failure(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 # ---- RFC 6962 Merkle tree (same definitions as verify_audit.py) ---------------------------
@@ -203,10 +198,19 @@ def _notes(text: str) -> list[tuple[str, int, str]]:
     return out
 
 
+class _Args(argparse.Namespace):
+    """verify_audit's options; any option this file does not set reads as None (its parser's default)."""
+
+    def __getattr__(self, name: str) -> None:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
+
+
 def check_audit(st: dict, payload: bytes, export: Path, audit_key: Path | None, checks: list[str]) -> None:
     va = _verify_audit_module()
-    ns = argparse.Namespace(export=str(export), vkey=None, public_key=str(audit_key) if audit_key else None,
-                            trusted_checkpoint=[], html=None, json=False)
+    ns = _Args(export=str(export), vkey=None, public_key=str(audit_key) if audit_key else None,
+               trusted_checkpoint=[], html=None, json=False)
     result = va.verify(ns)
     if not result.get("ok"):
         raise Failure(f"audit export does not verify: {result.get('error')}")

@@ -157,18 +157,18 @@ def _statement(run_dir: Path, public_key: Ed25519PublicKey) -> tuple[dict[str, A
 
 
 def _verifier() -> Any:
-    """The stand-alone ``verify_provenance`` module (installed package, else the checkout's file)."""
-    try:
-        return importlib.import_module("securetrain_audit_verify.verify_provenance")
-    except ImportError:
-        from securetrain.resources import find_project_file
+    """The stand-alone ``verify_provenance`` module: the checkout's ``audit/`` next to this package
+    (so a checkout never mixes in another tree's installed copy), else the installed package."""
+    from securetrain.resources import find_project_file
 
-        path = find_project_file("audit/verify_provenance.py")
-        spec = importlib.util.spec_from_file_location("_securetrain_verify_provenance", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
+    path = find_project_file("audit/verify_provenance.py", required=False)
+    if path is None:
+        return importlib.import_module("securetrain_audit_verify.verify_provenance")
+    spec = importlib.util.spec_from_file_location("_securetrain_verify_provenance", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _provenance_key(run_dir: Path, policy: ReleasePolicy, base: Path) -> Ed25519PublicKey:

@@ -22,8 +22,11 @@ the trainer's own.
 - **Model.** Layers Opacus cannot train per-sample are replaced by ``ModuleValidator.fix``
   (``privacy.fix_model``, e.g. BatchNorm -> GroupNorm); anything still unsupported raises
   :class:`PrivacyModelError` naming the layer.
+- **DDP.** With several processes the model is wrapped in Opacus' DPDDP; each rank Poisson-samples
+  its shard, the clipped sums are all-reduced and the noise is added once (rank 0), so ranks stay
+  identical and the accountant sees one step per optimizer step at the global rate ``q``.
 - **Limits.** Precision is fp32 (per-sample gradients under autocast/GradScaler are not supported
-  here); DDP with DP is refused (:class:`PrivacyError`); training data must be a map-style dataset.
+  here); training data must be a map-style dataset.
 """
 
 from __future__ import annotations
@@ -111,9 +114,10 @@ def _slice(batch: Any, a: int, b: int) -> Any:
 class PoissonFeeder:
     """Duck-types :class:`~securetrain.training.data.EpochFeeder` over Opacus' ``DPDataLoader``."""
 
-    def __init__(self, loader: Any, *, seed: int, dataset_length: int) -> None:
+    def __init__(self, loader: Any, *, seed: int, dataset_length: int, rank: int = 0) -> None:
         self.loader = loader
         self.seed = seed
+        self.rank = rank
         self.batch_size = loader.batch_sampler.sample_rate * dataset_length
         self._length = dataset_length
 
@@ -126,7 +130,11 @@ class PoissonFeeder:
 
     def epoch(self, epoch: int, skip_batches: int = 0) -> Iterator[Any]:
         seed = epoch_seed(self.seed, epoch)
-        self.loader.batch_sampler.generator = torch.Generator().manual_seed(seed ^ _SAMPLER_MIX)
+        sampler = self.loader.batch_sampler
+        # Each rank draws its own independent Poisson masks (over its shard when distributed).
+        sampler.generator = torch.Generator().manual_seed((seed ^ _SAMPLER_MIX) + 7919 * self.rank)
+        if hasattr(sampler, "shuffle_seed"):  # DistributedUniformWithReplacementSampler: shard = f(seed, epoch)
+            sampler.shuffle_seed, sampler.epoch = self.seed, epoch
         # The loader's own generator too: without one, iter() draws a base seed from the *global* RNG
         # (which also drives the noise), and a resumed run would diverge.
         self.loader.generator = torch.Generator().manual_seed(seed ^ 0x5EED)
@@ -165,8 +173,11 @@ class DPTrainer(Trainer):
 
     @property
     def unwrapped_model(self) -> nn.Module:
+        from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
+
         model = super().unwrapped_model
-        return getattr(model, "_module", model)  # opacus' GradSampleModule wraps the user's model
+        model = getattr(model, "_module", model)  # opacus' GradSampleModule wraps the user's model ...
+        return model.module if isinstance(model, DPDDP) else model  # ... which DPDDP may wrap
 
     def _dataset(self) -> tuple[Any, Any]:
         from torch.utils.data import DataLoader, IterableDataset
@@ -195,19 +206,23 @@ class DPTrainer(Trainer):
         from opacus import PrivacyEngine
         from torch.utils.data import DataLoader
 
-        if self.dist.enabled:
-            raise PrivacyError("training.privacy with several processes (DDP) is not supported yet",
-                               hint="train on one process, or disable training.privacy")
         if isinstance(self._optimizer_arg, torch.optim.Optimizer):
             raise PrivacyError("DP-SGD needs an optimizer factory, not an optimizer instance",
                                hint="pass optimizer=lambda params: torch.optim.SGD(params, lr=...)")
         p, cfg = self.privacy_config, self.config
         self.model = validate_model(self.model, fix=p.fix_model).to(self.device)
+        if self.dist.enabled:
+            from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
+
+            # Broadcasts rank 0's weights; Opacus then all-reduces the clipped sums and adds the noise
+            # once (on rank 0), so every rank steps identically.
+            self.model = DPDDP(self.model)
         optimizer = super()._build_optimizer()
         data, collate = self._dataset()
         if len(data) == 0:
             raise PrivacyError("the training data is empty")
-        loader = DataLoader(data, batch_size=self._logical_batch, collate_fn=collate,
+        # One logical batch spans all ranks: q = 1 / ceil(N / (batch_size x grad_accumulation x world_size)).
+        loader = DataLoader(data, batch_size=self._logical_batch * self.dist.world_size, collate_fn=collate,
                             num_workers=self.num_workers, shuffle=False)
         self.privacy_engine = PrivacyEngine(accountant=p.accountant, secure_mode=False)
         steps_per_epoch = len(loader)
@@ -227,7 +242,11 @@ class DPTrainer(Trainer):
         return dp_optimizer
 
     def _make_feeder(self, backend: Any, device: torch.device) -> Any:
-        return PoissonFeeder(self._dp_loader, seed=self.config.seed, dataset_length=self._dataset_len)
+        return PoissonFeeder(self._dp_loader, seed=self.config.seed, dataset_length=self._dataset_len,
+                             rank=self.dist.rank)
+
+    def _wrap_distributed(self, device: torch.device) -> None:
+        pass  # already wrapped (Opacus' DPDDP) in _build_optimizer
 
     def _fingerprint(self, world_size: int, precision: str, dataset_len: int | None) -> dict[str, Any]:
         fp = super()._fingerprint(world_size, precision, dataset_len)

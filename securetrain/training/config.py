@@ -144,6 +144,8 @@ class TrainingConfig(BaseModel):
             raise ValueError("set epochs or max_steps (or both: training stops at whichever comes first)")
         if self.nnodes > 1 and not self.rdzv.endpoint:
             raise ValueError("nnodes > 1 needs rdzv.endpoint (host:port of the rendezvous store every node reaches)")
+        if self.strategy == "fsdp" and getattr(self, "privacy", None) is not None:
+            raise ValueError("privacy (DP-SGD) works with strategy ddp only (Opacus wraps the model in its DDP)")
         if self.node_rank is not None and self.node_rank >= self.nnodes:
             raise ValueError(f"node_rank {self.node_rank} must be below nnodes {self.nnodes}")
         return self

@@ -363,6 +363,12 @@ class Trainer:
             rank=self.dist.rank, world_size=self.dist.world_size,
         )
 
+    def _wrap_distributed(self, device: torch.device) -> None:
+        """Wrap the model for data parallelism (after resume; DP-SGD substitutes Opacus' wrapper)."""
+        self.model = nn.parallel.DistributedDataParallel(
+            self.model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+
     def _steps_per_epoch(self) -> int | None:
         return None if self._per_epoch is None else -(-self._per_epoch // self.config.grad_accumulation)
 
@@ -623,9 +629,7 @@ class Trainer:
         self._fingerprint_value = self._fingerprint(self.dist.world_size, precision, self.feeder.dataset_length)
         resumed_from = self._resume() if cfg.resume else None
         if self.dist.enabled and not self._sharded:
-            self.model = nn.parallel.DistributedDataParallel(
-                self.model, device_ids=[device.index] if device.type == "cuda" else None
-            )
+            self._wrap_distributed(device)
         if self.is_main:
             self.audit.record("training.start", self.run_id, details={
                 "device": str(device), "backend": backend.name, "precision": precision,

@@ -233,3 +233,24 @@ def test_pipeline_reports_epsilon_in_result_json_and_report(tmp_path: Path) -> N
     assert 0 < p["epsilon"] <= 4.0 and p["delta"] == 1e-4 and p["target_epsilon"] == 4.0
     report = next(run_dir.glob("*.html")).read_text()
     assert "differential privacy" in report and f"{p['epsilon']:.4f}" in report
+
+
+@pytest.mark.slow
+def test_ddp_two_ranks_stay_identical_and_resume_exactly(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    worker = Path(__file__).with_name("dp_ddp_worker.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(worker), str(tmp_path)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    full = [json.loads((tmp_path / "full" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    # 120 samples, logical batch 6 x 2 accumulation x 2 ranks = 24 -> q = 1/5, 5 steps per epoch.
+    assert full[0] == full[1] and full[0]["steps"] == 10 and full[0]["reason"] == "completed"
+    assert full[0]["sample_rate"] == pytest.approx(1 / 5) and 0 < full[0]["epsilon"] <= 3.0
+    resumed = [json.loads((tmp_path / "resumed" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert resumed[0] == resumed[1] == full[0]  # stopped at step 3, resumed: same weights and ε
