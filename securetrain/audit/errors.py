@@ -18,7 +18,7 @@ class AuditEventError(AuditError, ValueError):
     """An event cannot be recorded: non-JSON or float values, secret-shaped keys, too large."""
 
 
-class AuditConfigError(ConfigError):
+class AuditConfigError(AuditError, ConfigError):
     """The audit log is misconfigured (bad URL, unreadable or unsafe key file)."""
 
 
@@ -26,7 +26,7 @@ class AnchorError(AuditError):
     """A checkpoint could not be published to an external anchor."""
 
 
-class AuditIntegrityError(IntegrityError):
+class AuditIntegrityError(AuditError, IntegrityError):
     """Verification failed: the log was altered, truncated, reordered or re-signed.
 
     ``seq`` is the first bad entry (``None`` when the problem is not tied to one entry, e.g. a bad

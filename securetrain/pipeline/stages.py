@@ -15,14 +15,15 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
-from securetrain.errors import ConfigError, SecureTrainError
+from securetrain.errors import ConfigError
+from securetrain.pipeline.errors import PREEMPTED_EXIT_CODE, PipelineError, PipelinePreempted
 from securetrain.io.atomic import atomic_write_bytes
 from securetrain.pipeline.config import PipelineConfig
 from securetrain.pipeline.locate import find_project_file
@@ -42,19 +43,6 @@ log = logging.getLogger("securetrain.pipeline")
 #: Metrics the built-in tasks' validation reports that can select the best checkpoint.
 CLASSIFICATION_METRICS = ("loss", "accuracy", "auc")
 
-#: Exit status of ``securetrain run``/``demo`` after a preemption (same as ``securetrain train``).
-PREEMPTED_EXIT_CODE = 75
-
-
-class PipelinePreempted(SecureTrainError):
-    """Training stopped on SIGTERM or Ctrl-C after a clean checkpoint; rerunning resumes it.
-
-    ``exit_code``: 75 after SIGTERM, 130 after Ctrl-C (what ``securetrain train`` exits with).
-    """
-
-    def __init__(self, message: str, *, hint: str | None = None, exit_code: int = PREEMPTED_EXIT_CODE) -> None:
-        super().__init__(message, hint=hint)
-        self.exit_code = exit_code
 
 
 # --------------------------------------------------------------------------------- helpers
@@ -77,10 +65,10 @@ def task_datasets(config: PipelineConfig, secrets: RunSecrets, audit: AuditRecor
     task = resolve_task(config)
     data = task.build_datasets(TaskContext(config, secrets, audit or NullAuditRecorder()))
     if not isinstance(data, TaskData):
-        raise SecureTrainError(f"{type(task).__name__}.build_datasets returned {type(data).__name__}, not TaskData",
+        raise PipelineError(f"{type(task).__name__}.build_datasets returned {type(data).__name__}, not TaskData",
                                hint="see docs/tasks.md")
     if data.num_classes < 2:
-        raise SecureTrainError(f"the task has {data.num_classes} class(es); classification needs at least 2",
+        raise PipelineError(f"the task has {data.num_classes} class(es); classification needs at least 2",
                                hint="check the labels (data.label_column) or data.classes")
     return task, data
 
@@ -184,6 +172,7 @@ def train(
     audit: AuditRecorder | None = None,
     *,
     callbacks: Sequence[Any] = (),
+    log_line: Callable[[str], None] | None = None,
 ) -> TrainingSummary:
     """Train the configured model on the task's data; checkpoints are encrypted under the run's KEK.
 
@@ -191,7 +180,14 @@ def train(
     held-out split; the best weights (by ``training.validation.metric``) go to an encrypted store of
     their own. Resumes from the latest checkpoint when one exists (so retrying this stage after a
     preemption continues rather than restarts). Raises :class:`PipelinePreempted` on SIGTERM.
+
+    With ``training.nproc_per_node``/``nnodes`` above one, the stage launches torchrun and streams
+    its output to ``log_line`` (see :mod:`securetrain.pipeline.launch`).
     """
+    from securetrain.pipeline.launch import launch_training, needs_launch
+
+    if needs_launch(config):
+        return launch_training(config, prepared, log_line=log_line)
     from securetrain.devices import resolve_backend
     from securetrain.pipeline.models import check_model_output, parameter_count
     from securetrain.training.callbacks import MetricsHistory
@@ -200,10 +196,13 @@ def train(
     if config.training.privacy is not None:
         from securetrain.release.privacy import DPTrainer as Trainer  # type: ignore[assignment]
 
-    backend = resolve_backend(config.training.device)
+    from securetrain.training.distributed import from_env
+
+    _, local_rank, world = from_env()
+    backend = resolve_backend(config.training.device, index=local_rank if world > 1 else None)
     task, data = task_datasets(config, secrets, audit)
     if len(data.train) == 0:
-        raise SecureTrainError("the training split is empty", hint="add patients or lower data.eval_fraction")
+        raise PipelineError("the training split is empty", hint="add patients or lower data.eval_fraction")
     model = build_task_model(config, data)
     check_model_output(model, _first_batch(data.train), data.num_classes, target=config.model.target,
                        predict=_predict_fn(task))
@@ -231,7 +230,8 @@ def train(
     if result.reason == "preempted":
         what = "interrupted" if result.exit_code != PREEMPTED_EXIT_CODE else "preempted"
         raise PipelinePreempted(f"training {what} at step {result.steps} (checkpoint written)",
-                                hint="run the same command again to resume", exit_code=result.exit_code)
+                                hint="run the same command again to resume", exit_code=result.exit_code,
+                                steps=result.steps)
     store = _checkpoint_store(config, secrets, None)
     best_store = _checkpoint_store(config, secrets, None, best=True)
     best_info = best_store.latest()
@@ -252,6 +252,10 @@ def train(
         validation=[_json_safe(v) for v in result.validation],
         best=_json_safe(result.best) if result.best else None,
         best_checkpoint=_summary(best_info) if best_info else None,
+        world_size=result.world_size,
+        strategy=config.training.strategy if result.world_size > 1 else "single",
+        profile_trace=result.profile_trace,
+        memory=_json_safe(result.memory),
         privacy=_json_safe(result.privacy) if result.privacy else None,
     )
 
@@ -279,11 +283,16 @@ def load_trained_model(config: PipelineConfig, secrets: RunSecrets, audit: Audit
     if which == "best" and store.latest() is None:
         store = _checkpoint_store(config, secrets, audit)  # no validation ran: the last weights
     loaded = store.load()
+    tensors = loaded.tensors
+    from securetrain.training import sharded
+
+    if loaded.metadata.get("securetrain.train.format") == sharded.MANIFEST_FORMAT:
+        tensors = sharded.assemble_full(store, loaded)  # FSDP: every rank's shard, each verified
     if data is None:
         _, data = task_datasets(config, secrets, None)
     model = build_task_model(config, data)
     prefix = "model/"
-    state = {k[len(prefix):]: v for k, v in loaded.tensors.items() if k.startswith(prefix)}
+    state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
     model.load_state_dict(state, strict=True)
     return model.eval()
 
@@ -329,7 +338,7 @@ def extract_features(
 
     task, data = task_datasets(config, secrets, audit)
     if len(data.eval) == 0:
-        raise SecureTrainError("the evaluation split is empty", hint="use more patients or raise data.eval_fraction")
+        raise PipelineError("the evaluation split is empty", hint="use more patients or raise data.eval_fraction")
     model = load_trained_model(config, secrets, audit, data, which=config.he.checkpoint)
     loader = DataLoader(data.eval, batch_size=64, shuffle=False)
     head, features, labels = head_and_features(model, loader, _predict_fn(task))
@@ -348,7 +357,7 @@ def extract_features(
             if carried is not None and torch.allclose(_chain_from_tensors(carried)(inputs[:8]), model(inputs[:8]), atol=1e-5):
                 out.update(carried, model_inputs=inputs)
             elif config.he.scope == "model":
-                raise SecureTrainError("he.scope is 'model' but the model is not a plain chain of "
+                raise PipelineError("he.scope is 'model' but the model is not a plain chain of "
                                        f"{', '.join(_CHAIN_LAYERS)} layers", hint="use he.scope: head or auto")
             else:
                 log.warning("the model is not a plain layer chain; HE evaluates its last linear layer instead")
@@ -380,7 +389,7 @@ def _chain_from_tensors(features: dict[str, torch.Tensor]) -> torch.nn.Sequentia
     layers: list[nn.Module] = []
     for i, kind in enumerate(kinds):
         if kind not in _CHAIN_LAYERS:
-            raise SecureTrainError(f"HE scope 'model' cannot carry a {kind} layer", hint="set he.scope: head")
+            raise PipelineError(f"HE scope 'model' cannot carry a {kind} layer", hint="set he.scope: head")
         params = {k.split("/", 2)[2]: v for k, v in features.items() if k.startswith(f"layer/{i}/")}
         if kind == "Linear":
             layer: nn.Module = nn.Linear(params["weight"].shape[1], params["weight"].shape[0])
