@@ -92,8 +92,10 @@ def prepare_task(config: PipelineConfig, raw: str | None, fresh_shards: list[int
 def train_task(config: PipelineConfig, prepared: PreparedData) -> TrainingSummary:
     logger = get_run_logger()
     with open_run_audit(config) as audit:
-        summary = stages.train(config, prepared, load_run_secrets(config), audit)
-    logger.info("trained %d steps on %s, final loss %.3g", summary.steps, summary.device, summary.final_loss)
+        # More than one process: torchrun's output is streamed into this task's log line by line.
+        summary = stages.train(config, prepared, load_run_secrets(config), audit, log_line=logger.info)
+    logger.info("trained %d steps on %s (world size %d), final loss %.3g", summary.steps, summary.device,
+                summary.world_size, summary.final_loss)
     return summary
 
 

@@ -11,6 +11,13 @@ from securetrain.pipeline.results import PipelineResult
 from securetrain.pipeline.secrets import keys_dir, load_run_secrets
 
 
+def _stderr_line(line: str) -> None:
+    """A line of the torchrun job's output, shown as it arrives (``--no-prefect``)."""
+    import sys
+
+    print(line, file=sys.stderr, flush=True)
+
+
 def open_run_audit(config: PipelineConfig):
     """The run's audit log: SQLite under the run dir unless ``audit.url`` says otherwise.
 
@@ -68,7 +75,8 @@ def run_pipeline(config: PipelineConfig, *, show_progress: bool = False) -> Pipe
             from securetrain.training.progress import RichProgressCallback
 
             callbacks.append(RichProgressCallback("train"))
-        training = stages.train(config, prepared, secrets, audit, callbacks=callbacks)
+        training = stages.train(config, prepared, secrets, audit, callbacks=callbacks,
+                                log_line=_stderr_line if show_progress else None)
         he = None
         if config.he.enabled:
             features = stages.extract_features(config, secrets, audit)
