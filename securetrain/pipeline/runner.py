@@ -97,11 +97,16 @@ def sign_provenance(config: PipelineConfig, audit, prepared, training, secrets):
     return sign_run_provenance(config, audit, prepared, training, secrets)
 
 
-def assemble_result(config: PipelineConfig, prepared, training, he, sealed, provenance=None) -> PipelineResult:  # noqa: ANN001
+def assemble_result(config: PipelineConfig, prepared, training, he, sealed, provenance=None, *,  # noqa: ANN001
+                    task_runner: str = "serial") -> PipelineResult:
+    """``task_runner``: the engine the de-identification shards ran on (``--no-prefect`` runs them serially)."""
+    execution = {"task_runner": task_runner, "configured": config.execution.task_runner,
+                 "n_workers": config.execution.n_workers if task_runner != "serial" else 1,
+                 "shard_size": config.execution.shard_size, "cluster": bool(config.execution.address)}
     return PipelineResult(
         run_dir=config.run_dir, task=prepared.task, deid=prepared.deid, masking=prepared.masking,
         data_details=prepared.details, training=training, he=he, audit=sealed, config_sha256=config_digest(config),
-        provenance=provenance,
+        provenance=provenance, execution=execution,
     )
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -135,11 +135,12 @@ def deidentify(
     audit: AuditRecorder | None = None,
     *,
     show_progress: bool = False,
+    shard_map: Any = None,
 ) -> DeidSummary:
     """DICOM: de-identify every study and split train/eval by patient pseudonym (see tasks.dicom)."""
     from securetrain.pipeline.tasks.dicom import deidentify as _deidentify
 
-    return _deidentify(config, raw_manifest, secrets, audit, show_progress=show_progress)
+    return _deidentify(config, raw_manifest, secrets, audit, show_progress=show_progress, shard_map=shard_map)
 
 
 def prepare(
@@ -149,12 +150,23 @@ def prepare(
     audit: AuditRecorder | None = None,
     *,
     show_progress: bool = False,
+    fresh_shards: Collection[int] | None = None,
 ) -> PreparedData:
-    """Protect and split the raw data the task's way (de-identify, mask, or the custom task's prepare)."""
+    """Protect and split the raw data the task's way (de-identify, mask, or the custom task's prepare).
+
+    ``fresh_shards``: de-identification shards a task runner has just completed (the flow runs them
+    first); their recorded results are merged here instead of running them again."""
     kind = config.task.kind
     if kind == "dicom-classification":
         assert raw is not None
-        return PreparedData(task=kind, deid=deidentify(config, raw, secrets, audit, show_progress=show_progress))
+        shard_map = None
+        if fresh_shards is not None:
+            from securetrain.pipeline.tasks.dicom_shards import prefetched_map
+
+            shard_map = prefetched_map(config.run_dir / "deid", Path(config.data.policy or ""), secrets.deid_secret,
+                                       fresh=set(fresh_shards))
+        return PreparedData(task=kind, deid=deidentify(config, raw, secrets, audit, show_progress=show_progress,
+                                                       shard_map=shard_map))
     ctx = TaskContext(config, secrets, audit or NullAuditRecorder())
     task = resolve_task(config)
     if kind == "tabular-classification":
