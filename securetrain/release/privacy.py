@@ -210,7 +210,7 @@ class DPTrainer(Trainer):
         if isinstance(self._optimizer_arg, torch.optim.Optimizer):
             raise PrivacyError("DP-SGD needs an optimizer factory, not an optimizer instance",
                                hint="pass optimizer=lambda params: torch.optim.SGD(params, lr=...)")
-        p, cfg = self.privacy_config, self.config
+        p = self.privacy_config
         self.model = validate_model(self.model, fix=p.fix_model).to(self.device)
         if self.dist.enabled:
             from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
@@ -224,7 +224,7 @@ class DPTrainer(Trainer):
             raise PrivacyError("the training data is empty")
         # One logical batch spans all ranks: q = 1 / ceil(N / (batch_size x grad_accumulation x world_size)).
         loader = DataLoader(data, batch_size=self._logical_batch * self.dist.world_size, collate_fn=collate,
-                            num_workers=cfg.num_workers, shuffle=False)
+                            num_workers=self.num_workers, shuffle=False)
         self.privacy_engine = PrivacyEngine(accountant=p.accountant, secure_mode=False)
         steps_per_epoch = len(loader)
         with warnings.catch_warnings(), _model_errors():
