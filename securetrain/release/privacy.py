@@ -46,9 +46,9 @@ from securetrain.release.errors import PrivacyError, PrivacyModelError
 from securetrain.training.config import PrivacyConfig, TrainingConfig
 from securetrain.training.errors import ResumeMismatchError
 from securetrain.training.seeding import epoch_seed
-from securetrain.training.trainer import Trainer, TrainResult, _batch_len, _to_device
+from securetrain.training.trainer import StopReason, Trainer, TrainResult, _batch_len, _to_device
 
-BUDGET_REASON = "privacy_budget"
+BUDGET_REASON = StopReason.PRIVACY_BUDGET
 _SAMPLER_MIX = 0xD9_5A_3C
 
 
@@ -147,7 +147,7 @@ class PoissonFeeder:
 class DPTrainer(Trainer):
     """The trainer with DP-SGD (see the module docstring); ``config.privacy`` must be set."""
 
-    final_validation_reasons = ("completed", BUDGET_REASON)
+    final_validation_reasons = (StopReason.COMPLETED, BUDGET_REASON)
 
     def __init__(self, model: nn.Module, train_data: Any, config: TrainingConfig | None = None, **kwargs: Any) -> None:
         if config is None or config.privacy is None:

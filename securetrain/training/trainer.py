@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -127,12 +128,21 @@ def _batch_len(batch: Any) -> int:
     return 0
 
 
+class StopReason(StrEnum):
+    """Why :meth:`Trainer.fit` returned. A ``str`` subclass: compares equal to, and serialises as, its value."""
+
+    COMPLETED = "completed"  # epochs / max_steps reached
+    PREEMPTED = "preempted"  # SIGTERM/SIGINT or request_stop(): checkpointed, resumable (exit 75 / 130)
+    EARLY_STOPPED = "early_stopped"  # the validation metric stopped improving (patience)
+    PRIVACY_BUDGET = "privacy_budget"  # DP-SGD: the next step would exceed the target epsilon
+
+
 @dataclass(frozen=True)
 class TrainResult:
     steps: int
     epoch: int
     final_loss: float | None
-    reason: str  # "completed" | "preempted" | "early_stopped" | "privacy_budget" (DP runs)
+    reason: StopReason
     checkpoint: CheckpointInfo | None
     resumed_from: int | None
     device: str
@@ -147,7 +157,7 @@ class TrainResult:
 
     @property
     def exit_code(self) -> int:
-        if self.reason != "preempted":
+        if self.reason != StopReason.PREEMPTED:
             return 0
         return INTERRUPTED_EXIT_CODE if self.stop_signal == signal.SIGINT else PREEMPTED_EXIT_CODE
 
@@ -189,7 +199,7 @@ class Trainer:
     """
 
     #: Stop reasons after which the held-out metrics are computed once more (if not already for this step).
-    final_validation_reasons: tuple[str, ...] = ("completed",)
+    final_validation_reasons: tuple[StopReason, ...] = (StopReason.COMPLETED,)
 
     def __init__(
         self,
@@ -645,7 +655,7 @@ class Trainer:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGINT):
                 previous[signum] = signal.signal(signum, self._on_signal)
-        reason = "completed"
+        reason = StopReason.COMPLETED
         info: CheckpointInfo | None = None
         try:
             with self._profiling():
@@ -653,7 +663,7 @@ class Trainer:
             if (reason in self.final_validation_reasons and self.eval_data is not None
                     and self._validated_step != self.progress.step):
                 self._validate()  # a run cut short by max_steps still reports its held-out metrics
-            if reason != "completed" or cfg.checkpoint_at_end:
+            if reason != StopReason.COMPLETED or cfg.checkpoint_at_end:
                 # Skip a duplicate write when checkpoint_every already saved this very step.
                 info = self._saved_info if self._saved_step == self.progress.step else self._checkpoint()
         except BaseException as exc:
@@ -678,7 +688,7 @@ class Trainer:
             steps=self.progress.step, epoch=self.progress.epoch, final_loss=self._last_loss, reason=reason,
             checkpoint=info, resumed_from=resumed_from, device=str(device), precision=precision,
             validation=tuple(t.history), best=best,
-            stop_signal=self._stop_signal if reason == "preempted" else None,
+            stop_signal=self._stop_signal if reason == StopReason.PREEMPTED else None,
             world_size=self.dist.world_size, profile_trace=self._profile_trace,
             memory=backend.memory_summary() if self.is_main else {},
         )
@@ -693,7 +703,7 @@ class Trainer:
         return result
 
     # --- the loop, as named steps --------------------------------------------------------
-    def _train_loop(self) -> str:
+    def _train_loop(self) -> StopReason:
         """Epochs until ``epochs``/``max_steps``; returns why it stopped."""
         cfg = self.config
         if self._per_epoch == 0:
@@ -702,10 +712,10 @@ class Trainer:
         self.model.train()
         p = self.progress
         if self._early_stop:  # resumed after early stopping: the run is over
-            return "early_stopped"
+            return StopReason.EARLY_STOPPED
         while cfg.epochs is None or p.epoch < cfg.epochs:
             if cfg.max_steps is not None and p.step >= cfg.max_steps:
-                return "completed"
+                return StopReason.COMPLETED
             stop = self._train_epoch()
             if stop is not None:
                 return stop
@@ -713,9 +723,9 @@ class Trainer:
             if stop is not None:
                 return stop
         self._log_window()
-        return "completed"
+        return StopReason.COMPLETED
 
-    def _train_epoch(self) -> str | None:
+    def _train_epoch(self) -> StopReason | None:
         """One pass over the (remaining) batches of ``progress.epoch``; a reason if the run must stop."""
         cfg = self.config
         p = self.progress
@@ -792,7 +802,7 @@ class Trainer:
         self.progress.step += 1
         self._window.steps += 1
 
-    def _after_optimizer_step(self) -> str | None:
+    def _after_optimizer_step(self) -> StopReason | None:
         """Log, honour a stop request, checkpoint, respect ``max_steps``."""
         cfg = self.config
         p = self.progress
@@ -803,12 +813,12 @@ class Trainer:
         checkpoint_due = bool(cfg.checkpoint_every and p.step % cfg.checkpoint_every == 0)
         if self._stop_check_due(checkpoint_due):
             self._log_window()
-            return "preempted"
+            return StopReason.PREEMPTED
         if checkpoint_due:
             self._checkpoint()
         if cfg.max_steps is not None and p.step >= cfg.max_steps:
             self._log_window()
-            return "completed"
+            return StopReason.COMPLETED
         return None
 
     @contextlib.contextmanager
@@ -852,7 +862,7 @@ class Trainer:
             return False
         return self.dist.any_flag(self._stop_requested)
 
-    def _end_epoch(self) -> str | None:
+    def _end_epoch(self) -> StopReason | None:
         """Advance the epoch counter; validate when due; a reason if early stopping fired."""
         p = self.progress
         p.epoch += 1
@@ -861,7 +871,7 @@ class Trainer:
             return None
         self._log_window()
         self._validate()
-        return "early_stopped" if self._early_stop else None
+        return StopReason.EARLY_STOPPED if self._early_stop else None
 
     def _validate(self) -> dict[str, Any]:
         """Metrics on ``eval_data`` (main rank), best tracking, early-stop decision (all ranks)."""
