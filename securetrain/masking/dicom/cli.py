@@ -17,11 +17,15 @@ def _read_key(key_file: Path | None, what: str, env: str | None) -> bytes:
     from securetrain.masking.dicom.errors import DeidKeyError
     from securetrain.masking.dicom.keys import parse_key_text
 
+    from securetrain.keytext import check_key_file_mode
+
     if key_file is not None:
         try:
-            return parse_key_text(key_file.read_bytes(), what=str(key_file))
+            data = key_file.read_bytes()
         except OSError as exc:
             raise DeidKeyError(f"cannot read {what} file {key_file}: {exc.strerror}") from None
+        check_key_file_mode(key_file)
+        return parse_key_text(data, what=f"{what} file {key_file}")
     if env and os.environ.get(env):
         return parse_key_text(os.environ[env].encode(), what=env, hex_only=True)
     raise DeidKeyError(f"no {what}: pass --key-file" + (f" or set {env} (hex)" if env else ""))
@@ -31,11 +35,11 @@ def deid(
     input_path: Path = typer.Argument(..., metavar="IN", help="A DICOM file or a folder (searched recursively)."),
     output_path: Path = typer.Argument(..., metavar="OUT", help="Output file (for one input file) or folder."),
     policy: Path = typer.Option(..., "--policy", "-p", help="Policy file, e.g. policies/dicom-basic.yaml."),
-    key_file: Path | None = typer.Option(None, "--key-file", help="Project secret (hex or raw). Default: $SECURETRAIN_DEID_KEY (hex)."),
+    key_file: Path | None = typer.Option(None, "--key-file", help="Project secret: 64 hex chars, hex:..., base64:... or 32 raw bytes (mode 0600). Default: $SECURETRAIN_DEID_KEY."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Report per tag what would change (never values); write nothing."),
     workers: int = typer.Option(1, "--workers", "-j", min=1, help="Worker processes."),
     mapping_out: Path | None = typer.Option(None, "--mapping-out", help="Write the encrypted id->pseudonym mapping here."),
-    mapping_key_file: Path | None = typer.Option(None, "--mapping-key-file", help="32-byte AES key (hex or raw) for --mapping-out."),
+    mapping_key_file: Path | None = typer.Option(None, "--mapping-key-file", help="32-byte AES key (64 hex chars, hex:..., base64:... or 32 raw bytes) for --mapping-out."),
     audit_db: str | None = AUDIT_DB_OPTION,
 ) -> None:
     """De-identify DICOM per PS3.15 Annex E with a policy; rich progress, summary table."""
