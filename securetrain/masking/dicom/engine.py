@@ -311,7 +311,7 @@ class Deidentifier:
         except OSError as exc:
             raise UnreadableDicomError(f"{src_path.name}: cannot read ({type(exc).__name__})") from None
         ds = read_dicom(io.BytesIO(data), name=src_path.name)
-        check_complete(ds, src_path.name)
+        check_complete(ds, src_path.name, size=len(data))
         digest = hashlib.sha256(data).hexdigest()
         self.audit.record("dicom.read", f"sha256:{digest}", details={"sha256": digest, "bytes": len(data)})
         _, report = self.deidentify_dataset(ds, source=src_path.name)
@@ -790,8 +790,9 @@ def read_dicom(
     return ds
 
 
-def check_complete(ds: Dataset, label: str) -> None:
-    """pydicom stops silently at EOF, so a truncated file reads "fine". For images we can tell:
+def check_complete(ds: Dataset, label: str, size: int | None = None) -> None:
+    """pydicom stops silently at EOF, so a truncated file reads "fine". ``size`` (the file length) lets
+    a cut inside an element header show; the file meta's SOP identity must be in the data set. For images:
     image attributes without pixel data, or native pixel data shorter than Rows x Columns x
     frames x samples x bytes, mean the file was cut. (A non-image object cut exactly between two
     elements cannot be told from a complete one; nor can a text value cut short. Header-only image
@@ -806,8 +807,22 @@ def check_complete(ds: Dataset, label: str) -> None:
                 raise UnreadableDicomError(
                     f"{label}: element {_fmt(int(tag))} holds {len(raw.value)} of {raw.length} bytes (truncated file?)"
                 )
+            # pydicom stops silently when fewer than 8 bytes (one element header) remain: a file cut
+            # inside the next element's header ends with a few bytes nobody parsed.
+            end = getattr(raw, "value_tell", None)
+            if size is not None and isinstance(end, int) and not _is_deflated(ds):
+                left = size - (end + raw.length)
+                if 0 < left < 8:
+                    raise UnreadableDicomError(
+                        f"{label}: {left} bytes after the last element are not a whole element (truncated file?)"
+                    )
         break
+    _check_identity_against_meta(ds, label)
     if "Rows" not in ds or "Columns" not in ds:
+        if _has_meta_identity(ds) and _is_image_class(ds):
+            raise UnreadableDicomError(
+                f"{label}: an image object ({_class_name(ds)}) without image attributes (truncated file?)"
+            )
         return
     pixel_tags = (TAG_PIXEL_DATA, 0x7FE00008, 0x7FE00009)
     if not any(t in ds for t in pixel_tags):
@@ -834,6 +849,50 @@ def check_complete(ds: Dataset, label: str) -> None:
     actual = len(ds.get_item(TAG_PIXEL_DATA).value or b"")
     if actual < expected:
         raise UnreadableDicomError(f"{label}: pixel data is {actual} bytes, {expected} expected (truncated file?)")
+
+
+def _is_deflated(ds: Dataset) -> bool:
+    tsyntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+    try:
+        return bool(tsyntax is not None and tsyntax.is_deflated)
+    except ValueError:
+        return False
+
+
+def _has_meta_identity(ds: Dataset) -> bool:
+    meta = getattr(ds, "file_meta", None)
+    return meta is not None and ("MediaStorageSOPClassUID" in meta or "MediaStorageSOPInstanceUID" in meta)
+
+
+def _class_name(ds: Dataset) -> str:
+    from pydicom.uid import UID
+
+    meta = getattr(ds, "file_meta", None)
+    value = ds.get("SOPClassUID") or (meta.get("MediaStorageSOPClassUID") if meta is not None else None) or ""
+    return UID(str(value)).name or "unknown SOP class"
+
+
+def _is_image_class(ds: Dataset) -> bool:
+    return "Image Storage" in _class_name(ds)
+
+
+def _check_identity_against_meta(ds: Dataset, label: str) -> None:
+    """A Part 10 file names its SOP Class and Instance twice: in the file meta (written first) and in
+    the data set. A file cut before the data set's own copies still has the meta's, so the data set
+    must carry each identity the meta announces -- and the same value (a swapped data set is no
+    more trustworthy than a cut one)."""
+    meta = getattr(ds, "file_meta", None)
+    if meta is None:
+        return
+    for meta_kw, ds_kw in (("MediaStorageSOPClassUID", "SOPClassUID"), ("MediaStorageSOPInstanceUID", "SOPInstanceUID")):
+        announced = str(meta.get(meta_kw, "") or "").strip("\x00 ")
+        if not announced:
+            continue
+        present = str(ds.get(ds_kw, "") or "").strip("\x00 ")
+        if not present:
+            raise UnreadableDicomError(f"{label}: the file meta names a {ds_kw} but the data set has none (truncated file?)")
+        if present != announced:
+            raise UnreadableDicomError(f"{label}: the data set's {ds_kw} differs from the file meta's")
 
 
 _FAST_SYNTAXES = frozenset({ImplicitVRLittleEndian, ExplicitVRLittleEndian, ExplicitVRBigEndian})

@@ -1,0 +1,55 @@
+"""A DICOM file cut anywhere is refused, never written as "de-identified" (issue 17).
+
+pydicom stops silently at the end of the data: a file cut exactly between two elements, or inside
+the next element's 8-byte header, reads "fine". The file meta (written first) still names the SOP
+Class and Instance, so the data set must carry both; an image class needs its image attributes.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "masking_dicom"))
+from dicom_fixtures import POLICY_DIR, SECRET, make_dataset  # noqa: E402
+
+from securetrain.masking.dicom.engine import Deidentifier, check_complete, encode_dataset, read_dicom  # noqa: E402
+from securetrain.masking.dicom.errors import UnreadableDicomError  # noqa: E402
+from securetrain.masking.dicom.policy import load_policy  # noqa: E402
+
+
+@pytest.mark.slow
+def test_every_cut_point_of_a_synthetic_file_is_refused(tmp_path: Path) -> None:
+    full = encode_dataset(make_dataset())
+    deid = Deidentifier(load_policy(POLICY_DIR / "dicom-basic.yaml"), SECRET)
+    src, dst = tmp_path / "cut.dcm", tmp_path / "out.dcm"
+    src.write_bytes(full)
+    deid.deidentify_file(src, dst)  # the whole file is fine
+    dst.unlink()
+    written = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n in range(len(full)):  # every cut point: inside values, headers, and on boundaries
+            src.write_bytes(full[:n])
+            try:
+                deid.deidentify_file(src, dst)
+            except UnreadableDicomError:
+                continue
+            written.append(n)
+    assert written == [], f"{len(written)} of {len(full)} cut points written, e.g. {written[:10]}"
+    assert not dst.exists()
+
+
+def test_meta_and_data_set_must_agree() -> None:
+    ds = read_dicom(__import__("io").BytesIO(encode_dataset(make_dataset())))
+    check_complete(ds, "ok")
+    del ds.SOPClassUID
+    with pytest.raises(UnreadableDicomError, match="SOPClassUID"):
+        check_complete(ds, "cut")
+    ds = read_dicom(__import__("io").BytesIO(encode_dataset(make_dataset())))
+    ds.SOPInstanceUID = "1.2.3.4"
+    with pytest.raises(UnreadableDicomError, match="differs"):
+        check_complete(ds, "swapped")
