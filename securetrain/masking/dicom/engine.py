@@ -818,12 +818,10 @@ def check_complete(ds: Dataset, label: str, size: int | None = None) -> None:
                     )
         break
     _check_identity_against_meta(ds, label)
-    if "Rows" not in ds or "Columns" not in ds:
-        if _has_meta_identity(ds) and _is_image_class(ds):
-            raise UnreadableDicomError(
-                f"{label}: an image object ({_class_name(ds)}) without image attributes (truncated file?)"
-            )
+    if "Rows" not in ds and "Columns" not in ds:
         return
+    if "Rows" not in ds or "Columns" not in ds:
+        raise UnreadableDicomError(f"{label}: Rows without Columns (truncated file?)")
     pixel_tags = (TAG_PIXEL_DATA, 0x7FE00008, 0x7FE00009)
     if not any(t in ds for t in pixel_tags):
         raise UnreadableDicomError(f"{label}: image attributes but no pixel data (truncated file?)")
@@ -857,23 +855,6 @@ def _is_deflated(ds: Dataset) -> bool:
         return bool(tsyntax is not None and tsyntax.is_deflated)
     except ValueError:
         return False
-
-
-def _has_meta_identity(ds: Dataset) -> bool:
-    meta = getattr(ds, "file_meta", None)
-    return meta is not None and ("MediaStorageSOPClassUID" in meta or "MediaStorageSOPInstanceUID" in meta)
-
-
-def _class_name(ds: Dataset) -> str:
-    from pydicom.uid import UID
-
-    meta = getattr(ds, "file_meta", None)
-    value = ds.get("SOPClassUID") or (meta.get("MediaStorageSOPClassUID") if meta is not None else None) or ""
-    return UID(str(value)).name or "unknown SOP class"
-
-
-def _is_image_class(ds: Dataset) -> bool:
-    return "Image Storage" in _class_name(ds)
 
 
 def _check_identity_against_meta(ds: Dataset, label: str) -> None:
