@@ -172,6 +172,7 @@ class DeidReport:
     source: str | None = None
     output: str | None = None
     sop_instance_uid: str | None = None  # the *new* UID
+    input_sha256: str | None = None  # of the input file (deidentify_file)
     patient_pseudonym: str | None = None
     changes: list[TagChange] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
@@ -300,21 +301,28 @@ class Deidentifier:
         *,
         dry_run: bool = False,
         writer: Any = None,
+        label: str | None = None,
     ) -> DeidReport:
         """Read ``src``, de-identify, and atomically write ``dst`` (nothing written on dry runs).
 
-        With a :class:`~securetrain.masking.dicom.output.BatchWriter` the file is staged and appears
-        at the writer's next ``flush`` (one fsync per file instead of two)."""
+        ``dst`` may be a callable that names the output from the report (e.g. by the new SOP
+        Instance UID). ``label`` replaces the file name in error messages and the report (input
+        file names can carry PHI). With a :class:`~securetrain.masking.dicom.output.BatchWriter` the
+        file is staged and appears at the writer's next ``flush`` (one fsync per file instead of two)."""
         src_path = Path(src)
+        name = label or src_path.name
         try:
             data = src_path.read_bytes()
         except OSError as exc:
-            raise UnreadableDicomError(f"{src_path.name}: cannot read ({type(exc).__name__})") from None
-        ds = read_dicom(io.BytesIO(data), name=src_path.name)
-        check_complete(ds, src_path.name, size=len(data))
+            raise UnreadableDicomError(f"{name}: cannot read ({type(exc).__name__})") from None
+        ds = read_dicom(io.BytesIO(data), name=name)
+        check_complete(ds, name, size=len(data))
         digest = hashlib.sha256(data).hexdigest()
         self.audit.record("dicom.read", f"sha256:{digest}", details={"sha256": digest, "bytes": len(data)})
-        _, report = self.deidentify_dataset(ds, source=src_path.name)
+        _, report = self.deidentify_dataset(ds, source=name)
+        report.input_sha256 = digest
+        if callable(dst):
+            dst = None if dry_run else dst(report)
         if dst is not None and not dry_run:
             if writer is not None:
                 writer.write(dst, encode_dataset(ds))
