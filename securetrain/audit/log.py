@@ -23,7 +23,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, insert, select, text
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import IntegrityError as SAIntegrityError
 
 from securetrain.audit import canonical as canon
@@ -196,7 +196,7 @@ class AuditLog:
         try:
             with self._read_engine.connect() as conn:
                 present = inspect(conn).has_table(E.name, schema=self.schema)
-        except OperationalError as exc:
+        except DBAPIError as exc:  # unreachable server, and also a file that is not a database
             raise AuditError(f"cannot open audit database ({self.backend}): {exc.orig}", hint="check the URL and that the server is up") from None
         if not present:
             raise AuditConfigError("the database holds no securetrain audit log", hint="check --db / SECURETRAIN_AUDIT_URL")
@@ -217,7 +217,7 @@ class AuditLog:
                     stmts = [s.replace("%", "%%") for s in postgres_ddl(self.schema or "")]
                 for stmt in stmts:
                     conn.exec_driver_sql(stmt)
-        except OperationalError as exc:
+        except DBAPIError as exc:  # unreachable server, and also a file that is not a database
             raise AuditError(f"cannot open audit database ({self.backend}): {exc.orig}", hint="check the URL and that the server is up") from None
 
     # -- key and identity -----------------------------------------------------------------

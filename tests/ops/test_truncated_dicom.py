@@ -15,11 +15,16 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "masking_dicom"))
-from dicom_fixtures import POLICY_DIR, SECRET, make_dataset  # noqa: E402
+from dicom_fixtures import POLICY_DIR, SECRET, make_dataset
 
-from securetrain.masking.dicom.engine import Deidentifier, check_complete, encode_dataset, read_dicom  # noqa: E402
-from securetrain.masking.dicom.errors import UnreadableDicomError  # noqa: E402
-from securetrain.masking.dicom.policy import load_policy  # noqa: E402
+from securetrain.masking.dicom.engine import (
+    Deidentifier,
+    check_complete,
+    encode_dataset,
+    read_dicom,
+)
+from securetrain.masking.dicom.errors import UnreadableDicomError
+from securetrain.masking.dicom.policy import load_policy
 
 
 @pytest.mark.slow
