@@ -131,6 +131,9 @@ def publish_artifacts(result: PipelineResult) -> None:
 @flow(name="secure_training", result_serializer="json", log_prints=False)
 def secure_training(config_path: str | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """ingest → prepare (de-identify / mask, split) → train → (HE evaluation) → seal audit log → report."""
+    from securetrain.pipeline.runinfo import StageClock
+
+    clock = StageClock()
     resolve_secret_files()  # SECURETRAIN_<X>_FILE (Compose secrets) on the worker
     install_redaction()
     logger = get_run_logger()
@@ -140,21 +143,27 @@ def secure_training(config_path: str | None = None, overrides: dict[str, Any] | 
     export_passphrase_for_children(config)  # after creation: the serializer reads it from the env
     with open_run_audit(config) as audit:
         audit.record("pipeline.start", f"run:{config.name}", details={"config_sha256": config_digest(config)})
-    raw = ingest_task(config)
-    prepared = prepare_task(config, raw)
+    with clock.stage("ingest"):
+        raw = ingest_task(config)
+    with clock.stage("prepare-data"):
+        prepared = prepare_task(config, raw)
     if prepared.deid:
         d = prepared.deid
         logger.info("de-identified %d/%d files (%d rejected)", d.files_out, d.files_in, d.rejected)
     if prepared.masking:
         m = prepared.masking
         logger.info("masked %d rows; split %d/%d entities", m.rows_in, m.train_entities, m.eval_entities)
-    training = train_task(config, prepared)
+    with clock.stage("train"):
+        training = train_task(config, prepared)
     he = None
     if config.he.enabled:
-        features = extract_features_task.with_options(result_serializer=_tensor_serializer(config))(config)
-        he = he_evaluate_task(config, features)
-    sealed = seal_audit_task(config, training.steps)
-    result = finish_report(assemble_result(config, prepared, training, he, sealed), config)
+        with clock.stage("extract-features"):
+            features = extract_features_task.with_options(result_serializer=_tensor_serializer(config))(config)
+        with clock.stage("he-evaluate"):
+            he = he_evaluate_task(config, features)
+    with clock.stage("seal-audit"):
+        sealed = seal_audit_task(config, training.steps)
+    result = finish_report(assemble_result(config, prepared, training, he, sealed), config, clock=clock)
     publish_artifacts(result)
     logger.info("report: %s", result.report_html)
     return result.model_dump(mode="json")
