@@ -4,10 +4,12 @@
 Needs only Python >= 3.11 and the ``cryptography`` package; it deliberately imports nothing from
 securetrain (and not rfc8785) so an auditor can read all of it. Usage::
 
-    python verify_audit.py EXPORT_DIR [--vkey KEY | --public-key PEM] \
-        [--trusted-checkpoint OLD.note ...] [--html report.html] [--json]
+    python verify_audit.py EXPORT_DIR (--vkey KEY | --public-key PEM | --trust-embedded-key) \
+        [--trusted-checkpoint OLD.note ...] [--since-checkpoint HELD.note] [--html report.html] [--json]
 
-Exit status: 0 verified, 1 verification failed (first bad entry named), 2 usage or I/O error.
+Exit status: 0 verified against the key you pinned, 1 verification failed (first bad entry named),
+2 usage or I/O error, 3 self-consistent only: checked against the export's own public_key.pem
+(UNTRUSTED: a forger re-signs with a new key), unless --trust-embedded-key accepts that.
 The format is specified in docs/audit-format.md.
 """
 
@@ -19,6 +21,8 @@ import binascii
 import hashlib
 import html
 import json
+import json.encoder
+import json.scanner
 import re
 import sys
 from pathlib import Path
@@ -106,6 +110,29 @@ class Tree:
         self.peaks.append(node)
         self.size += 1
 
+    def push(self, node: bytes, height: int) -> None:
+        """Append a perfect subtree of 2**height leaves (size must be a multiple of 2**height)."""
+        n = self.size >> height
+        while n & 1:
+            node = node_hash(self.peaks.pop(), node)
+            n >>= 1
+        self.peaks.append(node)
+        self.size += 1 << height
+
+    def extend(self, leaves: list) -> None:
+        """Same as append() for each leaf; aligned perfect subtrees are hashed level by level."""
+        i, n = 0, len(leaves)
+        while i < n:
+            height = (n - i).bit_length() - 1
+            if self.size:
+                height = min(height, (self.size & -self.size).bit_length() - 1)
+            level = leaves[i : i + (1 << height)]
+            while len(level) > 1:
+                pairs = iter(level)
+                level = [hashlib.sha256(b"\x01" + a + b).digest() for a, b in zip(pairs, pairs)]
+            self.push(level[0], height)
+            i += 1 << height
+
     def root(self) -> bytes:
         if not self.peaks:
             return hashlib.sha256(b"").digest()
@@ -113,6 +140,168 @@ class Tree:
         for peak in reversed(self.peaks[:-1]):
             acc = node_hash(peak, acc)
         return acc
+
+
+# ---- RFC 6962 proofs (a port of transparency-dev/merkle proof/verify.go) -------------------
+def _chain_inner(seed: bytes, proof: list, index: int) -> bytes:
+    for i, h in enumerate(proof):
+        seed = node_hash(seed, h) if (index >> i) & 1 == 0 else node_hash(h, seed)
+    return seed
+
+
+def _chain_inner_right(seed: bytes, proof: list, index: int) -> bytes:
+    for i, h in enumerate(proof):
+        if (index >> i) & 1:
+            seed = node_hash(h, seed)
+    return seed
+
+
+def _chain_border_right(seed: bytes, proof: list) -> bytes:
+    for h in proof:
+        seed = node_hash(h, seed)
+    return seed
+
+
+def _decomp(index: int, size: int) -> tuple[int, int]:
+    inner = (index ^ (size - 1)).bit_length()
+    return inner, bin(index >> inner).count("1")
+
+
+def verify_inclusion(index: int, size: int, leaf: bytes, proof: list, root: bytes) -> bool:
+    if not 0 <= index < size or len(leaf) != 32 or any(len(p) != 32 for p in proof):
+        return False
+    inner, border = _decomp(index, size)
+    if len(proof) != inner + border:
+        return False
+    return _chain_border_right(_chain_inner(leaf, proof[:inner], index), proof[inner:]) == root
+
+
+def verify_consistency(size1: int, size2: int, proof: list, root1: bytes, root2: bytes) -> bool:
+    """size1 = 0 is rejected: a proof from the empty tree proves nothing."""
+    if size1 <= 0 or size2 < size1 or any(len(p) != 32 for p in proof):
+        return False
+    if size1 == size2:
+        return not proof and root1 == root2
+    if not proof:
+        return False
+    fork, border = _decomp(size1 - 1, size2)
+    shift = (size1 & -size1).bit_length() - 1
+    inner = fork - shift
+    seed, start = (root1, 0) if size1 == 1 << shift else (proof[0], 1)
+    if len(proof) != start + inner + border:
+        return False
+    rest, mask = proof[start:], (size1 - 1) >> shift
+    if start == 1:  # the proof's nodes inside the old tree must rebuild root1
+        sub_inner = min((size1 - 1).bit_length(), ((size1 - 1) ^ (size2 - 1)).bit_length()) - shift
+        if _chain_border_right(_chain_inner_right(seed, rest[:sub_inner], mask), rest[inner:inner + border]) != root1:
+            return False
+    return _chain_border_right(_chain_inner(seed, rest[:inner], mask), rest[inner:]) == root2
+
+
+# ---- fast acceptance of canonical entry lines --------------------------------------------
+# A line is accepted here only when it is provably the canonical entry `seq` chained onto `prev`:
+# strict UTF-8, one regular expression for the eleven top-level members in JCS order with JCS
+# string escaping, and the details object re-encoded by the C json encoder (sorted keys, floats
+# and out-of-range integers refused) - identical to JCS when no character lies beyond U+FFFF.
+# Everything else goes through exact_check() below, which decides and names the problem.
+JCS_STRING = r'"[^"\\\x00-\x1f]*(?:\\(?:["\\bfnrt]|u00(?:0[0-7bef]|1[0-9a-f]))[^"\\\x00-\x1f]*)*"'
+ENTRY_HEAD = re.compile(r'\{"action":' + JCS_STRING + r',"actor":' + JCS_STRING + r',"details":\{').match
+# No canonical string can hold '},"hostname":"' (its quotes would be escaped): the last one ends details.
+ENTRY_TAIL = re.compile(
+    r',"hostname":' + JCS_STRING + r',"mac":' + JCS_STRING + r',"outcome":' + JCS_STRING
+    + r',"prev_hash":"([0-9a-f]{64})","resource":' + JCS_STRING + r',"seq":(0|[1-9][0-9]{0,15}),"ts":'
+    + JCS_STRING + r',"v":1\}').fullmatch
+ASTRAL = re.compile("[\U00010000-\U0010ffff]").search
+
+
+def _refuse(_text: str) -> None:
+    raise ValueError("not allowed in audit entries")
+
+
+def _safe_int(text: str) -> int:
+    value = int(text)
+    if abs(value) > 2**53 - 1:
+        raise ValueError("integer outside the I-JSON range")
+    return value
+
+
+DETAILS_DECODER = json.JSONDecoder(parse_float=_refuse, parse_int=_safe_int, parse_constant=_refuse)
+DETAILS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+# The C scanner and encoder, called directly (JSONDecoder.decode/JSONEncoder.encode add Python work).
+scan_details = json.scanner.c_make_scanner(DETAILS_DECODER) if json.scanner.c_make_scanner else DETAILS_DECODER.scan_once
+c_encode = (json.encoder.c_make_encoder(None, None, json.encoder.encode_basestring, None, ":", ",", True, False, False)
+            if json.encoder.c_make_encoder else None)
+
+
+def details_canonical(text: str) -> bool:
+    if text == "{}":
+        return True
+    try:
+        obj, end = scan_details(text, 0)
+        if end != len(text) or type(obj) is not dict:
+            return False
+        return ("".join(c_encode(obj, 0)) if c_encode else DETAILS_ENCODER.encode(obj)) == text
+    except (ValueError, RecursionError, StopIteration):
+        return False
+
+
+def fast_ok(raw: bytes, seq: int, prev: str) -> bool:
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        return False
+    head, end = ENTRY_HEAD(text), text.rfind('},"hostname":"')
+    if head is None or end < head.end() - 1:
+        return False
+    tail = ENTRY_TAIL(text, end + 1)
+    if tail is None or tail[1] != prev or tail[2] != str(seq) or (not text.isascii() and ASTRAL(text)):
+        return False
+    return details_canonical(text[head.end() - 1 : end + 1])
+
+
+def exact_check(raw: bytes, seq: int, prev: str) -> None:
+    """The specification, check by check (docs/audit-format.md); raises Failure naming the problem."""
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise Failure("not valid JSON", seq) from None
+    if not isinstance(obj, dict) or set(obj) != FIELDS:
+        raise Failure(f"fields must be exactly {sorted(FIELDS)}", seq)
+    if obj["v"] != 1 or type(obj["v"]) is not int:
+        raise Failure(f"unknown format version {obj['v']!r}", seq)
+    if type(obj["seq"]) is not int or obj["seq"] != seq:
+        raise Failure(f"seq is {obj['seq']!r}, expected {seq} (entry deleted, inserted or reordered)", seq)
+    if any(not isinstance(obj[f], str) for f in STR_FIELDS) or not isinstance(obj["details"], dict):
+        raise Failure("a field has the wrong type", seq)
+    try:
+        canonical = jcs(obj).encode()
+    except Failure as exc:
+        raise Failure(str(exc), seq) from None
+    if canonical != raw:
+        raise Failure("bytes are not RFC 8785 canonical JSON (edited by hand?)", seq)
+    if obj["prev_hash"] != prev:
+        raise Failure(f"prev_hash does not match the hash of entry {seq - 1} (entry {seq - 1} or {seq} was altered, "
+                      "or entries were removed)", seq)
+
+
+MAX_LINE = 1 << 20
+
+
+def line_batches(handle, digest):  # noqa: ANN001, ANN201
+    """Lines (newline stripped) in batches, reading 1 MiB at a time; feeds every byte to digest."""
+    carry = b""
+    while True:
+        buf = handle.read(1 << 20)
+        if not buf:
+            break
+        digest.update(buf)
+        parts = (carry + buf).split(b"\n")
+        carry = parts.pop()
+        if len(carry) > MAX_LINE:
+            raise Failure(f"a line longer than {MAX_LINE} bytes")
+        yield parts
+    if carry:
+        yield [carry]
 
 
 # ---- signed notes / checkpoints (c2sp.org/signed-note, c2sp.org/tlog-checkpoint) ----------
@@ -170,7 +359,8 @@ def split_notes(blob: str) -> list[str]:
     return [n for n in notes if n.strip()]
 
 
-def load_key(args: argparse.Namespace, export: Path, warnings: list[str]) -> Ed25519PublicKey:
+def load_key(args: argparse.Namespace, export: Path, warnings: list[str]) -> tuple[Ed25519PublicKey, bool]:
+    """The key to verify with, and whether it was pinned by the auditor (not taken from the export)."""
     if args.vkey:
         value = Path(args.vkey).read_text().strip() if Path(args.vkey).is_file() else args.vkey.strip()
         name, hex_id, b64 = value.split("+", 2)  # base64 may contain "+"
@@ -180,14 +370,15 @@ def load_key(args: argparse.Namespace, export: Path, warnings: list[str]) -> Ed2
         pub = Ed25519PublicKey.from_public_bytes(raw[1:])
         if key_id(name, pub).hex() != hex_id:
             raise Failure("verifier key id does not match its name and key")
-        return pub
+        return pub, True
     path = Path(args.public_key) if args.public_key else export / "public_key.pem"
     if not args.public_key:
-        warnings.append("using the export's own public_key.pem; pass --vkey/--public-key you obtained independently")
+        warnings.append("UNTRUSTED: using the export's own public_key.pem, which proves self-consistency only; "
+                        "pass --vkey/--public-key you obtained independently")
     key = serialization.load_pem_public_key(path.read_bytes())
     if not isinstance(key, Ed25519PublicKey):
         raise Failure("public key is not Ed25519")
-    return key
+    return key, bool(args.public_key)
 
 
 # ---- the verification run -----------------------------------------------------------------
@@ -195,16 +386,20 @@ def verify(args: argparse.Namespace) -> dict:
     export = Path(args.export)
     warnings: list[str] = []
     checks: list[str] = []
-    result = {"ok": False, "entries": 0, "root_hash": None, "error": None, "seq": None, "warnings": warnings, "checks": checks}
+    result = {"ok": False, "entries": 0, "root_hash": None, "error": None, "seq": None, "warnings": warnings,
+              "checks": checks, "trusted": False}
     try:
         manifest = json.loads((export / "manifest.json").read_text())
         if manifest.get("format") != "securetrain-audit-export" or manifest.get("version") != 1:
             raise Failure("manifest.json: unknown export format")
+        if "entries.jsonl" not in manifest["files"]:
+            raise Failure("manifest.json lists no digest for entries.jsonl")
         for name, want in sorted(manifest["files"].items()):
+            if name == "entries.jsonl":
+                continue  # hashed while it is streamed below
             if "/" in name or hashlib.sha256((export / name).read_bytes()).hexdigest() != want:
                 raise Failure(f"{name}: SHA-256 does not match manifest.json")
-        checks.append("manifest file digests match")
-        pub = load_key(args, export, warnings)
+        pub, result["trusted"] = load_key(args, export, warnings)
         pending = []
         for i, note in enumerate(split_notes((export / "checkpoints.note").read_text(encoding="utf-8"))):
             pending.append((*open_checkpoint(note, pub, f"stored checkpoint #{i}"), "stored"))
@@ -216,44 +411,50 @@ def verify(args: argparse.Namespace) -> dict:
         if len(origins) > 1:
             raise Failure(f"checkpoints come from different logs: {sorted(origins)}")
         pending.sort(key=lambda p: p[1])
-        tree, prev, seq = Tree(), GENESIS, -1
-        covered = 0
+        tree, prev, covered = Tree(), GENESIS, 0
 
-        def settle() -> None:
+        def add(leaves: list) -> None:  # append leaves, stopping at every checkpoint size
             nonlocal covered
-            while pending and pending[0][1] == tree.size:
-                _, size, root, kind = pending.pop(0)
-                if root != tree.root():
-                    raise Failure(f"Merkle root of the first {size} entries does not match the {kind} checkpoint", size - 1 if size else None)
-                covered = max(covered, size)
+            i = 0
+            while True:
+                while pending and pending[0][1] == tree.size:
+                    _, size, root, kind = pending.pop(0)
+                    if root != tree.root():
+                        raise Failure(f"Merkle root of the first {size} entries does not match the {kind} checkpoint",
+                                      size - 1 if size else None)
+                    covered = max(covered, size)
+                if i == len(leaves):
+                    return
+                stop = min(len(leaves), i + pending[0][1] - tree.size) if pending else len(leaves)
+                tree.extend(leaves[i:stop])
+                i = stop
 
-        settle()
+        digest = hashlib.sha256()
+        sha256 = hashlib.sha256
         with open(export / "entries.jsonl", "rb") as handle:
-            for seq, line in enumerate(handle):
-                raw = line[:-1] if line.endswith(b"\n") else line
-                try:
-                    obj = json.loads(raw)
-                except (ValueError, UnicodeDecodeError):
-                    raise Failure("not valid JSON", seq) from None
-                if not isinstance(obj, dict) or set(obj) != FIELDS:
-                    raise Failure(f"fields must be exactly {sorted(FIELDS)}", seq)
-                if obj["v"] != 1 or type(obj["v"]) is not int:
-                    raise Failure(f"unknown format version {obj['v']!r}", seq)
-                if type(obj["seq"]) is not int or obj["seq"] != seq:
-                    raise Failure(f"seq is {obj['seq']!r}, expected {seq} (entry deleted, inserted or reordered)", seq)
-                if any(not isinstance(obj[f], str) for f in STR_FIELDS) or not isinstance(obj["details"], dict):
-                    raise Failure("a field has the wrong type", seq)
-                try:
-                    canonical = jcs(obj).encode()
-                except Failure as exc:
-                    raise Failure(str(exc), seq) from None
-                if canonical != raw:
-                    raise Failure("bytes are not RFC 8785 canonical JSON (edited by hand?)", seq)
-                if obj["prev_hash"] != prev:
-                    raise Failure(f"prev_hash does not match the hash of entry {seq - 1} (entry {seq - 1} or {seq} was altered, or entries were removed)", seq)
-                prev = hashlib.sha256(raw).hexdigest()
-                tree.append(leaf_hash(raw))
-                settle()
+            if args.since_checkpoint:
+                tree, prev = resume(export, Path(args.since_checkpoint), pub, handle)
+                older = [p for p in pending if p[1] < tree.size]
+                pending[:] = [p for p in pending if p[1] >= tree.size]
+                covered = tree.size
+                checks.append(f"incremental: entries 0..{tree.size - 1} authenticated by the held checkpoint "
+                              "(compact range from ranges.jsonl); only newer entries parsed")
+                if older:
+                    warnings.append(f"{len(older)} checkpoints older than the held one were not re-checked")
+            add([])
+            for batch in line_batches(handle, digest):
+                leaves, seq = [], tree.size
+                for raw in batch:
+                    if not fast_ok(raw, seq, prev):
+                        try:
+                            exact_check(raw, seq, prev)
+                        except Failure:
+                            add(leaves)  # checkpoints before the bad entry are checked first
+                            raise
+                    prev = sha256(raw).hexdigest()
+                    leaves.append(sha256(b"\x00" + raw).digest())
+                    seq += 1
+                add(leaves)
         if pending:
             _, size, _, kind = pending[0]
             raise Failure(f"export has {tree.size} entries but a {kind} checkpoint covers {size}: the tail was removed", tree.size)
@@ -262,8 +463,16 @@ def verify(args: argparse.Namespace) -> dict:
             # so unsigned entries were appended afterwards - or the checkpoints were removed.
             raise Failure(f"entries {covered}..{tree.size - 1} are not covered by a signed checkpoint "
                           "(appended after the export, or its checkpoints were removed)", covered)
+        if args.since_checkpoint:
+            warnings.append("incremental: the manifest digest of entries.jsonl was not recomputed")
+        elif digest.hexdigest() != manifest["files"]["entries.jsonl"]:
+            raise Failure("entries.jsonl: SHA-256 does not match manifest.json")
+        else:
+            checks.append("manifest file digests match")
         checks.append(f"{tree.size} entries: canonical, densely numbered, hash chain intact")
         checks.append(f"Merkle roots (RFC 6962) match every checkpoint; root {tree.root().hex()}")
+        check_latest(export, manifest, pub, tree.size, tree.root())
+        checks.append("checkpoint.note and manifest.json name exactly this tree")
         result.update(ok=True, entries=tree.size, root_hash=tree.root().hex())
     except Failure as exc:
         result.update(error=str(exc), seq=exc.seq)
@@ -272,8 +481,112 @@ def verify(args: argparse.Namespace) -> dict:
     return result
 
 
+def resume(export: Path, held_path: Path, pub: Ed25519PublicKey, handle) -> tuple[Tree, str]:  # noqa: ANN001
+    """Tree and chain head at the held checkpoint, authenticated by its signed root.
+
+    ranges.jsonl gives the compact range (peaks) at the held size: they must fold to the held root.
+    The entries of the smallest peak are re-hashed (which authenticates the last one, whose hash
+    the next entry chains to); the file handle is left at the first newer entry.
+    """
+    held = [open_checkpoint(n, pub, f"held checkpoint {held_path}") for n in split_notes(held_path.read_text(encoding="utf-8"))]
+    if not held:
+        raise Failure(f"{held_path} holds no checkpoint note")
+    _, size, root = max(held, key=lambda c: c[1])
+    tree = Tree()
+    if size == 0:
+        return tree, GENESIS
+    record = None
+    with open(export / "ranges.jsonl", "rb") as ranges:
+        for line in ranges:
+            item = json.loads(line)
+            if isinstance(item, dict) and item.get("tree_size") == size:
+                record = item
+                break
+    if record is None:
+        raise Failure(f"the export has no compact range at the held checkpoint's size {size}")
+    peaks = [bytes.fromhex(p) for p in record["peaks"]]
+    if len(peaks) != bin(size).count("1") or any(len(p) != 32 for p in peaks):
+        raise Failure(f"ranges.jsonl: malformed compact range for size {size}")
+    tree.size, tree.peaks = size, peaks
+    if tree.root() != root:
+        raise Failure(f"the export's compact range at size {size} does not match the held checkpoint "
+                      "(history before it was rewritten)")
+    handle.seek(max(int(record["lowest_offset"]), 0))
+    sub, last = Tree(), b""
+    for _ in range(size & -size):
+        line = handle.readline(MAX_LINE + 1)
+        if not line.endswith(b"\n"):
+            raise Failure(f"entries.jsonl ends or breaks before the held checkpoint's size {size}")
+        last = line[:-1]
+        sub.append(leaf_hash(last))
+    if sub.root() != peaks[-1]:
+        raise Failure(f"entries before {size} do not match the held checkpoint (history before it was rewritten)")
+    return tree, hashlib.sha256(last).hexdigest()
+
+
+def check_latest(export: Path, manifest: dict, pub: Ed25519PublicKey, size: int, root: bytes) -> None:
+    """checkpoint.note is the newest checkpoint and signs this tree; the manifest describes it."""
+    latest = split_notes((export / "checkpoint.note").read_text(encoding="utf-8"))
+    want_root = None
+    if size or latest:
+        if len(latest) != 1:
+            raise Failure("checkpoint.note must hold exactly the newest checkpoint")
+        _, cp_size, cp_root = open_checkpoint(latest[0], pub, "checkpoint.note")
+        if cp_size != size or cp_root != root:
+            raise Failure(f"checkpoint.note signs a tree of {cp_size} entries that is not the exported one ({size})")
+        want_root = root.hex()
+    if manifest.get("entries") != size or manifest.get("tree_size") != size or manifest.get("root_hash") != want_root:
+        raise Failure(f"manifest.json entries/tree_size/root_hash do not describe the exported tree ({size} entries, "
+                      f"root {root.hex()})")
+
+
+def verify_proof(args: argparse.Namespace) -> dict:
+    """Check the JSON printed by 'securetrain audit prove' (inclusion) or 'prove --consistency' against the key."""
+    result = {"ok": False, "error": None, "seq": None, "warnings": [], "checks": [], "trusted": False,
+              "entries": 0, "root_hash": None}
+    try:
+        proof = json.loads(Path(args.proof).read_text(encoding="utf-8"))
+        pub, result["trusted"] = load_key(args, Path(args.export or "."), result["warnings"])
+        nodes = [bytes.fromhex(h) for h in proof["proof"]]
+        cp = open_checkpoint(proof["checkpoint"], pub, "the proof's checkpoint") if proof.get("checkpoint") else None
+        if "old_size" in proof:  # consistency proof
+            old, new = int(proof["old_size"]), int(proof["new_size"])
+            old_root, new_root = bytes.fromhex(proof["old_root"]), bytes.fromhex(proof["new_root"])
+            if not verify_consistency(old, new, nodes, old_root, new_root):
+                raise Failure(f"consistency proof {old} -> {new} does not verify (the log was not append-only)")
+            result["checks"].append(f"RFC 6962 consistency proof {old} -> {new} verifies")
+            for path in args.trusted_checkpoint or []:
+                for note in split_notes(Path(path).read_text(encoding="utf-8")):
+                    _, size, root = open_checkpoint(note, pub, f"held checkpoint {path}")
+                    if (size, root) not in ((old, old_root), (new, new_root)):
+                        raise Failure(f"held checkpoint {path} (size {size}) is not an end of this proof")
+                    result["checks"].append(f"held checkpoint of size {size} is an end of the proof")
+            size, root = new, new_root
+        else:
+            entry = proof["entry"].encode()
+            leaf, index, size, root = leaf_hash(entry), int(proof["leaf_index"]), int(proof["tree_size"]), bytes.fromhex(proof["root_hash"])
+            if leaf.hex() != proof.get("leaf_hash", leaf.hex()):
+                raise Failure("leaf_hash is not SHA-256(0x00 || entry)")
+            if int(proof.get("seq", index)) != index or json.loads(entry).get("seq") != index:
+                raise Failure("the entry's seq is not the proven leaf index")
+            if not verify_inclusion(index, size, leaf, nodes, root):
+                raise Failure(f"inclusion proof of entry {index} in a tree of {size} does not verify", index)
+            result["checks"].append(f"RFC 6962 inclusion proof of entry {index} in a tree of {size} verifies")
+        if cp is None:
+            raise Failure("the proof carries no signed checkpoint; pass one that signs its root")
+        if cp[1] != size or cp[2] != root:
+            raise Failure(f"the checkpoint signs a tree of {cp[1]} entries, not the proof's root")
+        result["checks"].append(f"the root is signed by the trusted key (checkpoint of size {size})")
+        result.update(ok=True, entries=size, root_hash=root.hex())
+    except Failure as exc:
+        result.update(error=str(exc), seq=exc.seq)
+    except (OSError, KeyError, ValueError, TypeError) as exc:
+        result.update(error=f"cannot read the proof: {type(exc).__name__}: {exc}", io_error=True)
+    return result
+
+
 def write_html(result: dict, path: str) -> None:
-    status = "VERIFIED" if result["ok"] else "FAILED"
+    status = ("VERIFIED" if result["trusted"] else "SELF-CONSISTENT ONLY (UNTRUSTED KEY)") if result["ok"] else "FAILED"
     rows = "".join(f"<li>{html.escape(c)}</li>" for c in result["checks"])
     warn = "".join(f"<li>{html.escape(w)}</li>" for w in result["warnings"])
     err = "" if result["ok"] else f"<p class=bad>First problem (seq {result['seq']}): {html.escape(str(result['error']))}</p>"
@@ -287,27 +600,41 @@ def write_html(result: dict, path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Verify a securetrain audit-log export offline.")
-    parser.add_argument("export", help="directory written by 'securetrain audit export'")
+    parser.add_argument("export", nargs="?", help="directory written by 'securetrain audit export'")
+    parser.add_argument("--proof", help="check a proof printed by 'securetrain audit prove' instead of an export")
     parser.add_argument("--vkey", help="trusted verifier key (name+id+base64) or a file holding it")
     parser.add_argument("--public-key", help="trusted Ed25519 public key (PEM)")
+    parser.add_argument("--trust-embedded-key", action="store_true",
+                        help="accept the export's own public_key.pem (self-consistency only) and exit 0")
     parser.add_argument("--trusted-checkpoint", action="append", help="checkpoint note you kept earlier (repeatable)")
+    parser.add_argument("--since-checkpoint", help="incremental: a checkpoint note you hold from an earlier full "
+                        "verification (or an anchor file: its newest note); only newer entries are parsed")
     parser.add_argument("--html", help="also write an HTML report here")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
-    result = verify(args)
+    if not args.export and not args.proof:
+        parser.error("give an export directory or --proof FILE")
+    if args.proof and not (args.vkey or args.public_key):
+        parser.error("--proof needs the key you hold: --vkey or --public-key")
+    result = verify_proof(args) if args.proof else verify(args)
     if args.html:
         write_html(result, args.html)
     if args.json:
         print(json.dumps(result, indent=2))
     elif result["ok"]:
-        print(f"OK: {result['entries']} entries verified, root {result['root_hash']}")
+        what = "OK" if result["trusted"] else "SELF-CONSISTENT (UNTRUSTED KEY)"
+        print(f"{what}: {result['entries']} entries verified, root {result['root_hash']}")
         for w in result["warnings"]:
             print(f"warning: {w}")
     else:
         where = f"entry seq={result['seq']}: " if result["seq"] is not None else ""
         print(f"FAILED: {where}{result['error']}", file=sys.stderr)
     if result["ok"]:
-        return 0
+        if result["trusted"] or args.trust_embedded_key:
+            return 0
+        print("UNTRUSTED: verified only against the public key shipped inside the export; a forger re-signs with "
+              "their own key. Pass --vkey/--public-key with the key you hold (or --trust-embedded-key).", file=sys.stderr)
+        return 3
     return 2 if result.get("io_error") else 1
 
 

@@ -18,7 +18,7 @@ from securetrain.pipeline import stages
 from securetrain.pipeline.config import PipelineConfig, load_pipeline_config
 from securetrain.pipeline.report import markdown_summary
 from securetrain.pipeline.results import AuditSummary, HESummary, PipelineResult, PreparedData, TrainingSummary
-from securetrain.pipeline.runner import assemble_result, config_digest, finish_report, open_run_audit
+from securetrain.pipeline.runner import assemble_result, config_digest, finish_report, open_run_audit, sign_provenance
 from securetrain.pipeline.secrets import export_passphrase_for_children, load_run_secrets, run_keyring_path
 from securetrain.redaction import install_redaction
 from securetrain.secretenv import resolve_secret_files
@@ -81,11 +81,51 @@ def he_evaluate_task(config: PipelineConfig, features: dict[str, Any]) -> HESumm
 
 
 # Sealing appends a checkpoint: not retried, so a failure is visible rather than papered over.
+@task(name="sign-provenance", cache_policy=NO_CACHE, result_serializer="json")
+def sign_provenance_task(config: PipelineConfig, prepared: PreparedData, training: TrainingSummary) -> dict | None:
+    with open_run_audit(config) as audit:
+        return sign_provenance(config, audit, prepared, training, load_run_secrets(config))
+
+
 @task(name="seal-audit", cache_policy=NO_CACHE, result_serializer="json")
 def seal_audit_task(config: PipelineConfig, steps: int) -> AuditSummary:
     with open_run_audit(config) as audit:
         audit.record("pipeline.stop", f"run:{config.name}", details={"steps": steps})
         return stages.seal_audit(config, audit)
+
+
+@task(name="release", cache_policy=NO_CACHE, result_serializer="json")
+def release_task(config: PipelineConfig) -> dict[str, Any]:
+    from securetrain.release.gate import release_step
+
+    return release_step(config)
+
+
+def await_release_approval(config: PipelineConfig, outcome: dict[str, Any]) -> None:
+    """Stop at "awaiting approval": suspend a deployed run (it exits and is rescheduled on resume),
+    pause an in-process one (it blocks until resumed); a timeout fails the run."""
+    from prefect.context import get_run_context
+    from prefect.flow_runs import pause_flow_run, suspend_flow_run
+
+    get_run_logger().warning(
+        "awaiting approval: %s. Approve with 'securetrain release approve %s --key APPROVER.pem', then resume "
+        "this flow run.", "; ".join(outcome["failures"]), config.run_dir)
+    flow_run = get_run_context().flow_run  # type: ignore[union-attr]
+    timeout = config.release.approval_timeout_s
+    if flow_run is not None and flow_run.deployment_id is not None:
+        suspend_flow_run(timeout=timeout)
+    else:
+        pause_flow_run(timeout=timeout, poll_interval=5)
+
+
+def release_with_approval(config: PipelineConfig) -> dict[str, Any]:
+    outcome = release_task(config)
+    while outcome["status"] == "awaiting_approval":
+        await_release_approval(config, outcome)
+        outcome = release_task(config)
+    if outcome["status"] == "refused":
+        get_run_logger().error("release refused: %s", "; ".join(outcome["failures"]))
+    return outcome
 
 
 def publish_artifacts(result: PipelineResult) -> None:
@@ -161,12 +201,17 @@ def secure_training(config_path: str | None = None, overrides: dict[str, Any] | 
             features = extract_features_task.with_options(result_serializer=_tensor_serializer(config))(config)
         with clock.stage("he-evaluate"):
             he = he_evaluate_task(config, features)
+    with clock.stage("sign-provenance"):
+        provenance = sign_provenance_task(config, prepared, training)
     with clock.stage("seal-audit"):
         sealed = seal_audit_task(config, training.steps)
-    result = finish_report(assemble_result(config, prepared, training, he, sealed), config, clock=clock)
+    result = finish_report(assemble_result(config, prepared, training, he, sealed, provenance), config, clock=clock)
     publish_artifacts(result)
     logger.info("report: %s", result.report_html)
-    return result.model_dump(mode="json")
+    summary = result.model_dump(mode="json")
+    if config.release.await_approval:
+        summary["release"] = release_with_approval(config)
+    return summary
 
 
 if __name__ == "__main__":

@@ -37,77 +37,140 @@ def _signing_key_path(signing_key: Optional[Path]) -> Path:
     return path
 
 
-def _open(db: Optional[str], signing_key: Optional[Path] = None, *, need_key: bool = False):  # noqa: ANN202
+_SCHEMA = typer.Option(
+    None, "--schema", envvar="SECURETRAIN_AUDIT_SCHEMA",
+    help="PostgreSQL schema of the log (default securetrain_audit; ignored for SQLite).",
+)
+
+#: Exit status of ``audit verify`` when the log is self-consistent but was checked only against the
+#: key shipped inside the export (anyone can rebuild and re-sign a forged export with a new key).
+EXIT_UNTRUSTED = 3
+
+
+def _open(db: Optional[str], signing_key: Optional[Path] = None, *, need_key: bool = False,  # noqa: ANN202
+          schema: Optional[str] = None):
     from securetrain.audit.log import AuditLog
 
     key = _signing_key_path(signing_key) if need_key else signing_key
-    return AuditLog(db, create=False, signing_key=key)  # reading commands never create an (empty, "valid") log
+    # Reading commands never create an (empty, "valid") log.
+    return AuditLog(db, create=False, signing_key=key, **({"schema": schema} if schema else {}))
 
 
 def _read_key(public_key: Optional[Path]):  # noqa: ANN202
     if public_key is None:
         return None
+    from securetrain.audit.errors import AuditConfigError
     from securetrain.audit.keys import load_public_key_pem
     from securetrain.audit.note import parse_verifier_key
 
-    raw = public_key.read_bytes()
+    try:
+        raw = public_key.read_bytes()
+    except OSError as exc:
+        raise AuditConfigError(f"cannot read the public key {public_key}: {exc.strerror}") from None
     if b"BEGIN PUBLIC KEY" in raw:
         return load_public_key_pem(raw)
-    return parse_verifier_key(raw.decode())[1]
+    try:
+        return parse_verifier_key(raw.decode())[1]
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise AuditConfigError(f"{public_key} is neither a PEM public key nor a verifier key: {exc}") from None
+
+
+def _read_notes(paths: list[Path]) -> list[str]:
+    """Each file may hold one note or many concatenated (an anchor file such as audit-anchors.notes)."""
+    from securetrain.audit.errors import AuditConfigError
+
+    blobs = []
+    for path in paths:
+        try:
+            blobs.append(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise AuditConfigError(f"cannot read the checkpoint file {path}: {type(exc).__name__}") from None
+    return blobs
 
 
 def verify(
     db: Optional[str] = _DB,
     export: Optional[Path] = typer.Option(None, "--export", help="Verify an export directory instead of a database."),
-    checkpoint: list[Path] = typer.Option([], "--checkpoint", help="Checkpoint note you kept earlier (repeatable)."),
-    public_key: Optional[Path] = typer.Option(None, "--public-key", help="Trusted public key (PEM or verifier-key file)."),
+    checkpoint: list[Path] = typer.Option(
+        [], "--checkpoint", help="Checkpoint note(s) you kept earlier, or an anchor file of concatenated notes (repeatable)."),
+    public_key: Optional[Path] = typer.Option(
+        None, "--public-key", help="The log's public key you hold (PEM or verifier-key file); required with --export."),
+    trust_embedded_key: bool = typer.Option(
+        False, "--trust-embedded-key",
+        help="With --export and no --public-key: accept the export's own key (proves self-consistency only)."),
+    since_checkpoint: Optional[Path] = typer.Option(
+        None, "--since-checkpoint",
+        help="With --export: incremental check from this held checkpoint (or anchor file): only newer entries are parsed."),
     signing_key: Optional[Path] = _SIGNING_KEY,
+    schema: Optional[str] = _SCHEMA,
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Recompute every hash, Merkle root and signature; exit 1 naming the first bad entry."""
-    from securetrain.audit.verify import records_from_jsonl, verify_records
+    """Recompute every hash, Merkle root and signature; exit 1 naming the first bad entry.
+
+    Exit status: 0 verified, 1 verification failed, 2 unusable input, 3 export self-consistent
+    but checked only against its own embedded key (UNTRUSTED; pass --public-key).
+    """
     from securetrain.cli.console import console, err_console, progress_bar
+    from securetrain.errors import SecureTrainError
 
-    trusted = [p.read_text(encoding="utf-8") for p in checkpoint]
-    key = _read_key(public_key)
-    with progress_bar(transient=True) as bar:
-        task = bar.add_task("verifying audit log", total=None, status="")
+    try:
+        trusted = _read_notes(checkpoint)
+        key = _read_key(public_key)
+        with progress_bar(transient=True) as bar:
+            task = bar.add_task("verifying audit log", total=None, status="")
 
-        def tick(n: int) -> None:
-            if n % 1000 == 0:
+            def tick(n: int) -> None:
                 bar.update(task, completed=n, status=f"{n} entries")
 
-        if export is not None:
-            from securetrain.audit.keys import load_public_key_pem
-            from securetrain.audit.note import split_notes
+            if export is not None:
+                from securetrain.audit.export import verify_export
 
-            key = key or load_public_key_pem((export / "public_key.pem").read_bytes())
-            notes = split_notes((export / "checkpoints.note").read_text(encoding="utf-8"))
-            with open(export / "entries.jsonl", "rb") as handle:
-                report = verify_records(records_from_jsonl(handle), public_key=key, checkpoint_notes=notes,
-                                        trusted_notes=trusted, on_entry=tick, require_signed=True)
-        else:
-            with _open(db, signing_key, need_key=key is None) as log:
-                report = log.verify(trusted_checkpoints=trusted, public_key=key, on_entry=tick)
+                since = _read_notes([since_checkpoint])[0] if since_checkpoint is not None else None
+                report = verify_export(export, public_key=key, trusted_notes=trusted, on_entry=tick,
+                                       since_checkpoint=since)
+            else:
+                if since_checkpoint is not None:
+                    from securetrain.audit.errors import AuditConfigError
+
+                    raise AuditConfigError("--since-checkpoint needs --export (incremental database checks are not "
+                                           "supported yet)", hint="export the log, then verify the export")
+                with _open(db, signing_key, need_key=key is None, schema=schema) as log:
+                    report = log.verify(trusted_checkpoints=trusted, public_key=key,
+                                        on_entry=lambda n: tick(n) if n % 4096 == 0 else None)
+    except SecureTrainError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    untrusted = not report.trusted and not trust_embedded_key
     if as_json:
         console.print_json(json.dumps(report.as_dict()))
     elif report.ok:
-        console.print(f"[green]OK[/] {report.entries} entries, {report.checkpoints_verified} checkpoints, "
-                      f"{report.trusted_verified} trusted checkpoints verified; root {report.root_hash}")
-    for warning in report.warnings:
-        err_console.print(f"[yellow]warning:[/] {warning}")
+        what = "self-consistent (UNTRUSTED key)" if not report.trusted else "OK"
+        console.print(f"[{'yellow' if not report.trusted else 'green'}]{what}[/] {report.entries} entries, "
+                      f"{report.checkpoints_verified} checkpoints, {report.trusted_verified} trusted checkpoints "
+                      f"verified; root {report.root_hash}")
+    for warning in [] if as_json else report.warnings:  # --json: stdout is exactly one JSON document
+        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     if not report.ok:
-        err_console.print(f"[bold red]FAILED:[/] {report.error}", highlight=False)
+        if not as_json:
+            err_console.print(f"[bold red]FAILED:[/] {report.error}", highlight=False)
         raise typer.Exit(1)
+    if untrusted:
+        if as_json:
+            raise typer.Exit(EXIT_UNTRUSTED)
+        err_console.print("[bold red]UNTRUSTED:[/] the export was checked only against the public key it ships with; "
+                          "a forger re-signs with their own key. Pass --public-key with the key you hold "
+                          "(or --trust-embedded-key to accept self-consistency only).", highlight=False)
+        raise typer.Exit(EXIT_UNTRUSTED)
 
 
-def show(db: Optional[str] = _DB, tail: int = typer.Option(20, "--tail", "-n", help="Show the last N entries.")) -> None:
+def show(db: Optional[str] = _DB, tail: int = typer.Option(20, "--tail", "-n", help="Show the last N entries."),
+         schema: Optional[str] = _SCHEMA) -> None:
     """Print the newest entries as a table."""
     from rich.table import Table
 
     from securetrain.cli.console import console
 
-    with _open(db) as log:
+    with _open(db, schema=schema) as log:
         entries = log.tail(tail)
     table = Table(title="audit log")
     for col in ("seq", "time (UTC)", "actor", "host", "action", "resource", "outcome", "details", "hash"):
@@ -120,42 +183,62 @@ def show(db: Optional[str] = _DB, tail: int = typer.Option(20, "--tail", "-n", h
 
 def export(
     outdir: Path = typer.Argument(..., help="Directory to write the export to."), db: Optional[str] = _DB,
-    signing_key: Optional[Path] = _SIGNING_KEY,
+    signing_key: Optional[Path] = _SIGNING_KEY, schema: Optional[str] = _SCHEMA,
 ) -> None:
     """Write entries (exact hashed bytes), checkpoints, public key and manifest for offline audit."""
     from securetrain.cli.console import console
 
-    with _open(db, signing_key, need_key=True) as log:
+    with _open(db, signing_key, need_key=True, schema=schema) as log:
         out = log.export(outdir)
         size = log.latest_checkpoint().tree_size  # type: ignore[union-attr]
-    console.print(f"exported {size} entries to {out}; verify with: python audit/verify_audit.py {out} --vkey '<key>'")
+    console.print(f"exported {size} entries to {out}; verify with: python audit/verify_audit.py {out} "
+                  "--vkey '<the verifier key you hold>'")
 
 
 def prove(
-    seq: int = typer.Argument(..., help="Entry to prove."), db: Optional[str] = _DB,
+    seq: Optional[int] = typer.Argument(None, help="Entry to prove (omit with --consistency)."), db: Optional[str] = _DB,
     size: Optional[int] = typer.Option(None, "--size", help="Tree size (default: latest checkpoint)."),
+    consistency: Optional[int] = typer.Option(
+        None, "--consistency", help="Print a consistency proof from this older tree size instead."),
+    schema: Optional[str] = _SCHEMA,
 ) -> None:
-    """Print an RFC 6962 inclusion proof for entry SEQ as JSON."""
-    with _open(db) as log:
-        proof = log.inclusion_proof(seq, size)
-        cp = log.latest_checkpoint()
-        if cp is not None and cp.tree_size == proof["tree_size"]:
-            proof["checkpoint"] = cp.note
+    """Print an RFC 6962 inclusion proof for entry SEQ (or a consistency proof) as JSON, with the signed checkpoint.
+
+    Check it offline with: python audit/verify_audit.py --proof FILE --vkey KEY.
+    """
+    from securetrain.audit.errors import AuditConfigError
+
+    if (seq is None) == (consistency is None):
+        raise AuditConfigError("give either SEQ (inclusion proof) or --consistency OLD_SIZE")
+    with _open(db, schema=schema) as log:
+        if size is None:
+            cp = log.latest_checkpoint()
+            size = cp.tree_size if cp is not None else log.size()
+        if consistency is not None:
+            proof = log.consistency_proof(consistency, size)
+            target = proof["new_size"]
+        else:
+            proof = log.inclusion_proof(seq, size)
+            target = proof["tree_size"]
+        signed = [c for c in log.checkpoints() if c.tree_size == target]
+        if signed:
+            proof["checkpoint"] = signed[-1].note
     typer.echo(json.dumps(proof, indent=2))
 
 
-def checkpoint(db: Optional[str] = _DB, signing_key: Optional[Path] = _SIGNING_KEY) -> None:
+def checkpoint(db: Optional[str] = _DB, signing_key: Optional[Path] = _SIGNING_KEY,
+               schema: Optional[str] = _SCHEMA) -> None:
     """Sign the current tree head now and print the checkpoint note (keep a copy elsewhere)."""
-    with _open(db, signing_key, need_key=True) as log:
+    with _open(db, signing_key, need_key=True, schema=schema) as log:
         typer.echo(log.checkpoint().note, nl=False)
 
 
 def pubkey(
     db: Optional[str] = _DB, pem: bool = typer.Option(False, "--pem", help="Print PEM instead of a verifier key."),
-    signing_key: Optional[Path] = _SIGNING_KEY,
+    signing_key: Optional[Path] = _SIGNING_KEY, schema: Optional[str] = _SCHEMA,
 ) -> None:
     """Print the log's public key (verifier-key form by default)."""
-    with _open(db, signing_key, need_key=True) as log:
+    with _open(db, signing_key, need_key=True, schema=schema) as log:
         typer.echo(log.public_key_pem().decode() if pem else log.verifier_key())
 
 

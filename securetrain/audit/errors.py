@@ -37,3 +37,7 @@ class AuditIntegrityError(IntegrityError):
         super().__init__(message, hint=hint)
         self.seq = seq
         self.problem = problem
+
+
+class AuditExportError(AuditError):
+    """An export directory is incomplete or unreadable (a file missing, not a directory)."""

@@ -51,6 +51,34 @@ class CompactRange:
         for leaf in leaves:
             self.append(leaf)
 
+    def _push(self, node: bytes, height: int) -> None:
+        """Append the root of a perfect subtree of ``2**height`` leaves; ``size`` must be a multiple of it."""
+        n = self.size >> height
+        while n & 1:
+            node = node_hash(self._peaks.pop(), node)
+            n >>= 1
+        self._peaks.append(node)
+        self.size += 1 << height
+
+    def extend_batch(self, leaves: Sequence[bytes]) -> None:
+        """Same result as :meth:`extend`, faster: aligned perfect subtrees are hashed level by level."""
+        sha256 = hashlib.sha256
+        i, n = 0, len(leaves)
+        while i < n:
+            height = (n - i).bit_length() - 1
+            if self.size:
+                height = min(height, (self.size & -self.size).bit_length() - 1)
+            if height == 0:
+                self._push(leaves[i], 0)
+                i += 1
+                continue
+            level = leaves[i : i + (1 << height)]
+            while len(level) > 1:
+                pairs = iter(level)
+                level = [sha256(b"\x01" + left + right).digest() for left, right in zip(pairs, pairs, strict=True)]
+            self._push(level[0], height)
+            i += 1 << height
+
     def root(self) -> bytes:
         if not self._peaks:
             return EMPTY_ROOT
@@ -58,6 +86,19 @@ class CompactRange:
         for peak in reversed(self._peaks[:-1]):
             acc = node_hash(peak, acc)
         return acc
+
+    def peaks(self) -> list[bytes]:
+        """Roots of the perfect subtrees making up the tree, largest (leftmost) first."""
+        return list(self._peaks)
+
+    @classmethod
+    def from_peaks(cls, size: int, peaks: Sequence[bytes]) -> CompactRange:
+        """A range continuing a tree of ``size`` leaves; authenticate ``peaks`` by comparing :meth:`root`."""
+        if size < 0 or len(peaks) != bin(size).count("1") or any(len(p) != 32 for p in peaks):
+            raise ValueError(f"a tree of {size} leaves has {bin(max(size, 0)).count('1')} peaks of 32 bytes")
+        cr = cls()
+        cr.size, cr._peaks = size, list(peaks)
+        return cr
 
     def copy(self) -> CompactRange:
         other = CompactRange()
@@ -110,24 +151,46 @@ def _subproof(m: int, leaves: Sequence[bytes], lo: int, hi: int, complete: bool)
     return _subproof(m - k, leaves, lo + k, hi, False) + [root_hash(leaves[lo : lo + k])]
 
 
+def _inner_proof_size(index: int, size: int) -> int:
+    return (index ^ (size - 1)).bit_length()
+
+
+def _decomp_inclusion(index: int, size: int) -> tuple[int, int]:
+    inner = _inner_proof_size(index, size)
+    return inner, bin(index >> inner).count("1")
+
+
+def _chain_inner(seed: bytes, proof: Sequence[bytes], index: int) -> bytes:
+    for i, h in enumerate(proof):
+        seed = node_hash(seed, h) if (index >> i) & 1 == 0 else node_hash(h, seed)
+    return seed
+
+
+def _chain_inner_right(seed: bytes, proof: Sequence[bytes], index: int) -> bytes:
+    for i, h in enumerate(proof):
+        if (index >> i) & 1:
+            seed = node_hash(h, seed)
+    return seed
+
+
+def _chain_border_right(seed: bytes, proof: Sequence[bytes]) -> bytes:
+    for h in proof:
+        seed = node_hash(h, seed)
+    return seed
+
+
 def root_from_inclusion_proof(index: int, size: int, leaf: bytes, proof: Sequence[bytes]) -> bytes | None:
-    """The root implied by an inclusion proof, or ``None`` when the proof is malformed."""
+    """The root implied by an inclusion proof, or ``None`` when the proof is malformed.
+
+    A port of transparency-dev/merkle ``proof.RootFromInclusionProof``: the proof length must be
+    exactly the one the (index, size) pair implies.
+    """
     if not 0 <= index < size or len(leaf) != 32 or any(len(p) != 32 for p in proof):
         return None
-    fn, sn, r = index, size - 1, leaf
-    for p in proof:
-        if sn == 0:
-            return None
-        if fn & 1 or fn == sn:
-            r = node_hash(p, r)
-            while not fn & 1 and fn != 0:
-                fn >>= 1
-                sn >>= 1
-        else:
-            r = node_hash(r, p)
-        fn >>= 1
-        sn >>= 1
-    return r if sn == 0 else None
+    inner, border = _decomp_inclusion(index, size)
+    if len(proof) != inner + border:
+        return None
+    return _chain_border_right(_chain_inner(leaf, proof[:inner], index), proof[inner:])
 
 
 def verify_inclusion(index: int, size: int, leaf: bytes, proof: Sequence[bytes], root: bytes) -> bool:
@@ -135,35 +198,42 @@ def verify_inclusion(index: int, size: int, leaf: bytes, proof: Sequence[bytes],
     return got is not None and got == root
 
 
-def verify_consistency(size1: int, size2: int, proof: Sequence[bytes], root1: bytes, root2: bytes) -> bool:
-    """RFC 9162 §2.1.4.2; sizes 0 and equal sizes are handled like transparency-dev/merkle."""
-    if size1 < 0 or size2 < size1 or any(len(p) != 32 for p in proof):
-        return False
+def root_from_consistency_proof(size1: int, size2: int, proof: Sequence[bytes], root1: bytes) -> bytes | None:
+    """The new root implied by a consistency proof from (size1, root1), or ``None`` if malformed.
+
+    A port of transparency-dev/merkle ``proof.RootFromConsistencyProof``: ``size1 = 0`` is
+    rejected (a proof from the empty tree proves nothing), equal sizes need an empty proof.
+    """
+    if size1 < 0 or size2 < size1 or size1 == 0 or any(len(p) != 32 for p in proof):
+        return None
     if size1 == size2:
-        return not proof and root1 == root2
-    if size1 == 0:
-        return not proof  # everything is consistent with the empty tree
+        return None if proof else root1
     if not proof:
-        return False
-    path = list(proof)
-    if size1 & (size1 - 1) == 0:  # exact power of two: the old root is a node of the new tree
-        path.insert(0, root1)
-    fn, sn = size1 - 1, size2 - 1
-    while fn & 1:
-        fn >>= 1
-        sn >>= 1
-    fr = sr = path[0]
-    for c in path[1:]:
-        if sn == 0:
-            return False
-        if fn & 1 or fn == sn:
-            fr = node_hash(c, fr)
-            sr = node_hash(c, sr)
-            while not fn & 1 and fn != 0:
-                fn >>= 1
-                sn >>= 1
-        else:
-            sr = node_hash(sr, c)
-        fn >>= 1
-        sn >>= 1
-    return sn == 0 and fr == root1 and sr == root2
+        return None
+    end, size = size1, size2
+    fork_level, border = _decomp_inclusion(end - 1, size)
+    shift = (end & -end).bit_length() - 1  # trailing zeros of size1 (start = 0)
+    inner = fork_level - shift
+    seed, p_start = proof[0], 1
+    if end == 1 << shift:  # size1 is a power of two: its root is a node of the new tree
+        seed, p_start = root1, 0
+    if len(proof) != p_start + inner + border:
+        return None
+    rest = proof[p_start:]
+    mask = (end - 1) >> shift
+    if p_start == 1:
+        # The proof's nodes inside the old tree must rebuild root1.
+        h = (end - 1).bit_length()  # height of the old tree (start = 0)
+        fork = ((end - 1) ^ (size - 1)).bit_length()
+        sub_inner = min(h, fork) - shift
+        sub_border = max(0, border - bin((end - 1) >> h).count("1"))
+        hash1 = _chain_border_right(_chain_inner_right(seed, rest[:sub_inner], mask), rest[inner : inner + sub_border])
+        if hash1 != root1:
+            return None
+    return _chain_border_right(_chain_inner(seed, rest[:inner], mask), rest[inner:])
+
+
+def verify_consistency(size1: int, size2: int, proof: Sequence[bytes], root1: bytes, root2: bytes) -> bool:
+    """RFC 9162 §2.1.4.2 as transparency-dev/merkle implements it (``size1 = 0`` is rejected)."""
+    got = root_from_consistency_proof(size1, size2, proof, root1)
+    return got is not None and got == root2

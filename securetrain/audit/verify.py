@@ -9,17 +9,28 @@ first ``tree_size`` entries. A checkpoint larger than the log means the tail was
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Callable, Iterable
+import json.encoder
+import json.scanner
+import re
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from securetrain.audit.canonical import FORMAT_VERSION, GENESIS_HASH, HASHED_FIELDS, canonical_bytes, sha256_hex
+from securetrain.audit.canonical import (
+    FORMAT_VERSION,
+    GENESIS_HASH,
+    HASHED_FIELDS,
+    MAX_SAFE_INT,
+    canonical_bytes,
+    sha256_hex,
+)
 from securetrain.audit.errors import AuditEventError, AuditIntegrityError
 from securetrain.audit.merkle import CompactRange, leaf_hash
-from securetrain.audit.note import Checkpoint, find_signer, parse_checkpoint_text, verify_note
+from securetrain.audit.note import Checkpoint, find_signer, parse_checkpoint_text, split_notes, verify_note
 
 _STR_FIELDS = ("ts", "actor", "hostname", "mac", "action", "resource", "outcome", "prev_hash")
 
@@ -34,6 +45,14 @@ class VerifyReport:
     latest_checkpoint_size: int | None = None
     error: AuditIntegrityError | None = None
     warnings: list[str] = field(default_factory=list)
+    #: "pinned" (a key the auditor supplied), "log" (the database's own key) or "embedded" (the
+    #: export's own public_key.pem: proves self-consistency only, anyone can re-sign with a new key).
+    key_source: str = "pinned"
+
+    @property
+    def trusted(self) -> bool:
+        """Verified against a key that did not come with the data being verified."""
+        return self.key_source != "embedded"
 
     def raise_for_failure(self) -> None:
         if self.error is not None:
@@ -45,7 +64,7 @@ class VerifyReport:
             "checkpoints_verified": self.checkpoints_verified, "trusted_verified": self.trusted_verified,
             "latest_checkpoint_size": self.latest_checkpoint_size,
             "error": None if self.error is None else {"seq": self.error.seq, "problem": self.error.problem, "message": str(self.error)},
-            "warnings": self.warnings,
+            "warnings": self.warnings, "key_source": self.key_source, "trusted": self.trusted,
         }
 
 
@@ -91,6 +110,202 @@ class Record:
     stored_seq: int | None = None
 
 
+# ---- fast acceptance of canonical entry lines -----------------------------------------------
+# Most of the cost of verification used to be Python work per entry: parse the JSON, re-serialise
+# it with an RFC 8785 implementation, compare. The fast path below accepts a line only when it can
+# *prove* the line is the canonical form of a well-typed entry, using C-implemented pieces:
+#   * strict UTF-8 decoding (no lone surrogates can survive it);
+#   * one regular expression for the fixed top level: the eleven members in JCS order, every
+#     string in the exact JCS escaping (only \" \\ \b \t \n \f \r and \u00xx for other controls),
+#     seq in plain decimal, "v":1;
+#   * details: json (C scanner) with floats/NaN/out-of-range integers refused, re-encoded by the C
+#     encoder with sorted keys; for text without characters beyond U+FFFF, code-point order is
+#     UTF-16 order and the encoder's escaping is JCS's, so equality means canonical.
+# Anything the fast path does not accept goes through the exact slow path (full parse, RFC 8785,
+# named failure), which decides; so the fast path can only make verification faster, not laxer.
+# A JCS string, "unrolled" so runs of ordinary characters are one fast character-class loop.
+_JCS_STRING = r'"[^"\\\x00-\x1f]*(?:\\(?:["\\bfnrt]|u00(?:0[0-7bef]|1[0-9a-f]))[^"\\\x00-\x1f]*)*"'
+_ENTRY_HEAD = re.compile(r'\{"action":' + _JCS_STRING + r',"actor":' + _JCS_STRING + r',"details":\{').match
+# Everything after details. In canonical JSON no string can hold '},"hostname":"' (its quotes would be
+# escaped), so the last occurrence of that text is where details ends.
+_ENTRY_TAIL = re.compile(
+    r',"hostname":' + _JCS_STRING + r',"mac":' + _JCS_STRING + r',"outcome":' + _JCS_STRING
+    + r',"prev_hash":"([0-9a-f]{64})","resource":' + _JCS_STRING + r',"seq":(0|[1-9][0-9]{0,15}),"ts":'
+    + _JCS_STRING + r',"v":1\}').fullmatch
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]").search
+
+
+def _refuse(_text: str) -> Any:
+    raise ValueError("not allowed in audit entries")
+
+
+def _safe_int(text: str) -> int:
+    value = int(text)
+    if -MAX_SAFE_INT <= value <= MAX_SAFE_INT:
+        return value
+    raise ValueError("integer outside the I-JSON range")
+
+
+_DETAILS_DECODER = json.JSONDecoder(parse_float=_refuse, parse_int=_safe_int, parse_constant=_refuse)
+_DETAILS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False)
+# The C scanner/encoder called directly: JSONDecoder.decode and JSONEncoder.encode add Python-level
+# wrapper work per call that costs more than the parsing itself for a small details object.
+_scan_details = (json.scanner.c_make_scanner(_DETAILS_DECODER) if json.scanner.c_make_scanner
+                 else _DETAILS_DECODER.scan_once)
+_c_encode = (json.encoder.c_make_encoder(None, None, json.encoder.encode_basestring, None, ":", ",", True, False, False)
+             if json.encoder.c_make_encoder else None)
+
+
+def _details_canonical(text: str) -> bool:
+    if text == "{}":
+        return True
+    try:
+        obj, end = _scan_details(text, 0)
+        if end != len(text) or type(obj) is not dict:
+            return False
+        return ("".join(_c_encode(obj, 0)) if _c_encode else _DETAILS_ENCODER.encode(obj)) == text
+    except (ValueError, RecursionError, StopIteration):
+        return False
+
+
+def fast_accept(raw: bytes, seq: int, prev_hash: str) -> bool:
+    """True when ``raw`` is certainly the canonical entry number ``seq`` chained onto ``prev_hash``.
+
+    False means "not proven here": the caller must run the exact check (:func:`check_entry`).
+    """
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        return False
+    head = _ENTRY_HEAD(text)
+    end = text.rfind('},"hostname":"')
+    if head is None or end < head.end() - 1:
+        return False
+    tail = _ENTRY_TAIL(text, end + 1)
+    return (tail is not None and tail[1] == prev_hash and tail[2] == str(seq)
+            and (text.isascii() or _ASTRAL(text) is None) and _details_canonical(text[head.end() - 1 : end + 1]))
+
+
+def check_entry(raw: bytes, obj: Any, seq: int, prev_hash: str) -> None:
+    """The exact (slow) check of one entry; raises :class:`AuditIntegrityError` naming the problem."""
+    check_object(obj, seq)
+    if obj["seq"] != seq:
+        raise _fail(seq, "seq", f"entry claims seq {obj['seq']}, expected {seq}")
+    try:
+        canonical = canonical_bytes(obj)
+    except AuditEventError:  # e.g. an integer beyond 2^53 or a lone surrogate: tampered data
+        raise _fail(seq, "canonical", "entry holds a value with no RFC 8785 canonical form "
+                                      "(integer outside ±(2^53-1) or lone surrogate)") from None
+    if canonical != raw:
+        raise _fail(seq, "canonical", "entry bytes are not RFC 8785 canonical JSON")
+    if obj["prev_hash"] != prev_hash:
+        raise _fail(seq, "prev_hash", "prev_hash does not match the previous entry's hash "
+                                      "(this or the previous entry was altered, or entries were removed)")
+
+
+def _parse_line(raw: bytes, seq: int) -> Any:
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise _fail(seq, "json", "line is not valid JSON") from None
+
+
+class _Walk:
+    """The state of one verification pass: chain head, Merkle tree, checkpoints still to meet."""
+
+    def __init__(self, pending: list[tuple[Checkpoint, bool]], report: VerifyReport, *,
+                 tree: CompactRange | None = None, prev: str = GENESIS_HASH,
+                 on_entry: Callable[[int], None] | None = None) -> None:
+        self.tree = tree or CompactRange()
+        self.prev = prev
+        self.pending = pending
+        self.report = report
+        self.on_entry = on_entry
+
+    def settle(self) -> None:
+        tree, pending = self.tree, self.pending
+        while pending and pending[0][0].tree_size == tree.size:
+            cp, is_trusted = pending.pop(0)
+            if cp.root_hash != tree.root():
+                kind = "trusted" if is_trusted else "stored"
+                raise _fail(tree.size - 1 if tree.size else None, "checkpoint-root",
+                            f"Merkle root of the first {cp.tree_size} entries does not match the {kind} checkpoint "
+                            "(history before it was rewritten)")
+            if is_trusted:
+                self.report.trusted_verified += 1
+            else:
+                self.report.checkpoints_verified += 1
+
+    def _add_leaves(self, leaves: list[bytes]) -> None:
+        """Append leaves, stopping at every checkpoint size to compare roots."""
+        i = 0
+        while i < len(leaves):
+            stop = len(leaves)
+            if self.pending:
+                stop = min(stop, i + self.pending[0][0].tree_size - self.tree.size)
+            self.tree.extend_batch(leaves[i:stop] if i or stop != len(leaves) else leaves)
+            i = stop
+            self.settle()
+        self.report.entries = self.tree.size
+        if self.on_entry is not None:
+            self.on_entry(self.tree.size)
+
+    def lines(self, batch: list[bytes]) -> None:
+        """Verify a batch of export lines (each exactly the hashed bytes, newline stripped)."""
+        sha256 = hashlib.sha256
+        seq, prev = self.tree.size, self.prev
+        leaves = []
+        append = leaves.append
+        for raw in batch:
+            if not fast_accept(raw, seq, prev):
+                try:
+                    check_entry(raw, _parse_line(raw, seq), seq, prev)
+                except AuditIntegrityError:
+                    self._add_leaves(leaves)  # checkpoints met before the bad entry are still reported
+                    raise
+            prev = sha256(raw).hexdigest()
+            append(sha256(b"\x00" + raw).digest())
+            seq += 1
+            self.prev = prev
+        self._add_leaves(leaves)
+
+    def record(self, rec: Record) -> None:
+        """Verify one entry read from a database (with its stored seq and entry_hash)."""
+        expected = self.tree.size
+        if rec.stored_seq is not None and rec.stored_seq != expected:
+            raise _fail(expected, "seq-gap", f"expected seq {expected}, found row with seq {rec.stored_seq} "
+                                             "(an entry was deleted, inserted or reordered)")
+        check_entry(rec.raw, rec.obj, expected, self.prev)
+        digest = sha256_hex(rec.raw)
+        if rec.stored_hash is not None and rec.stored_hash != digest:
+            raise _fail(expected, "entry_hash", "stored entry_hash does not match the entry's content")
+        self.prev = digest
+        self.tree.append(leaf_hash(rec.raw))
+        self.report.entries = self.tree.size
+        self.settle()
+        if self.on_entry is not None:
+            self.on_entry(self.tree.size)
+
+
+def _open_notes(public_key: Ed25519PublicKey | None, checkpoint_notes: Iterable[str],
+                trusted_notes: Iterable[str]) -> tuple[list[tuple[Checkpoint, bool]], list[tuple[Checkpoint, bool]]]:
+    own = [_open(n, public_key, trusted=False) for n in checkpoint_notes]
+    trusted = [_open(n, public_key, trusted=True) for blob in trusted_notes for n in (split_notes(blob) or [blob])]
+    return own, trusted
+
+
+def _finish(walk: _Walk, own: list, trusted: list, *, require_signed: bool) -> None:
+    cr = walk.tree
+    covered = max([c.tree_size for c, _ in own + trusted], default=0)
+    if require_signed and not walk.pending and covered < cr.size:
+        raise _fail(covered, "unsigned", f"entries {covered}..{cr.size - 1} are not covered by a signed "
+                                         "checkpoint (appended after the export, or its checkpoints were removed)")
+    if walk.pending:
+        cp, is_trusted = walk.pending[0]
+        raise _fail(cr.size, "truncated", f"log has {cr.size} entries but a {'trusted' if is_trusted else 'stored'} "
+                                          f"checkpoint covers {cp.tree_size}: the tail was removed")
+
+
 def verify_records(
     records: Iterable[Record],
     *,
@@ -103,85 +318,83 @@ def verify_records(
     """Verify a stream of entries against checkpoints. Never raises for integrity problems.
 
     ``require_signed=True`` (exports: they always end at a checkpoint) fails when entries follow the
-    newest checkpoint; otherwise (a live database) they are reported as a warning.
+    newest checkpoint; otherwise (a live database) they are reported as a warning. Each of
+    ``trusted_notes`` may hold several concatenated notes (an anchor file).
     """
-    cr = CompactRange()
-    prev = GENESIS_HASH
+    return _run(public_key, checkpoint_notes, trusted_notes, on_entry, require_signed,
+                lambda walk: [walk.record(rec) for rec in records], records)
+
+
+def verify_lines(
+    batches: Iterable[list[bytes]],
+    *,
+    public_key: Ed25519PublicKey | None,
+    checkpoint_notes: Iterable[str] = (),
+    trusted_notes: Iterable[str] = (),
+    on_entry: Callable[[int], None] | None = None,
+    require_signed: bool = True,
+    start: tuple[CompactRange, str] | None = None,
+) -> VerifyReport:
+    """Verify an export's entry lines, given in batches (see :func:`iter_line_batches`).
+
+    ``start = (tree, prev_hash)`` continues a verification from an authenticated compact range
+    (incremental verification): the batches then begin with line ``tree.size``, and checkpoints
+    at or below that size are not re-checked (a warning says how many).
+    """
+
+    def run(walk: _Walk) -> None:
+        for batch in batches:
+            walk.lines(batch)
+
+    return _run(public_key, checkpoint_notes, trusted_notes, on_entry, require_signed, run, batches, start=start)
+
+
+def _run(public_key: Ed25519PublicKey | None, checkpoint_notes: Iterable[str], trusted_notes: Iterable[str],
+         on_entry: Callable[[int], None] | None, require_signed: bool, body: Callable[[_Walk], Any],
+         source: Any, *, start: tuple[CompactRange, str] | None = None) -> VerifyReport:
+    report = VerifyReport(True, 0, CompactRange().root().hex())
     try:
-        own = [_open(n, public_key, trusted=False) for n in checkpoint_notes]
-        trusted = [_open(n, public_key, trusted=True) for n in trusted_notes]
+        own, trusted = _open_notes(public_key, checkpoint_notes, trusted_notes)
     except AuditIntegrityError as exc:
-        return VerifyReport(False, 0, cr.root().hex(), error=exc)
-    pending = sorted(own + trusted, key=lambda item: item[0].tree_size)
-    report = VerifyReport(True, 0, cr.root().hex())
+        _close(source)
+        return VerifyReport(False, 0, report.root_hash, error=exc.with_traceback(None))
     if own:
         report.latest_checkpoint_size = max(c.tree_size for c, _ in own)
     if public_key is None and (own or trusted):
         report.warnings.append("no trusted public key given: checkpoint signatures were checked only for form")
-
-    def check_pending() -> None:
-        while pending and pending[0][0].tree_size == cr.size:
-            cp, is_trusted = pending.pop(0)
-            if cp.root_hash != cr.root():
-                kind = "trusted" if is_trusted else "stored"
-                raise _fail(cr.size - 1 if cr.size else None, "checkpoint-root",
-                            f"Merkle root of the first {cp.tree_size} entries does not match the {kind} checkpoint "
-                            "(history before it was rewritten)")
-            if is_trusted:
-                report.trusted_verified += 1
-            else:
-                report.checkpoints_verified += 1
-
+    pending = sorted(own + trusted, key=lambda item: item[0].tree_size)
+    if start is None:
+        walk = _Walk(pending, report, on_entry=on_entry)
+    else:
+        tree, prev = start
+        skipped = sum(1 for c, _ in pending if c.tree_size < tree.size)
+        if skipped:
+            report.warnings.append(f"{skipped} checkpoints older than the held one (size {tree.size}) were not "
+                                   "re-checked: incremental verification relies on the earlier full one")
+        walk = _Walk([p for p in pending if p[0].tree_size >= tree.size], report, tree=tree, prev=prev,
+                     on_entry=on_entry)
+        report.entries = tree.size
     try:
-        check_pending()
-        for expected, rec in enumerate(records):
-            seq = expected
-            if rec.stored_seq is not None and rec.stored_seq != expected:
-                raise _fail(expected, "seq-gap", f"expected seq {expected}, found row with seq {rec.stored_seq} "
-                                                 "(an entry was deleted, inserted or reordered)")
-            check_object(rec.obj, seq)
-            if rec.obj["seq"] != expected:
-                raise _fail(expected, "seq", f"entry claims seq {rec.obj['seq']}, expected {expected}")
-            try:
-                canonical = canonical_bytes(rec.obj)
-            except AuditEventError:  # e.g. an integer beyond 2^53 or a lone surrogate: tampered data
-                raise _fail(seq, "canonical", "entry holds a value with no RFC 8785 canonical form "
-                                              "(integer outside ±(2^53-1) or lone surrogate)") from None
-            if canonical != rec.raw:
-                raise _fail(seq, "canonical", "entry bytes are not RFC 8785 canonical JSON")
-            if rec.obj["prev_hash"] != prev:
-                raise _fail(seq, "prev_hash", "prev_hash does not match the previous entry's hash "
-                                              "(this or the previous entry was altered, or entries were removed)")
-            digest = sha256_hex(rec.raw)
-            if rec.stored_hash is not None and rec.stored_hash != digest:
-                raise _fail(seq, "entry_hash", "stored entry_hash does not match the entry's content")
-            prev = digest
-            cr.append(leaf_hash(rec.raw))
-            report.entries = cr.size
-            check_pending()
-            if on_entry is not None:
-                on_entry(cr.size)
-        covered = max([c.tree_size for c, _ in own + trusted], default=0)
-        if require_signed and not pending and covered < cr.size:
-            raise _fail(covered, "unsigned", f"entries {covered}..{cr.size - 1} are not covered by a signed "
-                                             "checkpoint (appended after the export, or its checkpoints were removed)")
-        if pending:
-            cp, is_trusted = pending[0]
-            raise _fail(cr.size, "truncated", f"log has {cr.size} entries but a {'trusted' if is_trusted else 'stored'} "
-                                              f"checkpoint covers {cp.tree_size}: the tail was removed")
+        walk.settle()
+        body(walk)
+        _finish(walk, own, trusted, require_signed=require_signed)
     except AuditIntegrityError as exc:
         # Drop the traceback: it would keep the records generator (and its DB transaction) alive.
         report.ok, report.error = False, exc.with_traceback(None)
     finally:
-        close = getattr(records, "close", None)
-        if close is not None:
-            close()  # release the reader's connection/transaction now, not at garbage collection
-    report.root_hash = cr.root().hex()
+        _close(source)
+    report.root_hash = walk.tree.root().hex()
     latest = report.latest_checkpoint_size
-    if report.ok and (latest is None or latest < cr.size):
-        uncovered = cr.size - (latest or 0)
+    if report.ok and (latest is None or latest < walk.tree.size):
+        uncovered = walk.tree.size - (latest or 0)
         report.warnings.append(f"{uncovered} newest entries are not yet covered by a signed checkpoint")
     return report
+
+
+def _close(source: Any) -> None:
+    close = getattr(source, "close", None)
+    if close is not None:
+        close()  # release the reader's connection/transaction now, not at garbage collection
 
 
 def _open(note: str, public_key: Ed25519PublicKey | None, *, trusted: bool) -> tuple[Checkpoint, bool]:
@@ -196,12 +409,38 @@ def _open(note: str, public_key: Ed25519PublicKey | None, *, trusted: bool) -> t
     return Checkpoint(origin, size, root, note), trusted
 
 
+#: Longest entry line accepted (details are capped at 16 KiB, text fields at 1024 characters).
+MAX_LINE_BYTES = 1 << 20
+
+
+def iter_line_batches(handle: Any, *, digest: Any = None, chunk: int = 1 << 20) -> Iterator[list[bytes]]:
+    """Lines of a binary file, newline stripped, in batches; memory bounded by ``chunk`` + one line.
+
+    ``digest`` (a hashlib object) is fed every byte read, so the file's SHA-256 costs no second pass.
+    A line longer than :data:`MAX_LINE_BYTES` fails (:class:`AuditIntegrityError`) instead of
+    being buffered.
+    """
+    carry = b""
+    number = 0
+    while True:
+        buf = handle.read(chunk)
+        if not buf:
+            break
+        if digest is not None:
+            digest.update(buf)
+        parts = (carry + buf).split(b"\n") if carry else buf.split(b"\n")
+        carry = parts.pop()
+        if len(carry) > MAX_LINE_BYTES:
+            raise _fail(number + len(parts), "line-length", f"entry line longer than {MAX_LINE_BYTES} bytes")
+        if parts:
+            number += len(parts)
+            yield parts
+    if carry:
+        yield [carry]  # a last line without its newline
+
+
 def records_from_jsonl(lines: Iterable[bytes]) -> Iterable[Record]:
     """Records from an export's ``entries.jsonl`` (each line: the exact hashed bytes)."""
     for number, line in enumerate(lines):
         raw = line[:-1] if line.endswith(b"\n") else line
-        try:
-            obj = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise _fail(number, "json", "line is not valid JSON") from None
-        yield Record(raw, obj)
+        yield Record(raw, _parse_line(raw, number))

@@ -26,6 +26,7 @@ CAPABILITY_CLIS = (
     "securetrain.audit.cli",
     "securetrain.he.cli",
     "securetrain.pipeline.cli",
+    "securetrain.release.cli",
 )
 
 app = typer.Typer(

@@ -156,6 +156,18 @@ class AuditConfig(BaseModel):
     signing_key: Path | None = Field(None, description="Ed25519 PEM key (0600); default $SECURETRAIN_AUDIT_KEY, else <keys dir>/audit-signing.pem.")
 
 
+class ReleaseConfig(BaseModel):
+    """Signed provenance at the end of a run, and the optional release step (docs/release.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+    provenance: bool = Field(True, description="Sign an in-toto provenance statement (DSSE, Ed25519) for the trained model.")
+    await_approval: bool = Field(False, description="Prefect flow: end with a release step that suspends at "
+                                 "'awaiting approval' until policies/release.yaml holds, then exports the model.")
+    policy: Path | None = Field(None, description="Release policy; default policies/release.yaml.")
+    export_to: Path | None = Field(None, description="Where the release step writes the model; default <run_dir>/release/model.safetensors.")
+    approval_timeout_s: PositiveInt = Field(7 * 24 * 3600, description="How long the paused/suspended flow waits for approvals.")
+
+
 class PipelineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -169,6 +181,7 @@ class PipelineConfig(BaseModel):
     secrets: SecretsConfig = Field(default_factory=SecretsConfig)
     audit: AuditConfig = Field(default_factory=AuditConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    release: ReleaseConfig = Field(default_factory=ReleaseConfig)
     base_dir: Path | None = Field(None, description="Set by the loader: the config file's folder (imports start there).")
 
     @property

@@ -156,6 +156,16 @@ def _data_rows(result: PipelineResult) -> list[tuple[str, object]]:
     return rows
 
 
+def _privacy_text(p: dict) -> str:
+    return (f"ε = {_num(p.get('epsilon'))} spent of {_num(p.get('target_epsilon'))} at δ = {p.get('delta')} "
+            f"({p.get('accountant')} accountant, noise multiplier {_num(p.get('noise_multiplier'))}, "
+            f"clip {p.get('max_grad_norm')})")
+
+
+def _privacy_rows(t: Any) -> list[tuple[str, object]]:
+    return [("differential privacy (DP-SGD)", _privacy_text(t.privacy))] if t.privacy else []
+
+
 def markdown_summary(result: PipelineResult) -> str:
     """The run summary as markdown (used for the Prefect artifact)."""
     t = result.training
@@ -174,6 +184,8 @@ def markdown_summary(result: PipelineResult) -> str:
         f"{t.final_loss:.4f}), {t.samples_per_second:.0f} samples/s ({t.reason}) |",
         f"| checkpoints | {len(t.checkpoints)} encrypted; last key id `{t.checkpoints[-1].key_id if t.checkpoints else '-'}` |",
     ]
+    if t.privacy:
+        lines.append(f"| differential privacy | {_privacy_text(t.privacy)} |")
     best = best_validation(t)
     if best:
         lines.append(f"| validation (best epoch {best['epoch']}) | loss {_num(best.get('loss'))}, accuracy "
@@ -242,6 +254,7 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
             ("training loss, smoothed (EMA, span 20 logged steps)", _num(smoothed_loss(t))),
             ("training loss, last logged batch", f"{t.final_loss:.5f}"),
             ("throughput", f"{t.samples_per_second:.1f} samples/s"),
+            *_privacy_rows(t),
         ]),
     ]
     if result.curve_png and result.curve_png.exists():

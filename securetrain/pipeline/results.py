@@ -79,13 +79,14 @@ class TrainingSummary(BaseModel):
     curve: list[tuple[int, float]] = Field(default_factory=list)  # (step, loss)
     lr_curve: list[tuple[int, float]] = Field(default_factory=list)  # (step, learning rate)
     checkpoints: list[CheckpointSummary] = Field(default_factory=list)
-    reason: str = "completed"  # completed | early_stopped
+    reason: str = "completed"  # completed | early_stopped | privacy_budget
     model_target: str = "cnn"
     parameters: int = 0
     class_names: list[str] = Field(default_factory=list)  # class id -> name
     validation: list[dict[str, Any]] = Field(default_factory=list)  # per validation: epoch, step, loss, accuracy, auc, ...
     best: dict[str, Any] | None = None  # metric, value, epoch, step, checkpoint
     best_checkpoint: CheckpointSummary | None = None
+    privacy: dict[str, Any] | None = None  # DP-SGD runs: epsilon (spent), delta, target_epsilon, noise_multiplier, ...
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -165,6 +166,7 @@ class PipelineResult(BaseModel):
     result_json: Path | None = None
     config_sha256: str | None = None
     run: RunInfo = Field(default_factory=RunInfo)
+    provenance: dict[str, Any] | None = None  # path, statement_sha256, model_sha256, container_sha256, audit_tree_size, keyid
 
     # Shortcuts into ``training`` so result.json answers the common questions at the top level.
     @computed_field  # type: ignore[prop-decorator]

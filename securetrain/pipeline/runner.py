@@ -87,16 +87,28 @@ def run_pipeline(config: PipelineConfig, *, show_progress: bool = False) -> Pipe
             with clock.stage("he-evaluate"):
                 he = stages.he_evaluate(config, features, audit)
         audit.record("pipeline.stop", f"run:{config.name}", details={"steps": training.steps})
+        with clock.stage("sign-provenance"):
+            provenance = sign_provenance(config, audit, prepared, training, secrets)
         with clock.stage("seal-audit"):
             sealed = stages.seal_audit(config, audit)
-    result = assemble_result(config, prepared, training, he, sealed)
+    result = assemble_result(config, prepared, training, he, sealed, provenance)
     return finish_report(result, config, clock=clock)
 
 
-def assemble_result(config: PipelineConfig, prepared, training, he, sealed) -> PipelineResult:  # noqa: ANN001
+def sign_provenance(config: PipelineConfig, audit, prepared, training, secrets):  # noqa: ANN001, ANN201
+    """The run's signed in-toto provenance (``release.provenance``; securetrain.release.provenance)."""
+    if not config.release.provenance:
+        return None
+    from securetrain.release.provenance import sign_run_provenance
+
+    return sign_run_provenance(config, audit, prepared, training, secrets)
+
+
+def assemble_result(config: PipelineConfig, prepared, training, he, sealed, provenance=None) -> PipelineResult:  # noqa: ANN001
     return PipelineResult(
         run_dir=config.run_dir, task=prepared.task, deid=prepared.deid, masking=prepared.masking,
         data_details=prepared.details, training=training, he=he, audit=sealed, config_sha256=config_digest(config),
+        provenance=provenance,
     )
 
 

@@ -197,6 +197,9 @@ def train(
     from securetrain.training.callbacks import MetricsHistory
     from securetrain.training.trainer import Trainer
 
+    if config.training.privacy is not None:
+        from securetrain.release.privacy import DPTrainer as Trainer  # type: ignore[assignment]
+
     backend = resolve_backend(config.training.device)
     task, data = task_datasets(config, secrets, audit)
     if len(data.train) == 0:
@@ -249,6 +252,7 @@ def train(
         validation=[_json_safe(v) for v in result.validation],
         best=_json_safe(result.best) if result.best else None,
         best_checkpoint=_summary(best_info) if best_info else None,
+        privacy=_json_safe(result.privacy) if result.privacy else None,
     )
 
 

@@ -56,6 +56,25 @@ class ValidationConfig(BaseModel):
         return "loss" not in self.metric
 
 
+class PrivacyConfig(BaseModel):
+    """Differential privacy (DP-SGD, Opacus): the run's (epsilon, delta) budget.
+
+    The noise multiplier is chosen by Opacus' ``make_private_with_epsilon`` so that ``plan_epochs``
+    (default: ``epochs``, or ``max_steps`` worth of epochs) spend at most ``target_epsilon``; training stops
+    before any step that would exceed it. Per-sample clipping at ``max_grad_norm`` replaces
+    ``grad_clip``; batches are Poisson-sampled with expected size ``batch_size x grad_accumulation``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    target_epsilon: PositiveFloat
+    delta: float = Field(1e-5, gt=0.0, lt=1.0, description="Target delta; keep it well below 1/len(dataset).")
+    max_grad_norm: PositiveFloat = Field(1.0, description="Per-sample gradient clipping bound.")
+    accountant: Literal["rdp", "prv", "gdp"] = "rdp"
+    plan_epochs: PositiveInt | None = Field(None, description="Epochs the noise is planned for (default: the run's).")
+    fix_model: bool = Field(True, description="Replace DP-incompatible layers (BatchNorm -> GroupNorm) with Opacus' ModuleValidator.fix.")
+
+
 class TrainingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -81,6 +100,7 @@ class TrainingConfig(BaseModel):
     deterministic: bool = Field(False, description="torch.use_deterministic_algorithms (slower on GPU).")
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
+    privacy: PrivacyConfig | None = Field(None, description="DP-SGD through Opacus (securetrain.release.privacy); None = off.")
 
     @model_validator(mode="after")
     def _has_a_stop(self) -> TrainingConfig:

@@ -126,7 +126,7 @@ class TrainResult:
     steps: int
     epoch: int
     final_loss: float | None
-    reason: str  # "completed" | "preempted" | "early_stopped"
+    reason: str  # "completed" | "preempted" | "early_stopped" | "privacy_budget" (DP runs)
     checkpoint: CheckpointInfo | None
     resumed_from: int | None
     device: str
@@ -134,6 +134,7 @@ class TrainResult:
     validation: tuple[dict[str, Any], ...] = ()  # one entry per validation: epoch, step, metrics
     best: dict[str, Any] | None = None  # metric, value, epoch, step, checkpoint (path) of the best validation
     stop_signal: int | None = None  # the signal that stopped a preempted run (SIGTERM, SIGINT) if any
+    privacy: dict[str, Any] | None = None  # DP-SGD runs: epsilon, delta, noise_multiplier, ... (securetrain.release.privacy)
 
     @property
     def exit_code(self) -> int:
@@ -177,6 +178,9 @@ class Trainer:
     ``scheduler`` is an ``LRScheduler`` on the optimizer you passed, or a
     :data:`SchedulerFactory`; default: built from ``config.scheduler``.
     """
+
+    #: Stop reasons after which the held-out metrics are computed once more (if not already for this step).
+    final_validation_reasons: tuple[str, ...] = ("completed",)
 
     def __init__(
         self,
@@ -336,6 +340,21 @@ class Trainer:
             return arg
         return arg(self.optimizer, self._total_steps, self._steps_per_epoch())
 
+    def _make_feeder(self, backend: DeviceBackend, device: torch.device) -> EpochFeeder:
+        """The epoch-wise batch source (a subclass may substitute one, e.g. Poisson sampling for DP)."""
+        cfg = self.config
+        return EpochFeeder(
+            self.train_data, batch_size=cfg.batch_size, seed=cfg.seed, shuffle=cfg.shuffle, drop_last=cfg.drop_last,
+            num_workers=cfg.num_workers, pin_memory=backend.pin_memory and device.type != "cpu",
+            rank=self.dist.rank, world_size=self.dist.world_size,
+        )
+
+    def _wrap_distributed(self, device: torch.device) -> None:
+        """Wrap the model for data parallelism (after resume; DP-SGD substitutes Opacus' wrapper)."""
+        self.model = nn.parallel.DistributedDataParallel(
+            self.model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+
     def _steps_per_epoch(self) -> int | None:
         return None if self._per_epoch is None else -(-self._per_epoch // self.config.grad_accumulation)
 
@@ -485,19 +504,13 @@ class Trainer:
         self.model.to(device)
         self.optimizer = self._build_optimizer()
         self.scaler = torch.amp.GradScaler(device.type, init_scale=4096, enabled=precision == "fp16")
-        self.feeder = EpochFeeder(
-            self.train_data, batch_size=cfg.batch_size, seed=cfg.seed, shuffle=cfg.shuffle, drop_last=cfg.drop_last,
-            num_workers=cfg.num_workers, pin_memory=backend.pin_memory and device.type != "cpu",
-            rank=self.dist.rank, world_size=self.dist.world_size,
-        )
+        self.feeder = self._make_feeder(backend, device)
         self._plan_length(self.feeder)
         self.scheduler = self._build_scheduler()
         self._fingerprint_value = self._fingerprint(self.dist.world_size, precision, self.feeder.dataset_length)
         resumed_from = self._resume() if cfg.resume else None
         if self.dist.enabled:
-            self.model = nn.parallel.DistributedDataParallel(
-                self.model, device_ids=[device.index] if device.type == "cuda" else None
-            )
+            self._wrap_distributed(device)
         if self.is_main:
             self.audit.record("training.start", self.run_id, details={
                 "device": str(device), "backend": backend.name, "precision": precision,
@@ -516,7 +529,8 @@ class Trainer:
         info: CheckpointInfo | None = None
         try:
             reason = self._train_loop()
-            if reason == "completed" and self.eval_data is not None and self._validated_step != self.progress.step:
+            if (reason in self.final_validation_reasons and self.eval_data is not None
+                    and self._validated_step != self.progress.step):
                 self._validate()  # a run cut short by max_steps still reports its held-out metrics
             if reason != "completed" or cfg.checkpoint_at_end:
                 # Skip a duplicate write when checkpoint_every already saved this very step.

@@ -355,8 +355,17 @@ def test_standalone_verifier_trusted_checkpoint_and_wrong_key(log: AuditLog, tmp
     _tamper_line(out, 6, lambda ls, s: ls[:s])
     r = run_verifier(out, "--vkey", log.verifier_key())
     assert r.returncode == 1 and "not covered by a signed checkpoint" in r.stderr
-    # Cut exactly at a stored checkpoint: self-consistent, so only the held note notices.
+    # Cut exactly at a stored checkpoint: checkpoint.note and the manifest still name the full tree.
     _tamper_line(out, 4, lambda ls, s: ls[:s])
+    r = run_verifier(out, "--vkey", log.verifier_key())
+    assert r.returncode == 1 and "checkpoint.note" in r.stderr, r.stderr
+    # ... and with those rewritten too, it is self-consistent, so only the held note notices.
+    (out / "checkpoint.note").write_text((out / "checkpoints.note").read_text())
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["files"]["checkpoint.note"] = canonical.sha256_hex((out / "checkpoint.note").read_bytes())
+    cp4 = open_checkpoint((out / "checkpoint.note").read_text(), log.origin, log.public_key)
+    manifest.update(entries=4, tree_size=4, root_hash=cp4.root_hash.hex())
+    (out / "manifest.json").write_text(json.dumps(manifest))
     assert run_verifier(out, "--vkey", log.verifier_key()).returncode == 0
     r = run_verifier(out, "--vkey", log.verifier_key(), "--trusted-checkpoint", str(held))
     assert r.returncode == 1 and "tail was removed" in r.stderr
@@ -397,7 +406,10 @@ def test_cli_verify_show_prove(log: AuditLog, tmp_path: Path) -> None:
     r = runner.invoke(app, ["audit", "export", str(tmp_path / "e"), "--db", db])
     assert r.exit_code == 0 and (tmp_path / "e" / "manifest.json").exists()
     r = runner.invoke(app, ["audit", "verify", "--export", str(tmp_path / "e")])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 3 and "UNTRUSTED" in r.output, r.output  # only the export's own key: not verified
+    (tmp_path / "held.pub").write_text(log.verifier_key())
+    r = runner.invoke(app, ["audit", "verify", "--export", str(tmp_path / "e"), "--public-key", str(tmp_path / "held.pub")])
+    assert r.exit_code == 0 and "UNTRUSTED" not in r.output, r.output
     raw_db(log).execute("UPDATE audit_entries SET outcome='failure' WHERE seq=2")
     r = runner.invoke(app, ["audit", "verify", "--db", db])
     assert r.exit_code == 1 and "seq=2" in r.output
@@ -424,7 +436,7 @@ def test_cli_never_creates_a_signing_key(log: AuditLog, tmp_path: Path, monkeypa
     monkeypatch.delenv("SECURETRAIN_AUDIT_KEY", raising=False)
     for args in (["audit", "verify"], ["audit", "pubkey"], ["audit", "checkpoint"], ["audit", "export", str(tmp_path / "x")]):
         r = runner.invoke(app, [*args, "--db", log.url])
-        assert r.exit_code != 0 and "no audit signing key" in str(r.exception or r.output), args
+        assert r.exit_code != 0 and "no audit signing key" in f"{r.exception} {r.output}", args
         assert not key_file.exists(), f"{args} created a fresh signing key"
     r = runner.invoke(app, ["audit", "verify", "--db", log.url, "--signing-key", str(moved)])
     assert r.exit_code == 0, r.output
@@ -480,6 +492,11 @@ def _cli_verify_export(out: Path, *args: str):  # noqa: ANN202
 
     from securetrain.cli.main import app
 
+    if "--public-key" not in args:  # the key the auditor holds (a copy taken before any tampering)
+        held = out.parent / "held-public-key.pem"
+        if not held.exists():
+            held.write_bytes((out / "public_key.pem").read_bytes())
+        args = (*args, "--public-key", str(held))
     return CliRunner().invoke(app, ["audit", "verify", "--export", str(out), *args])
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import itertools
+import json
+from pathlib import Path
 
 import pytest
 
@@ -114,9 +117,12 @@ def test_consistency_rejects_corruptions(size1: int, size2: int, proof: list[str
 
 def test_consistency_edge_cases() -> None:
     a, b = m.EMPTY_ROOT, ROOTS[1]
-    assert m.verify_consistency(0, 0, [], a, a)
+    # transparency-dev/merkle: a proof from the empty tree is meaningless, so size1 = 0 is rejected
+    # (it used to return True for any new root without checking anything).
+    assert not m.verify_consistency(0, 0, [], a, a)
     assert not m.verify_consistency(0, 0, [], a, b)
-    assert m.verify_consistency(0, 5, [], a, b)
+    assert not m.verify_consistency(0, 5, [], a, b)
+    assert not m.verify_consistency(0, 8, [], a, ROOTS[8])
     assert not m.verify_consistency(0, 1, [a], a, a)
     assert not m.verify_consistency(2, 1, [], a, b)
 
@@ -127,7 +133,7 @@ def test_generated_proofs_verify_for_all_small_sizes() -> None:
         root = m.root_hash(leaves[:n])
         for i in range(n):
             assert m.verify_inclusion(i, n, leaves[i], m.inclusion_proof(i, leaves[:n]), root)
-        for k in range(0, n + 1):
+        for k in range(1, n + 1):
             assert m.verify_consistency(k, n, m.consistency_proof(k, leaves[:n]), m.root_hash(leaves[:k]), root)
 
 
@@ -143,3 +149,42 @@ def test_compact_range_matches_recursive_definition() -> None:
     for n, leaf in zip(itertools.count(1), leaves, strict=False):
         cr.append(leaf)
         assert cr.root() == mth(leaves[:n])
+
+
+VECTORS = json.loads((Path(__file__).parent / "data" / "transparency_dev_merkle_vectors.json").read_text())
+
+
+def _b64(items: list[str] | None) -> list[bytes]:
+    return [base64.b64decode(x) for x in items or []]
+
+
+def test_vector_file_is_complete() -> None:
+    assert len(VECTORS["consistency"]) == 98 and len(VECTORS["inclusion"]) == 98
+    assert any(v["size1"] == 0 and v["wantErr"] for v in VECTORS["consistency"])
+
+
+@pytest.mark.parametrize("probe", VECTORS["consistency"], ids=lambda v: v["file"])
+def test_transparency_dev_consistency_vectors(probe: dict) -> None:
+    got = m.verify_consistency(probe["size1"], probe["size2"], _b64(probe["proof"]),
+                               base64.b64decode(probe["root1"] or ""), base64.b64decode(probe["root2"] or ""))
+    assert got is not probe["wantErr"], probe["desc"]
+
+
+@pytest.mark.parametrize("probe", VECTORS["inclusion"], ids=lambda v: v["file"])
+def test_transparency_dev_inclusion_vectors(probe: dict) -> None:
+    got = m.verify_inclusion(probe["leafIdx"], probe["treeSize"], base64.b64decode(probe["leafHash"] or ""),
+                             _b64(probe["proof"]), base64.b64decode(probe["root"] or ""))
+    assert got is not probe["wantErr"], probe["desc"]
+
+
+@pytest.mark.parametrize("start", [0, 1, 3, 4, 5, 8, 13])
+def test_extend_batch_matches_append(start: int) -> None:
+    leaves = [m.leaf_hash(i.to_bytes(2, "big")) for i in range(300)]
+    for cut in (0, 1, 2, 7, 64, 100, 257, 300 - start):
+        one, batch = m.CompactRange(), m.CompactRange()
+        one.extend(leaves[:start])
+        batch.extend(leaves[:start])
+        one.extend(leaves[start:start + cut])
+        batch.extend_batch(leaves[start:start + cut])
+        assert (one.size, one.root(), one._peaks) == (batch.size, batch.root(), batch._peaks)
+        assert batch.root() == m.root_hash(leaves[:start + cut])

@@ -54,12 +54,14 @@ def test_wheel_contents(wheel: Path) -> None:
     for needed in ("securetrain/py.typed", "securetrain/_project/policies/dicom-basic.yaml",
                    "securetrain/_project/policies/finance-pii.yaml", "securetrain/_project/flows/secure_training.py",
                    "securetrain/_project/examples/demo.yaml", "securetrain_audit_verify/verify_audit.py",
-                   "securetrain_audit_verify/__main__.py"):
+                   "securetrain_audit_verify/__main__.py", "securetrain_audit_verify/verify_provenance.py",
+                   "securetrain/_project/policies/release.yaml"):
         assert needed in names, needed
     assert not any(n.startswith(("tests/", "audit/", "policies/")) for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "securetrain-audit-verify = securetrain_audit_verify.verify_audit:main" in text
+    assert "securetrain-provenance-verify = securetrain_audit_verify.verify_provenance:main" in text
 
 
 def test_installed_wheel_loads_policies_by_name(installed: Path, tmp_path: Path) -> None:

@@ -62,6 +62,7 @@ def test_standalone_verifier_accepts_the_sealed_log(flow_run) -> None:
     export = Path(result["audit"]["export_dir"])
     proc = subprocess.run(
         [sys.executable, "-I", str(ROOT / "audit" / "verify_audit.py"), str(export),
+         "--public-key", str(run_dir / "audit-public-key.pem"),
          "--trusted-checkpoint", str(run_dir / "audit-checkpoint.note")],
         capture_output=True, text=True,
     )

@@ -91,7 +91,8 @@ def test_standalone_verifier_catches_an_edited_export(library_run, tmp_path: Pat
     config, result = library_run
     export = tmp_path / "export"
     shutil.copytree(result.audit.export_dir, export)
-    verifier = [sys.executable, "-I", str(ROOT / "audit" / "verify_audit.py"), str(export)]
+    verifier = [sys.executable, "-I", str(ROOT / "audit" / "verify_audit.py"), str(export),
+                "--public-key", str(config.run_dir / "audit-public-key.pem")]
     assert subprocess.run(verifier, capture_output=True).returncode == 0
     entries = export / "entries.jsonl"
     lines = entries.read_bytes().splitlines(keepends=True)

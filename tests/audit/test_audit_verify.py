@@ -1,0 +1,400 @@
+"""Verification of exports: pinned vs embedded keys, anchor files, checkpoint.note/manifest, fast path."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import rfc8785
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from typer.testing import CliRunner
+
+from securetrain.audit import canonical
+from securetrain.audit.anchors import FileAnchor
+from securetrain.audit.errors import AuditExportError
+from securetrain.audit.export import verify_export
+from securetrain.audit.log import AuditLog
+from securetrain.audit.note import split_notes
+from securetrain.audit.verify import fast_accept
+from securetrain.cli.main import app
+
+REPO = Path(__file__).resolve().parents[2]
+VERIFIER = REPO / "audit" / "verify_audit.py"
+
+
+@pytest.fixture
+def log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AuditLog:
+    monkeypatch.setenv("SECURETRAIN_DATA_DIR", str(tmp_path / "data"))
+    lg = AuditLog(tmp_path / "audit.db", actor="alice", checkpoint_every=4, signing_key=Ed25519PrivateKey.generate(),
+                  anchors=[FileAnchor(tmp_path / "audit-anchors.notes")])
+    for i in range(10):
+        lg.record("dataset.read", f"dataset:{i}", details={"rows": i, "sha256": "ab" * 32, "tags": ["x", None, True]})
+    yield lg
+    lg.close()
+
+
+@pytest.fixture
+def held_key(log: AuditLog, tmp_path: Path) -> Path:
+    path = tmp_path / "held-verifier-key.txt"
+    path.write_text(log.verifier_key() + "\n")
+    return path
+
+
+def cli(*args: str):  # noqa: ANN202
+    return CliRunner().invoke(app, ["audit", *args])
+
+
+def flat(result) -> str:  # noqa: ANN001
+    """CLI output with rich's line wrapping undone."""
+    return " ".join(result.output.split())
+
+
+def standalone(export: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-I", str(VERIFIER), str(export), *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def _refresh_manifest(out: Path, name: str) -> None:
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["files"][name] = canonical.sha256_hex((out / name).read_bytes())
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _forge_export(log: AuditLog, out: Path, tmp_path: Path) -> Path:
+    """An attacker rebuilds the whole log with one entry changed and signs it with a fresh key."""
+    forged = AuditLog(tmp_path / "forged.db", actor="alice", signing_key=Ed25519PrivateKey.generate(), checkpoint_every=4)
+    for e in log.entries():
+        forged.record(e.action, "dataset:innocent" if e.seq == 3 else e.resource, details=e.details)
+    path = forged.export(out)
+    forged.close()
+    return path
+
+
+# -- item: an export is trusted only with a key the auditor holds ----------------------------------
+def test_cli_export_without_public_key_is_untrusted(log: AuditLog, tmp_path: Path, held_key: Path) -> None:
+    out = log.export(tmp_path / "exp")
+    r = cli("verify", "--export", str(out))
+    assert r.exit_code == 3 and "UNTRUSTED" in flat(r), r.output
+    assert cli("verify", "--export", str(out), "--trust-embedded-key").exit_code == 0
+    r = cli("verify", "--export", str(out), "--public-key", str(held_key))
+    assert r.exit_code == 0 and "UNTRUSTED" not in flat(r), r.output
+    r = cli("verify", "--export", str(out), "--public-key", str(held_key), "--json")
+    assert json.loads(r.output)["trusted"] is True
+
+
+def test_a_re_signed_forgery_is_only_self_consistent(log: AuditLog, tmp_path: Path, held_key: Path) -> None:
+    forged = _forge_export(log, tmp_path / "forged", tmp_path)
+    assert cli("verify", "--export", str(forged)).exit_code == 3  # was exit 0: "OK" for a forgery
+    r = cli("verify", "--export", str(forged), "--public-key", str(held_key))
+    assert r.exit_code == 1 and "not signed by the trusted key" in flat(r) or "trusted public key" in flat(r), r.output
+    assert standalone(forged).returncode == 3
+    assert standalone(forged, "--trust-embedded-key").returncode == 0
+    r = standalone(forged, "--vkey", held_key.read_text().strip())
+    assert r.returncode == 1 and "not signed by the trusted key" in r.stderr, r.stderr
+
+
+def test_standalone_without_key_is_untrusted(log: AuditLog, tmp_path: Path, held_key: Path) -> None:
+    out = log.export(tmp_path / "exp")
+    r = standalone(out)
+    assert r.returncode == 3 and "UNTRUSTED" in r.stdout + r.stderr, (r.stdout, r.stderr)
+    r = standalone(out, "--json")
+    assert r.returncode == 3 and json.loads(r.stdout)["trusted"] is False
+    r = standalone(out, "--vkey", str(held_key))
+    assert r.returncode == 0 and "OK: 10 entries" in r.stdout, r.stderr
+    assert standalone(out, "--public-key", str(out / "public_key.pem")).returncode == 0  # an explicit key is pinned
+
+
+# -- item: anchor files, missing files, checkpoint.note and the manifest ---------------------------
+def test_cli_checkpoint_accepts_an_anchor_file_of_many_notes(log: AuditLog, tmp_path: Path, held_key: Path) -> None:
+    anchors = tmp_path / "audit-anchors.notes"
+    assert len(split_notes(anchors.read_text())) == 2  # sizes 4 and 8
+    r = cli("verify", "--db", log.url, "--checkpoint", str(anchors), "--public-key", str(held_key), "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["trusted_verified"] == 2  # every note was checked, not only the first
+    out = log.export(tmp_path / "exp")  # signs and anchors a third checkpoint (size 10)
+    r = cli("verify", "--export", str(out), "--checkpoint", str(anchors), "--public-key", str(held_key), "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["trusted_verified"] == 3, r.output
+    assert standalone(out, "--vkey", str(held_key), "--trusted-checkpoint", str(anchors)).returncode == 0
+    # The second held note altered: its signature no longer verifies.
+    text = anchors.read_text()
+    notes = split_notes(text)
+    bad = notes[1].replace("\n8\n", "\n9\n")
+    (tmp_path / "bad.notes").write_text(notes[0] + bad)
+    r = cli("verify", "--export", str(out), "--checkpoint", str(tmp_path / "bad.notes"), "--public-key", str(held_key))
+    assert r.exit_code == 1 and "does not verify" in flat(r), r.output
+
+
+@pytest.mark.parametrize("missing", ["entries.jsonl", "manifest.json", "checkpoints.note", "checkpoint.note"])
+def test_missing_export_file_is_a_clear_error(log: AuditLog, tmp_path: Path, held_key: Path, missing: str) -> None:
+    out = log.export(tmp_path / "exp")
+    (out / missing).unlink()
+    r = cli("verify", "--export", str(out), "--public-key", str(held_key))
+    assert r.exit_code == 2 and missing in flat(r) and "Traceback" not in flat(r), r.output
+    assert not isinstance(r.exception, Exception) or isinstance(r.exception, SystemExit)
+    with pytest.raises(AuditExportError, match=missing):
+        verify_export(out)
+    r = standalone(out, "--vkey", str(held_key))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert cli("verify", "--export", str(tmp_path / "nowhere"), "--public-key", str(held_key)).exit_code == 2
+
+
+def test_stale_checkpoint_note_is_detected(log: AuditLog, tmp_path: Path, held_key: Path) -> None:
+    out = log.export(tmp_path / "exp")
+    older = split_notes((out / "checkpoints.note").read_text())[0]  # size 4, validly signed
+    (out / "checkpoint.note").write_text(older)
+    _refresh_manifest(out, "checkpoint.note")
+    r = cli("verify", "--export", str(out), "--public-key", str(held_key))
+    assert r.exit_code == 1 and "checkpoint.note" in flat(r), r.output
+    r = standalone(out, "--vkey", str(held_key))
+    assert r.returncode == 1 and "checkpoint.note" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(("field", "value"), [("root_hash", "00" * 32), ("tree_size", 9), ("entries", 11)])
+def test_manifest_tree_is_checked(log: AuditLog, tmp_path: Path, held_key: Path, field: str, value: object) -> None:
+    out = log.export(tmp_path / "exp")
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest[field] = value
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    r = cli("verify", "--export", str(out), "--public-key", str(held_key))
+    assert r.exit_code == 1 and "manifest.json" in flat(r), r.output
+    r = standalone(out, "--vkey", str(held_key))
+    assert r.returncode == 1 and "manifest.json" in r.stderr, r.stderr
+
+
+def test_manifest_digest_of_entries_is_checked_by_the_cli(log: AuditLog, tmp_path: Path, held_key: Path) -> None:
+    out = log.export(tmp_path / "exp")
+    with open(out / "entries.jsonl", "ab") as handle:
+        handle.write(b"")  # unchanged
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["files"]["entries.jsonl"] = "00" * 32
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    r = cli("verify", "--export", str(out), "--public-key", str(held_key))
+    assert r.exit_code == 1 and "entries.jsonl" in flat(r), r.output
+
+
+# -- item: --schema for PostgreSQL logs outside the default schema ---------------------------------
+@pytest.mark.postgres
+def test_cli_schema_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    psycopg = pytest.importorskip("psycopg")
+    POSTGRES_URL = os.environ.get("SECURETRAIN_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    libpq = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
+    try:
+        psycopg.connect(libpq, connect_timeout=3).close()
+    except psycopg.OperationalError:
+        pytest.skip("PostgreSQL not reachable")
+    monkeypatch.setenv("SECURETRAIN_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("SECURETRAIN_AUDIT_SCHEMA", raising=False)
+    schema = f"st_audit_cli_{uuid.uuid4().hex[:10]}"
+    key = Ed25519PrivateKey.generate()
+    try:
+        with AuditLog(POSTGRES_URL, schema=schema, actor="pg", signing_key=key, checkpoint_every=3) as lg:
+            for i in range(7):
+                lg.record("dataset.read", f"dataset:{i}")
+            (tmp_path / "vk.txt").write_text(lg.verifier_key())
+        pub = str(tmp_path / "vk.txt")
+        r = cli("verify", "--db", POSTGRES_URL, "--schema", schema, "--public-key", pub, "--json")
+        assert r.exit_code == 0 and json.loads(r.output)["entries"] == 7, r.output
+        r = cli("show", "--db", POSTGRES_URL, "--schema", schema, "--tail", "2")
+        assert r.exit_code == 0 and "│ 6 " in r.output and "│ 4 " not in r.output, r.output
+        r = cli("prove", "2", "--db", POSTGRES_URL, "--schema", schema)
+        assert r.exit_code == 0 and json.loads(r.output)["seq"] == 2, r.output
+        monkeypatch.setenv("SECURETRAIN_AUDIT_SCHEMA", schema)
+        assert cli("verify", "--db", POSTGRES_URL, "--public-key", pub).exit_code == 0
+    finally:
+        with psycopg.connect(libpq, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+# -- the fast path accepts exactly what the exact check accepts ------------------------------------
+_CHARS = ["a", "Z", "0", " ", '"', "\\", "/", "\x00", "\x01", "\x07", "\x08", "\t", "\n", "\x0b", "\x0c", "\r", "\x1f",
+          "\x7f", "\x80", "é", "\u2028", "\ud7ff", "\ue000", "\uffff", "\U0001f600", "\U0010ffff", "€"]
+
+
+def _rand_str(rng: random.Random) -> str:
+    return "".join(rng.choice(_CHARS) for _ in range(rng.randrange(0, 6)))
+
+
+def _rand_value(rng: random.Random, depth: int = 0) -> object:
+    kind = rng.randrange(8 if depth < 3 else 5)
+    if kind == 0:
+        return rng.choice([None, True, False])
+    if kind in (1, 2):
+        return rng.choice([0, 1, -1, 2**53 - 1, -(2**53 - 1), rng.randrange(-10**6, 10**6)])
+    if kind in (3, 4):
+        return _rand_str(rng)
+    if kind == 5:
+        return [_rand_value(rng, depth + 1) for _ in range(rng.randrange(3))]
+    return {_rand_str(rng): _rand_value(rng, depth + 1) for _ in range(rng.randrange(4))}
+
+
+def _entry(rng: random.Random, seq: int, prev: str) -> bytes:
+    details = {_rand_str(rng) or "k": _rand_value(rng) for _ in range(rng.randrange(4))}
+    obj = canonical.entry_object(seq=seq, ts="2026-01-01T00:00:00.000000Z", actor=_rand_str(rng), hostname="h",
+                                 mac="aa:bb:cc:dd:ee:ff", action="a.b", resource=_rand_str(rng), outcome="success",
+                                 details=details, prev_hash=prev)
+    return rfc8785.dumps(obj)
+
+
+def _standalone_module():  # noqa: ANN202
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("verify_audit_fast", VERIFIER)
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+FAST_PATHS = {"library": fast_accept, "standalone": _standalone_module().fast_ok}
+
+
+@pytest.mark.parametrize("impl", sorted(FAST_PATHS))
+def test_fast_path_agrees_with_rfc8785(impl: str) -> None:
+    fast_accept = FAST_PATHS[impl]
+    rng = random.Random(20261204)
+    prev = "ab" * 32
+    accepted = 0
+    for seq in range(3000):
+        raw = _entry(rng, seq, prev)
+        has_astral = any(ord(c) > 0xFFFF for c in raw.decode())
+        ok = fast_accept(raw, seq, prev)
+        assert ok or has_astral, raw  # every canonical line without astral characters is accepted fast
+        accepted += ok
+        assert not fast_accept(raw, seq + 1, prev) and not fast_accept(raw, seq, "cd" * 32)
+        # Any non-canonical variant must never be accepted by the fast path.
+        obj = json.loads(raw)
+        for variant in (json.dumps(obj).encode(), json.dumps(obj, separators=(",", ":")).encode(),
+                        json.dumps(obj, separators=(",", ":"), sort_keys=True).encode(),
+                        raw.replace(b'"v":1}', b'"v":1.0}'), raw.replace(b'"seq":', b'"seq":0', 1),
+                        raw + b" ", raw.replace(b'{"action"', b'{"action":"x","action"', 1)):
+            if variant != raw:
+                assert not fast_accept(variant, seq, prev), variant
+    assert accepted > 1000  # the rest hold characters beyond U+FFFF: exact path
+
+
+@pytest.mark.parametrize("details", [
+    b'{"a":1.5}', b'{"a":1e5}', b'{"a":NaN}', b'{"a":9007199254740992}', b'{"a":-0}', b'{"b":1,"a":2}',
+    b'{"a":1,"a":1}', b'{"a":"\\u0041"}', b'{"a":"\\/"}', b'{"a":"\\ud800"}', b'{"a":"\\u001F"}', b'{ "a":1}',
+    b'{"a":[1 ,2]}', b'{"a":"\x01"}'])
+@pytest.mark.parametrize("impl", sorted(FAST_PATHS))
+def test_fast_path_refuses_non_canonical_details(details: bytes, impl: str) -> None:
+    fast_accept = FAST_PATHS[impl]
+    prev = "00" * 32
+    good = rfc8785.dumps(canonical.entry_object(seq=0, ts="t", actor="a", hostname="h", mac="m", action="a",
+                                                resource="r", outcome="success", details={"a": 1}, prev_hash=prev))
+    assert fast_accept(good, 0, prev)
+    assert not fast_accept(good.replace(b'"details":{"a":1}', b'"details":' + details), 0, prev)
+
+
+@pytest.mark.parametrize("impl", sorted(FAST_PATHS))
+@pytest.mark.parametrize("details", [{"a": {"b": 1}, "hostname": "x"}, {"a": '},"hostname":"'}, {}, {"x": {}},
+                                     {"hostname": {"mac": "m"}, "v": 1}])
+def test_fast_path_accepts_details_that_look_like_the_top_level(details: dict, impl: str) -> None:
+    prev = "00" * 32
+    raw = rfc8785.dumps(canonical.entry_object(seq=7, ts="t", actor="a", hostname="h", mac="m", action="a",
+                                               resource="r", outcome="success", details=details, prev_hash=prev))
+    assert FAST_PATHS[impl](raw, 7, prev)
+
+
+# -- incremental verification from a held checkpoint ---------------------------------------------
+def _grow(log: AuditLog, n: int) -> None:
+    for i in range(n):
+        log.record("dataset.read", f"dataset:new-{i}", details={"rows": i})
+
+
+@pytest.mark.parametrize("held_size_target", [4, 8, 10])
+def test_incremental_verification_from_a_held_checkpoint(log: AuditLog, tmp_path: Path, held_key: Path,
+                                                         held_size_target: int) -> None:
+    first = log.export(tmp_path / "day1")
+    notes = {int(n.split("\n")[1]): n for n in split_notes((first / "checkpoints.note").read_text())}
+    held = tmp_path / "held.note"
+    held.write_text(notes[held_size_target])
+    _grow(log, 10)
+    out = log.export(tmp_path / "day2")
+    r = cli("verify", "--export", str(out), "--public-key", str(held_key), "--since-checkpoint", str(held), "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["entries"] == 20
+    r = standalone(out, "--vkey", str(held_key), "--since-checkpoint", str(held), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["entries"] == 20, (r.stdout, r.stderr)
+    # A new entry edited: found, with its seq.
+    lines = (out / "entries.jsonl").read_bytes().splitlines(keepends=True)
+    lines[15] = lines[15].replace(b'"actor":"alice"', b'"actor":"mallory"')
+    (out / "entries.jsonl").write_bytes(b"".join(lines))
+    r = cli("verify", "--export", str(out), "--public-key", str(held_key), "--since-checkpoint", str(held))
+    assert r.exit_code == 1 and "seq=15" in flat(r), r.output
+    r = standalone(out, "--vkey", str(held_key), "--since-checkpoint", str(held))
+    assert r.returncode == 1 and "seq=15" in r.stderr, r.stderr
+
+
+def test_incremental_verification_detects_a_rewritten_past(log: AuditLog, tmp_path: Path, held_key: Path) -> None:
+    first = log.export(tmp_path / "day1")
+    held = tmp_path / "held.note"
+    held.write_text((first / "checkpoint.note").read_text())  # size 10
+    _grow(log, 5)
+    out = log.export(tmp_path / "day2")
+    # The old entry 9 (last before the held size) is edited: the chain head is re-derived from it.
+    lines = (out / "entries.jsonl").read_bytes().splitlines(keepends=True)
+    lines[9] = lines[9].replace(b'"actor":"alice"', b'"actor":"mallory"')
+    (out / "entries.jsonl").write_bytes(b"".join(lines))
+    r = cli("verify", "--export", str(out), "--public-key", str(held_key), "--since-checkpoint", str(held))
+    assert r.exit_code == 1 and "held checkpoint" in flat(r), r.output
+    r = standalone(out, "--vkey", str(held_key), "--since-checkpoint", str(held))
+    assert r.returncode == 1 and "held checkpoint" in r.stderr, r.stderr
+    # A forged compact range (peaks of another tree) is refused.
+    ranges = (out / "ranges.jsonl").read_text().splitlines()
+    forged = [json.dumps({**json.loads(x), "peaks": ["11" * 32] * len(json.loads(x)["peaks"])}) for x in ranges]
+    (out / "ranges.jsonl").write_text("\n".join(forged) + "\n")
+    _refresh_manifest(out, "ranges.jsonl")  # the manifest is no trust anchor: the attacker fixes it
+    r = cli("verify", "--export", str(out), "--public-key", str(held_key), "--since-checkpoint", str(held))
+    assert r.exit_code == 1 and "compact range" in flat(r), r.output
+    r = standalone(out, "--vkey", str(held_key), "--since-checkpoint", str(held))
+    assert r.returncode == 1 and "compact range" in r.stderr, r.stderr
+    # A held note signed by another key is refused.
+    other = AuditLog(tmp_path / "o.db", signing_key=Ed25519PrivateKey.generate())
+    other.record("a.b", "r")
+    (tmp_path / "other.note").write_text(other.checkpoint().note)
+    r = cli("verify", "--export", str(out), "--public-key", str(held_key), "--since-checkpoint", str(tmp_path / "other.note"))
+    assert r.exit_code == 1, r.output
+    other.close()
+
+
+# -- proofs from `securetrain audit prove`, checked by the standalone verifier -------------------
+def test_standalone_checks_prove_output(log: AuditLog, tmp_path: Path, held_key: Path) -> None:
+    r = cli("prove", "5", "--db", log.url)
+    assert r.exit_code == 0, r.output
+    proof = json.loads(r.output)
+    assert proof["tree_size"] == 8 and "checkpoint" in proof
+    good = tmp_path / "proof.json"
+    good.write_text(r.output)
+    res = standalone(Path(""), "--proof", str(good), "--vkey", str(held_key))
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    for field, value in (("entry", proof["entry"].replace("dataset:5", "dataset:6")), ("leaf_index", 4),
+                         ("proof", list(reversed(proof["proof"]))), ("tree_size", 9)):
+        (tmp_path / "bad.json").write_text(json.dumps({**proof, field: value}))
+        res = standalone(Path(""), "--proof", str(tmp_path / "bad.json"), "--vkey", str(held_key))
+        assert res.returncode == 1, (field, res.stdout, res.stderr)
+    other = AuditLog(tmp_path / "o.db", signing_key=Ed25519PrivateKey.generate())
+    res = standalone(Path(""), "--proof", str(good), "--vkey", other.verifier_key())
+    assert res.returncode == 1 and "not signed by the trusted key" in res.stderr
+    other.close()
+    # Consistency: from the held size-4 checkpoint to the size-8 one.
+    r = cli("prove", "--consistency", "4", "--size", "8", "--db", log.url)
+    assert r.exit_code == 0, r.output
+    cons = tmp_path / "cons.json"
+    cons.write_text(r.output)
+    held = tmp_path / "held.note"
+    held.write_text(split_notes((tmp_path / "audit-anchors.notes").read_text())[0])  # size 4
+    res = standalone(Path(""), "--proof", str(cons), "--vkey", str(held_key), "--trusted-checkpoint", str(held))
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    data = json.loads(r.output)
+    (tmp_path / "bad.json").write_text(json.dumps({**data, "old_root": "00" * 32}))
+    res = standalone(Path(""), "--proof", str(tmp_path / "bad.json"), "--vkey", str(held_key))
+    assert res.returncode == 1 and "does not verify" in res.stderr, res.stderr
+    (tmp_path / "bad.json").write_text(json.dumps({**data, "old_size": 0, "proof": []}))
+    res = standalone(Path(""), "--proof", str(tmp_path / "bad.json"), "--vkey", str(held_key))
+    assert res.returncode == 1  # a proof from the empty tree proves nothing
