@@ -52,7 +52,7 @@ def test_report_names_the_flow_run_and_times_every_stage(flow_run) -> None:
     run = result["run"]
     assert run["flow_run_id"] and run["started_at"] <= run["finished_at"]
     assert list(run["stage_seconds"]) == ["ingest", "prepare-data", "train", "extract-features", "he-evaluate",
-                                          "seal-audit"]
+                                          "sign-provenance", "seal-audit"]
     page = Path(result["report_html"]).read_text()
     assert run["flow_run_id"] in page and "stage timings" in page
 
