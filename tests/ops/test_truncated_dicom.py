@@ -7,15 +7,12 @@ Class and Instance, so the data set must carry both.
 
 from __future__ import annotations
 
+import importlib.util
 import io
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "masking_dicom"))
-from dicom_fixtures import POLICY_DIR, SECRET, make_dataset
 
 from securetrain.masking.dicom.engine import (
     Deidentifier,
@@ -25,6 +22,18 @@ from securetrain.masking.dicom.engine import (
 )
 from securetrain.masking.dicom.errors import UnreadableDicomError
 from securetrain.masking.dicom.policy import load_policy
+
+
+def _load_fixtures():  # by path, without putting tests/masking_dicom (and its conftest) on sys.path
+    path = Path(__file__).resolve().parents[1] / "masking_dicom" / "dicom_fixtures.py"
+    spec = importlib.util.spec_from_file_location("_ops_dicom_fixtures", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_fx = _load_fixtures()
+POLICY_DIR, SECRET, make_dataset = _fx.POLICY_DIR, _fx.SECRET, _fx.make_dataset
 
 
 @pytest.mark.slow
