@@ -178,6 +178,13 @@ def secure_training(config_path: str | None = None, overrides: dict[str, Any] | 
     install_redaction()
     logger = get_run_logger()
     config = load_pipeline_config(config_path, data=overrides)
+    from securetrain.pipeline.runlock import run_folder_lock
+
+    with run_folder_lock(config.run_dir):  # one run at a time per folder, whatever the schedule does
+        return _run_locked(config, clock, logger)
+
+
+def _run_locked(config: PipelineConfig, clock: Any, logger: Any) -> dict[str, Any]:
     stages.preflight(config)  # a bad model/task target fails before any work
     load_run_secrets(config)  # fail fast (and create demo secrets) before any work
     export_passphrase_for_children(config)  # after creation: the serializer reads it from the env

@@ -59,6 +59,13 @@ def write_result_json(result: PipelineResult) -> None:
 def run_pipeline(config: PipelineConfig, *, show_progress: bool = False) -> PipelineResult:
     """ingest → prepare (de-identify / mask, split) → train (encrypted checkpoints, validation)
     → HE evaluation → seal audit → report + result.json."""
+    from securetrain.pipeline.runlock import run_folder_lock
+
+    with run_folder_lock(config.run_dir):  # one run at a time per folder (schedules, manual runs)
+        return _run_pipeline_locked(config, show_progress=show_progress)
+
+
+def _run_pipeline_locked(config: PipelineConfig, *, show_progress: bool) -> PipelineResult:
     from securetrain.pipeline.runinfo import StageClock
 
     clock = StageClock()
