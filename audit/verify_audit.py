@@ -23,6 +23,8 @@ import html
 import json
 import json.encoder
 import json.scanner
+import multiprocessing
+import os
 import re
 import sys
 from pathlib import Path
@@ -229,6 +231,11 @@ DETAILS_DECODER = json.JSONDecoder(parse_float=_refuse, parse_int=_safe_int, par
 DETAILS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 # The C scanner and encoder, called directly (JSONDecoder.decode/JSONEncoder.encode add Python work).
 scan_details = json.scanner.c_make_scanner(DETAILS_DECODER) if json.scanner.c_make_scanner else DETAILS_DECODER.scan_once
+# Without the Python parse_int hook the C scanner parses integers itself: used when no run of 16
+# digits (the only integers that can exceed 2^53-1) occurs in the text.
+PLAIN_DECODER = json.JSONDecoder(parse_float=_refuse, parse_constant=_refuse)
+scan_plain = json.scanner.c_make_scanner(PLAIN_DECODER) if json.scanner.c_make_scanner else PLAIN_DECODER.scan_once
+LONG_DIGITS = re.compile("[0-9]{16}").search
 c_encode = (json.encoder.c_make_encoder(None, None, json.encoder.encode_basestring, None, ":", ",", True, False, False)
             if json.encoder.c_make_encoder else None)
 
@@ -237,7 +244,7 @@ def details_canonical(text: str) -> bool:
     if text == "{}":
         return True
     try:
-        obj, end = scan_details(text, 0)
+        obj, end = (scan_details if LONG_DIGITS(text) else scan_plain)(text, 0)
         if end != len(text) or type(obj) is not dict:
             return False
         return ("".join(c_encode(obj, 0)) if c_encode else DETAILS_ENCODER.encode(obj)) == text
@@ -302,6 +309,50 @@ def line_batches(handle, digest):  # noqa: ANN001, ANN201
         yield parts
     if carry:
         yield [carry]
+
+
+def read_chunk_lines(path: str, start: int, end: int) -> list:
+    """The lines whose first byte lies in [start, end), newline stripped."""
+    with open(path, "rb") as handle:
+        if start > 0:
+            handle.seek(start - 1)
+            if handle.read(1) != b"\n":
+                handle.readline()  # the rest of a line that began in the previous range
+        pos = handle.tell()
+        if pos >= end:
+            return []
+        data = handle.read(end - pos)
+        if not data.endswith(b"\n"):
+            data += handle.readline()  # the line that crosses the end belongs here
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return lines
+
+
+def chunk_worker(rng: tuple) -> tuple:
+    """Check a range relative to its first entry's own seq/prev_hash: (count, seq0, prev0, last, leaves, ok)."""
+    lines = read_chunk_lines(*rng)
+    if not lines:
+        return 0, None, None, None, [], True
+    try:
+        first = json.loads(lines[0])
+        seq0, prev0 = first["seq"], first["prev_hash"]
+        if type(seq0) is not int or type(prev0) is not str:
+            raise TypeError
+    except Exception:  # noqa: BLE001 - the caller re-checks this range sequentially
+        return len(lines), None, None, None, [], False
+    seq, prev, leaves = seq0, prev0, []
+    for raw in lines:
+        if not fast_ok(raw, seq, prev):
+            try:
+                exact_check(raw, seq, prev)
+            except Failure:
+                return len(lines), seq0, prev0, None, [], False
+        prev = hashlib.sha256(raw).hexdigest()
+        leaves.append(hashlib.sha256(b"\x00" + raw).digest())
+        seq += 1
+    return len(lines), seq0, prev0, prev, leaves, True
 
 
 # ---- signed notes / checkpoints (c2sp.org/signed-note, c2sp.org/tlog-checkpoint) ----------
@@ -442,19 +493,43 @@ def verify(args: argparse.Namespace) -> dict:
                 if older:
                     warnings.append(f"{len(older)} checkpoints older than the held one were not re-checked")
             add([])
-            for batch in line_batches(handle, digest):
-                leaves, seq = [], tree.size
+
+            def check(batch: list) -> None:  # sequential: every entry, in order
+                nonlocal prev
+                leaves, seq, cur = [], tree.size, prev
                 for raw in batch:
-                    if not fast_ok(raw, seq, prev):
+                    if not fast_ok(raw, seq, cur):
                         try:
-                            exact_check(raw, seq, prev)
+                            exact_check(raw, seq, cur)
                         except Failure:
                             add(leaves)  # checkpoints before the bad entry are checked first
                             raise
-                    prev = sha256(raw).hexdigest()
+                    cur = sha256(raw).hexdigest()
                     leaves.append(sha256(b"\x00" + raw).digest())
                     seq += 1
+                prev = cur
                 add(leaves)
+
+            path = export / "entries.jsonl"
+            size = path.stat().st_size
+            workers = args.workers if args.workers is not None else (min(os.cpu_count() or 1, 8) if size >= 16 << 20 else 1)
+            if workers > 1 and not args.since_checkpoint:
+                # Byte ranges checked by worker processes, each relative to its own first entry; chained
+                # here. A range with any problem is re-checked sequentially (same messages as above).
+                step = args.chunk_bytes
+                ranges = [(str(path), lo, min(lo + step, size)) for lo in range(0, size, step)]
+                with multiprocessing.get_context("spawn").Pool(workers) as pool:
+                    for rng, (count, seq0, prev0, last, leaves, ok) in zip(ranges, pool.imap(chunk_worker, ranges)):
+                        if count and (not ok or seq0 != tree.size or prev0 != prev):
+                            check(read_chunk_lines(*rng))
+                        elif count:
+                            add(leaves)
+                            prev = last
+                while block := handle.read(1 << 20):
+                    digest.update(block)
+            else:
+                for batch in line_batches(handle, digest):
+                    check(batch)
         if pending:
             _, size, _, kind = pending[0]
             raise Failure(f"export has {tree.size} entries but a {kind} checkpoint covers {size}: the tail was removed", tree.size)
@@ -609,6 +684,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trusted-checkpoint", action="append", help="checkpoint note you kept earlier (repeatable)")
     parser.add_argument("--since-checkpoint", help="incremental: a checkpoint note you hold from an earlier full "
                         "verification (or an anchor file: its newest note); only newer entries are parsed")
+    parser.add_argument("--workers", type=int, help="processes checking entries (default: CPU count for "
+                        "entries.jsonl of 16 MiB or more, else 1)")
+    parser.add_argument("--chunk-bytes", type=int, default=4 << 20, help=argparse.SUPPRESS)  # tests: tiny ranges
     parser.add_argument("--html", help="also write an HTML report here")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)

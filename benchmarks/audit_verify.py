@@ -8,9 +8,10 @@ hot path (``dicom.read`` with a SHA-256 and ids in ``details``, checkpoint every
 * ``securetrain audit verify --export`` (the library's ``verify_export``) in a child process,
 * the standalone ``audit/verify_audit.py`` in a child process (``python -I``),
 
-and prints entries/s for each, the ratio to hashlib's raw rate for one SHA-256 of an entry line
-(the floor of any verifier: each entry needs two), and each child's peak RSS for N and 4*N entries
-(bounded memory means the two peaks are about equal).
+each with 1 and 2 worker processes, and prints entries/s for each (wall clock, and per CPU-second,
+which depends less on other load on the machine), the ratio to hashlib's raw rate for one
+SHA-256 of an entry line measured the same way (each entry needs two such hashes plus a Merkle
+node), and each verifier's peak RSS for N and 4*N entries (bounded memory: about equal).
 """
 
 from __future__ import annotations
@@ -74,51 +75,54 @@ def build_export(out: Path, n: int, every: int = 1000) -> Path:
 
 CHILD = r"""
 import resource, sys, time
-mode, export = sys.argv[1], sys.argv[2]
+mode, export, workers = sys.argv[1], sys.argv[2], int(sys.argv[4])
 pem = export + "/public_key.pem"
 if mode == "library":
     sys.path.insert(0, sys.argv[3])
     from securetrain.audit.export import verify_export
     from securetrain.audit.keys import load_public_key_pem
     key = load_public_key_pem(open(pem, "rb").read())
-    t0 = time.perf_counter()  # imports are not part of the measurement
-    report = verify_export(export, public_key=key)
+    t0, c0 = time.perf_counter(), time.process_time()  # imports are not part of the measurement
+    report = verify_export(export, public_key=key, workers=workers)
     ok = report.ok and report.trusted
 else:
     import runpy
     import argparse, base64, binascii, hashlib, html, json, json.encoder, json.scanner, re  # noqa: F401
     from cryptography.hazmat.primitives import serialization  # noqa: F401
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey  # noqa: F401
-    sys.argv = ["verify_audit.py", export, "--public-key", pem]
-    t0 = time.perf_counter()
+    sys.argv = ["verify_audit.py", export, "--public-key", pem, "--workers", str(workers)]
+    t0, c0 = time.perf_counter(), time.process_time()
     try:
         runpy.run_path(mode, run_name="__main__")
     except SystemExit as exc:
         ok = exc.code == 0
 dt = time.perf_counter() - t0
-print(ok, dt, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+cpu = time.process_time() - c0 + kids.ru_utime + kids.ru_stime  # worker processes included
+print(ok, dt, cpu, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
 
-def run_child(mode: str, export: Path) -> tuple[bool, float, int]:
-    args = [sys.executable, "-c", CHILD, mode, str(export), str(ROOT)]
+def run_child(mode: str, export: Path, workers: int) -> tuple[bool, float, float, int]:
+    args = [sys.executable, "-c", CHILD, mode, str(export), str(ROOT), str(workers)]
     if mode != "library":
         args.insert(1, "-I")  # the standalone verifier runs isolated, as auditors run it
     proc = subprocess.run(args, capture_output=True, text=True, timeout=3600)
     last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     try:
-        ok, dt, rss = last.split()
+        ok, dt, cpu, rss = last.split()
     except ValueError:
         raise SystemExit(f"child failed: {proc.stdout[-2000:]} {proc.stderr[-2000:]}") from None
-    return ok == "True", float(dt), int(rss)
+    return ok == "True", float(dt), float(cpu), int(rss)
 
 
-def hashlib_rate(line: bytes, n: int) -> float:
+def hashlib_rate(line: bytes, n: int) -> tuple[float, float]:
+    """Raw SHA-256 of one entry line: (per wall second, per CPU second)."""
     sha256 = hashlib.sha256
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(n):
         sha256(line).digest()
-    return n / (time.perf_counter() - t0)
+    return n / (time.perf_counter() - t0), n / (time.process_time() - c0)
 
 
 def main() -> None:
@@ -134,22 +138,27 @@ def main() -> None:
         print(f"built a {n}-entry export in {time.perf_counter() - t0:.1f} s "
               f"({os.path.getsize(small / 'entries.jsonl') / n:.0f} bytes/entry)")
         line = (small / "entries.jsonl").open("rb").readline().rstrip(b"\n")
-        base = max(hashlib_rate(line, 200_000) for _ in range(3))
-        print(f"hashlib sha256 of one entry line: {base:,.0f} hashes/s (baseline)")
+        rates = [hashlib_rate(line, 200_000) for _ in range(3)]
+        base, base_cpu = max(r[0] for r in rates), max(r[1] for r in rates)
+        print(f"hashlib sha256 of one entry line: {base:,.0f} hashes/s wall, {base_cpu:,.0f} per CPU-second (baseline)")
+        print("(per CPU-second rates depend less than wall rates on other load on the machine)")
         results = {}
         for name, mode in (("securetrain audit verify", "library"), ("audit/verify_audit.py", standalone)):
-            runs = [run_child(mode, small) for _ in range(3)]
-            ok, dt, rss = min(runs, key=lambda r: r[1])
-            assert ok, f"{name} did not verify the benchmark export"
-            results[name] = rss
-            rate = n / dt
-            print(f"{name:28s} {rate:>10,.0f} entries/s  = {rate / base:.3f} x hashlib  (peak RSS {rss / 1024:.0f} MiB)")
+            for workers in (1, 2):
+                runs = [run_child(mode, small, workers) for _ in range(3)]
+                ok, dt, cpu, rss = min(runs, key=lambda r: r[1])
+                best_cpu = min(r[2] for r in runs)
+                assert ok, f"{name} did not verify the benchmark export"
+                results[name] = rss
+                print(f"{name:26s} workers={workers}: {n / dt:>9,.0f} entries/s wall = {n / dt / base:.3f} x hashlib; "
+                      f"{n / best_cpu:>9,.0f} entries per CPU-second = {n / best_cpu / base_cpu:.3f} x hashlib "
+                      f"(peak RSS {rss / 1024:.0f} MiB)")
         big_n = 4 * n
         big = build_export(Path(tmp) / "big", big_n)
         for name, mode in (("securetrain audit verify", "library"), ("audit/verify_audit.py", standalone)):
-            ok, dt, rss = run_child(mode, big)
+            ok, dt, cpu, rss = run_child(mode, big, 1)
             assert ok
-            print(f"{name:28s} {big_n} entries: {big_n / dt:,.0f} entries/s, peak RSS {rss / 1024:.0f} MiB "
+            print(f"{name:26s} {big_n} entries: {big_n / dt:,.0f} entries/s wall, peak RSS {rss / 1024:.0f} MiB "
                   f"(vs {results[name] / 1024:.0f} MiB for {n}: x{rss / results[name]:.2f})")
 
 

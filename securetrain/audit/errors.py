@@ -18,7 +18,7 @@ class AuditEventError(AuditError, ValueError):
     """An event cannot be recorded: non-JSON or float values, secret-shaped keys, too large."""
 
 
-class AuditConfigError(ConfigError):
+class AuditConfigError(AuditError, ConfigError):
     """The audit log is misconfigured (bad URL, unreadable or unsafe key file)."""
 
 
@@ -26,7 +26,7 @@ class AnchorError(AuditError):
     """A checkpoint could not be published to an external anchor."""
 
 
-class AuditIntegrityError(IntegrityError):
+class AuditIntegrityError(AuditError, IntegrityError):
     """Verification failed: the log was altered, truncated, reordered or re-signed.
 
     ``seq`` is the first bad entry (``None`` when the problem is not tied to one entry, e.g. a bad
@@ -38,6 +38,33 @@ class AuditIntegrityError(IntegrityError):
         self.seq = seq
         self.problem = problem
 
+
+class AuditDatabaseError(AuditError):
+    """The database could not complete an audit operation. Subclasses say why.
+
+    Nothing was recorded when this is raised from ``record()``/``append_many()``: the transaction
+    was rolled back, so retrying is safe.
+    """
+
+
+class AuditConnectionError(AuditDatabaseError):
+    """The connection to the audit database failed or was lost (server down, network, bad URL)."""
+
+
+class AuditLockTimeoutError(AuditDatabaseError):
+    """The log's write lock (SQLite ``BEGIN IMMEDIATE`` / PostgreSQL lock) was not obtained in time."""
+
+
+class AuditPermissionError(AuditDatabaseError):
+    """The database role or file permissions do not allow the operation."""
+
+
+class AuditRefusedError(AuditDatabaseError):
+    """An append-only trigger or constraint refused the write: a chain check failed in the database.
+
+    This is the one database error that points at possible tampering (or a writer that bypassed
+    the log's lock); run ``securetrain audit verify``.
+    """
 
 class AuditExportError(AuditError):
     """An export directory is incomplete or unreadable (a file missing, not a directory)."""

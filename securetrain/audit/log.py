@@ -9,13 +9,17 @@ every ``checkpoint_every`` entries and on demand, and are published to the confi
 
 from __future__ import annotations
 
+import atexit
 import getpass
 import hashlib
 import json
 import logging
 import os
+import signal
 import socket
 import threading
+import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,10 +28,10 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, insert, select, text
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.exc import IntegrityError as SAIntegrityError
 
 from securetrain.audit import canonical as canon
 from securetrain.audit.anchors import Anchor
+from securetrain.audit.dberrors import classify
 from securetrain.audit.errors import AuditConfigError, AuditError, AuditEventError, AuditIntegrityError
 from securetrain.audit.keys import load_or_create_signing_key, public_key_pem
 from securetrain.audit.merkle import CompactRange, consistency_proof, inclusion_proof, leaf_hash, root_hash
@@ -123,12 +127,21 @@ class AuditLog:
         schema: str | None = None,
         create: bool = True,
         busy_timeout_s: float = 30.0,
+        group_commit_window_s: float = 0.0,
+        durable: bool = True,
     ) -> None:
         self.url = _normalise_url(url)
         # Kept so a worker process can reopen the same log (see __getstate__).
         self._reopen_args = {"actor": actor, "signing_key": signing_key, "origin": origin,
                              "checkpoint_every": checkpoint_every, "anchors": tuple(anchors), "schema": schema,
-                             "busy_timeout_s": busy_timeout_s}
+                             "busy_timeout_s": busy_timeout_s, "group_commit_window_s": group_commit_window_s,
+                             "durable": durable}
+        if not 0.0 <= group_commit_window_s <= 1.0:
+            raise AuditConfigError("group_commit_window_s must be between 0 and 1 second")
+        self.group_commit_window_s = float(group_commit_window_s)
+        self.durable = bool(durable)
+        if not self.durable:
+            _install_exit_flush()
         self.actor = canon._check_text("actor", actor or os.environ.get("SECURETRAIN_ACTOR") or getpass.getuser(), limit=256)
         self.hostname = socket.gethostname() or "unknown"
         self.mac = canon.mac_address()
@@ -138,9 +151,15 @@ class AuditLog:
         self._signing_key: Ed25519PrivateKey | None = signing_key if isinstance(signing_key, Ed25519PrivateKey) else None
         self._origin = origin
         self._lock = threading.RLock()
+        self._engine_lock = threading.Lock()
         self._cache = CompactRange()
         self._cache_head = canon.GENESIS_HASH  # entry_hash of the last leaf in _cache
+        self._cache_checked: set[tuple[int, bytes]] = set()  # reference checkpoints the cache reproduced
         self.backend = self.url.split(":", 1)[0].split("+", 1)[0]
+        self._busy_timeout_s = busy_timeout_s
+        self._engines: tuple[Engine, Engine, Engine | None] | None = None
+        self._pid = os.getpid()
+        self._init_group_commit()
         if self.backend == "sqlite":
             self.schema = None
             db_file = Path(self.url.split(":///", 1)[1]) if ":///" in self.url else None
@@ -150,25 +169,66 @@ class AuditLog:
                 elif not db_file.is_file():
                     # Opening would silently create an empty log that then "verifies": fail closed.
                     raise AuditConfigError(f"no audit database at {db_file}", hint="check --db / SECURETRAIN_AUDIT_URL")
-            self._write_engine = self._sqlite_engine(immediate=True, timeout=busy_timeout_s)
-            self._read_engine = self._sqlite_engine(immediate=False, timeout=busy_timeout_s)
         elif self.backend in ("postgresql", "postgres"):
             self.schema = schema or DEFAULT_PG_SCHEMA
             if not self.schema.replace("_", "").isalnum():
                 raise AuditConfigError(f"PostgreSQL schema name {self.schema!r} must be alphanumeric/underscore")
-            base = create_engine(self.url, pool_pre_ping=True, pool_size=3, max_overflow=2)
-            self._write_engine = self._read_engine = base.execution_options(schema_translate_map={None: self.schema})
-            self._base_engine = base
             digest = hashlib.sha256(f"securetrain.audit:{self.schema}".encode()).digest()
             self._lock_key = int.from_bytes(digest[:8], "big", signed=True)
         else:
             raise AuditConfigError(f"unsupported audit database URL scheme {self.backend!r}", hint="use a path, sqlite:/// or postgresql+psycopg://")
+        _LIVE_LOGS.add(self)
         if create:
             self._ensure_schema()
         else:
             self._require_schema()
 
-    # -- engines and schema ---------------------------------------------------------------
+    # -- engines (one set per process) and schema ----------------------------------------
+    def _build_engines(self) -> tuple[Engine, Engine, Engine | None]:
+        if self.backend == "sqlite":
+            return (self._sqlite_engine(immediate=True, timeout=self._busy_timeout_s),
+                    self._sqlite_engine(immediate=False, timeout=self._busy_timeout_s), None)
+        base = create_engine(self.url, pool_pre_ping=True, pool_size=3, max_overflow=2)
+        opts = base.execution_options(schema_translate_map={None: self.schema})
+        return opts, opts, base
+
+    def _current_engines(self) -> tuple[Engine, Engine, Engine | None]:
+        """This process's engines, created on first use. A forked child never uses its parent's."""
+        if self._pid != os.getpid():  # forked without the at-fork hook having run (defensive)
+            self._forget_inherited_state()
+        engines = self._engines
+        if engines is None:
+            with self._engine_lock:
+                engines = self._engines
+                if engines is None:
+                    engines = self._engines = self._build_engines()
+        return engines
+
+    @property
+    def _write_engine(self) -> Engine:
+        return self._current_engines()[0]
+
+    @property
+    def _read_engine(self) -> Engine:
+        return self._current_engines()[1]
+
+    def _forget_inherited_state(self) -> None:
+        """In a forked child: drop the parent's pooled connections without closing them.
+
+        Closing them would end the parent's sessions (PostgreSQL) or disturb its locks (SQLite);
+        ``dispose(close=False)`` detaches the pool, and the old pools are kept referenced so the
+        connections are never even garbage-collected here. Locks and group-commit state held by
+        the parent's threads are replaced too.
+        """
+        engines, self._engines = self._engines, None
+        if engines is not None:
+            for engine in {id(e): e for e in engines if e is not None}.values():
+                _INHERITED.append(engine.pool)
+                engine.dispose(close=False)
+        self._pid = os.getpid()
+        self._lock = threading.RLock()
+        self._init_group_commit()
+
     def _sqlite_engine(self, *, immediate: bool, timeout: float) -> Engine:
         engine = create_engine(self.url, connect_args={"timeout": timeout, "check_same_thread": False})
 
@@ -196,8 +256,8 @@ class AuditLog:
         try:
             with self._read_engine.connect() as conn:
                 present = inspect(conn).has_table(E.name, schema=self.schema)
-        except DBAPIError as exc:  # unreachable server, and also a file that is not a database
-            raise AuditError(f"cannot open audit database ({self.backend}): {exc.orig}", hint="check the URL and that the server is up") from None
+        except DBAPIError as exc:
+            raise classify(exc, backend=self.backend, operation="opening the audit log") from None
         if not present:
             raise AuditConfigError("the database holds no securetrain audit log", hint="check --db / SECURETRAIN_AUDIT_URL")
 
@@ -217,8 +277,8 @@ class AuditLog:
                     stmts = [s.replace("%", "%%") for s in postgres_ddl(self.schema or "")]
                 for stmt in stmts:
                     conn.exec_driver_sql(stmt)
-        except DBAPIError as exc:  # unreachable server, and also a file that is not a database
-            raise AuditError(f"cannot open audit database ({self.backend}): {exc.orig}", hint="check the URL and that the server is up") from None
+        except DBAPIError as exc:
+            raise classify(exc, backend=self.backend, operation="creating the audit log") from None
 
     # -- key and identity -----------------------------------------------------------------
     @property
@@ -250,8 +310,13 @@ class AuditLog:
     def record(
         self, action: str, resource: str, *, outcome: str = "success", details: Mapping[str, Any] | None = None
     ) -> AuditEntry:
-        """Append one event (the ``AuditRecorder`` protocol)."""
-        return self.append_many([(action, resource, outcome, details)])[0]
+        """Append one event (the ``AuditRecorder`` protocol).
+
+        Returns the stored entry once it is durable (committed). In asynchronous mode
+        (``durable=False``) it returns ``None`` as soon as the event is queued.
+        """
+        entries = self.append_many([(action, resource, outcome, details)])
+        return entries[0] if entries else None  # type: ignore[return-value]
 
     def append_many(
         self, events: Sequence[tuple[str, str, str, Mapping[str, Any] | None] | Mapping[str, Any]]
@@ -272,7 +337,70 @@ class AuditLog:
             prepared.append((action, resource, outcome, clean, canon.canonical_bytes(clean).decode()))
         if not prepared:
             return []
-        entries: list[AuditEntry] = []
+        if not self.durable:
+            return self._enqueue_async(prepared)
+        req = _Pending(prepared)
+        self._submit(req)
+        if req.error is not None:
+            raise req.error
+        return req.entries
+
+    # -- group commit -----------------------------------------------------------------------
+    def _init_group_commit(self) -> None:
+        self._gc_cond = threading.Condition(threading.Lock())
+        self._gc_pending: list[_Pending] = []
+        self._gc_leader = False
+        self._gc_async_error: BaseException | None = None
+        self._gc_flusher: threading.Thread | None = None
+        self._gc_closing = False
+
+    def _submit(self, req: _Pending) -> None:
+        """Queue ``req`` and return once it is committed (or failed).
+
+        The first caller to find no commit in progress becomes the leader: it takes every request
+        queued so far (after an optional bounded wait, ``group_commit_window_s``) and appends them
+        all in one transaction; callers arriving meanwhile wait and form the next batch.
+        """
+        cond = self._gc_cond
+        with cond:
+            self._gc_pending.append(req)
+            while not req.done and self._gc_leader:
+                cond.wait()
+            if req.done:
+                return
+            self._gc_leader = True
+        self._lead()
+
+    def _lead(self) -> list[_Pending]:
+        """Commit one batch as leader, then hand leadership on (caller set ``_gc_leader``)."""
+        cond = self._gc_cond
+        batch: list[_Pending] = []
+        crossed = False
+        try:
+            if self.group_commit_window_s:
+                time.sleep(self.group_commit_window_s)
+            with cond:
+                batch, self._gc_pending = self._gc_pending, []
+            if batch:
+                crossed = self._commit_batch(batch)
+        except BaseException as exc:  # KeyboardInterrupt while leading: fail the batch, never hang it
+            for r in batch:
+                if not r.done and r.error is None:
+                    r.error = exc if isinstance(exc, AuditError) else AuditError(
+                        f"audit append interrupted: {type(exc).__name__}", hint="nothing was recorded; retry")
+            raise
+        finally:
+            with cond:
+                for r in batch:
+                    r.done = True
+                self._gc_leader = False
+                cond.notify_all()
+        if crossed:
+            self.checkpoint()
+        return batch
+
+    def _commit_batch(self, batch: list[_Pending]) -> bool:
+        """Append every request of ``batch`` in one transaction; True if a checkpoint is due."""
         with self._lock:
             try:
                 with self._write_engine.begin() as conn:
@@ -281,22 +409,95 @@ class AuditLog:
                     seq, prev = (head.seq + 1, head.entry_hash) if head else (0, canon.GENESIS_HASH)
                     start = seq
                     rows = []
-                    for action, resource, outcome, clean, details_json in prepared:
-                        entry = AuditEntry(seq, canon.utc_timestamp(), self.actor, self.hostname, self.mac, action,
-                                           resource, outcome, clean, prev, "")
-                        digest = canon.sha256_hex(entry.hashed_bytes())
-                        entry = AuditEntry(**{**entry.__dict__, "entry_hash": digest})
-                        entries.append(entry)
-                        rows.append({**entry.__dict__, "details": details_json})
-                        seq, prev = seq + 1, digest
+                    results: list[list[AuditEntry]] = []
+                    for req in batch:
+                        entries = []
+                        for action, resource, outcome, clean, details_json in req.events:
+                            ts = canon.utc_timestamp()
+                            obj = canon.entry_object(seq=seq, ts=ts, actor=self.actor, hostname=self.hostname,
+                                                     mac=self.mac, action=action, resource=resource, outcome=outcome,
+                                                     details=clean, prev_hash=prev)
+                            digest = canon.sha256_hex(canon.canonical_bytes(obj))
+                            entry = AuditEntry(seq, ts, self.actor, self.hostname, self.mac, action, resource,
+                                               outcome, clean, prev, digest)
+                            entries.append(entry)
+                            rows.append({**entry.__dict__, "details": details_json})
+                            seq, prev = seq + 1, digest
+                        results.append(entries)
                     conn.execute(insert(E), rows)
-            except (SAIntegrityError, DBAPIError) as exc:
-                raise AuditError(f"audit append refused by the database: {type(exc.orig).__name__}",
-                                 hint="the log may have been tampered with; run 'securetrain audit verify'") from None
+            except DBAPIError as exc:
+                err = classify(exc, backend=self.backend)
+                for req in batch:
+                    req.error = err
+                return False
+        for req, entries in zip(batch, results, strict=True):
+            req.entries = entries
         every = self.checkpoint_every
-        if every and start // every != seq // every:
-            self.checkpoint()
-        return entries
+        return bool(every and start // every != seq // every)
+
+    # -- asynchronous mode (opt-in) ---------------------------------------------------------
+    def _enqueue_async(self, prepared: list[tuple[Any, ...]]) -> list[AuditEntry]:
+        """Queue without waiting; a background thread commits. Errors surface on the next call."""
+        cond = self._gc_cond
+        with cond:
+            if self._gc_async_error is not None:
+                raise self._gc_async_error
+            self._gc_pending.append(_Pending(prepared))
+            if self._gc_flusher is None or not self._gc_flusher.is_alive():
+                _install_exit_flush()
+                self._gc_flusher = threading.Thread(target=self._flusher_loop, name="securetrain-audit-flush",
+                                                    daemon=True)
+                self._gc_flusher.start()
+            cond.notify_all()
+        return []
+
+    def _flusher_loop(self) -> None:
+        cond = self._gc_cond
+        pid = os.getpid()
+        while pid == os.getpid():
+            with cond:
+                while not self._gc_pending or self._gc_leader:
+                    if self._gc_closing and not self._gc_pending:
+                        return
+                    cond.wait(0.5)
+                self._gc_leader = True
+            try:
+                self._lead_async()
+            except BaseException:  # noqa: BLE001 - recorded in _gc_async_error by _lead_async
+                pass
+
+    def _lead_async(self) -> None:
+        try:
+            batch = self._lead()
+        except BaseException as exc:  # noqa: BLE001
+            with self._gc_cond:
+                self._gc_async_error = exc if isinstance(exc, AuditError) else AuditError(
+                    f"asynchronous audit flush failed: {type(exc).__name__}")
+            raise
+        failed = next((r.error for r in batch if r.error is not None), None)
+        if failed is not None:  # a failed batch fails every later call: never drop entries silently
+            log.error("asynchronous audit append failed: %s", failed)
+            with self._gc_cond:
+                self._gc_async_error = self._gc_async_error or failed
+
+    def flush(self) -> None:
+        """Commit everything queued (asynchronous mode) and raise the first asynchronous failure."""
+        cond = self._gc_cond
+        while True:
+            with cond:
+                while self._gc_leader:
+                    cond.wait()
+                if not self._gc_pending:
+                    err = self._gc_async_error
+                    break
+                self._gc_leader = True
+            batch = self._lead()
+            failed = next((r.error for r in batch if r.error is not None), None)
+            if failed is not None:
+                with cond:
+                    self._gc_async_error = self._gc_async_error or failed
+        if err is not None:
+            raise err
 
     # -- reading --------------------------------------------------------------------------
     def size(self) -> int:
@@ -332,7 +533,11 @@ class AuditLog:
             rows = conn.execute(select(C).order_by(C.c.tree_size)).all()
         out = []
         for r in rows:
-            origin, size, root = parse_checkpoint_text(parse_note(r.note)[0])
+            try:
+                origin, size, root = parse_checkpoint_text(parse_note(r.note)[0])
+            except Exception:  # noqa: BLE001 - a malformed row is reported by verify(), not here
+                log.error("audit checkpoint row at size %s is malformed (ignored)", r.tree_size)
+                continue
             out.append(Checkpoint(origin, size, root, r.note))
         return out
 
@@ -345,60 +550,139 @@ class AuditLog:
 
     # -- checkpoints and proofs -----------------------------------------------------------
     def checkpoint(self) -> Checkpoint:
-        """Sign the current tree head (idempotent if nothing was appended) and publish it."""
+        """Sign the current tree head (idempotent if nothing was appended) and publish it.
+
+        In asynchronous mode everything queued is committed first, so the checkpoint covers it.
+        Before signing, the tree must reproduce the newest checkpoint that verifies with this
+        log's key among those *published* to the anchors and those stored in the database, so
+        someone who can rewrite the database (rows and checkpoints) cannot make the writer sign a
+        forged history; the writer refuses (:class:`AuditIntegrityError`) and logs an alert.
+        """
+        if not self.durable:
+            self.flush()
         key, origin = self.signing_key, self.origin
-        with self._lock:
-            with self._write_engine.begin() as conn:
-                self._take_lock(conn)
-                head = conn.execute(select(E.c.seq).order_by(E.c.seq.desc()).limit(1)).first()
-                size = 0 if head is None else head.seq + 1
-                last = conn.execute(select(C).order_by(C.c.tree_size.desc()).limit(1)).first()
-                if last is not None and last.tree_size == size:
-                    o, s, r = parse_checkpoint_text(parse_note(last.note)[0])
-                    return Checkpoint(o, s, r, last.note)
-                self._extend_cache(conn, size, last)
-                cp = sign_checkpoint(origin, size, self._cache.root(), origin, key)
-                conn.execute(insert(C), [{"tree_size": size, "root_hash": cp.root_hash.hex(),
-                                           "created_at": canon.utc_timestamp(), "note": cp.note}])
+        published = self._published_reference()
+        for _attempt in range(2):
+            with self._lock:
+                with self._write_engine.begin() as conn:
+                    self._take_lock(conn)
+                    head = conn.execute(select(E.c.seq).order_by(E.c.seq.desc()).limit(1)).first()
+                    size = 0 if head is None else head.seq + 1
+                    stored = self._newest_valid_stored(conn)
+                    refs = {ref[0]: ref[1] for ref in (stored, published) if ref is not None}
+                    if max(refs, default=0) > size:
+                        big = max(refs)
+                        log.critical("audit log %s has %d entries but checkpoint %d was signed: refusing to sign",
+                                     self.schema or self.url, size, big)
+                        raise AuditIntegrityError(
+                            f"the log has {size} entries but checkpoint {big} was signed"
+                            f"{' and published' if published and published[0] == big else ''}: entries were deleted",
+                            seq=size, problem="truncated", hint="run 'securetrain audit verify' against the anchors")
+                    taken = conn.execute(select(C).where(C.c.tree_size == size)).first()
+                    if taken is not None:
+                        if stored is not None and stored[0] == size:  # ours and valid: idempotent
+                            self._extend_cache(conn, size, refs)
+                            o, s_, r = parse_checkpoint_text(parse_note(taken.note)[0])
+                            return Checkpoint(o, s_, r, taken.note)
+                        # A row at this size that does not verify was inserted without the key.
+                        # Record that in the chain, which also makes a fresh size to sign.
+                        pass
+                    else:
+                        self._extend_cache(conn, size, refs)
+                        cp = sign_checkpoint(origin, size, self._cache.root(), origin, key)
+                        try:
+                            conn.execute(insert(C), [{"tree_size": size, "root_hash": cp.root_hash.hex(),
+                                                       "created_at": canon.utc_timestamp(), "note": cp.note}])
+                        except DBAPIError as exc:
+                            raise classify(exc, backend=self.backend, operation="storing a checkpoint") from None
+                        break
+            log.error("audit checkpoint row at size %d does not verify with the log key; recording an alert", size)
+            self.record("audit.alert", f"checkpoint:{size}",
+                        outcome="failure", details={"problem": "unverifiable checkpoint row", "tree_size": size})
+        else:
+            raise AuditIntegrityError("could not sign a checkpoint: unverifiable checkpoint rows keep appearing",
+                                      problem="checkpoint-row", hint="run 'securetrain audit verify'")
         for anchor in self.anchors:
             anchor.publish(cp)
         return cp
 
-    def _extend_cache(self, conn: Connection, size: int, last: Any) -> None:
+    def _published_reference(self) -> tuple[int, bytes] | None:
+        """(size, root) of the newest checkpoint published to the anchors that verifies with our key."""
+        best: tuple[int, bytes] | None = None
+        for anchor in self.anchors:
+            try:
+                notes = anchor.notes()
+            except Exception as exc:  # noqa: BLE001 - an unreadable anchor must not be skipped silently
+                raise AuditError(f"cannot read the published checkpoints of anchor {anchor!r}: {type(exc).__name__}",
+                                 hint="the writer checks new checkpoints against published ones; fix the anchor") from None
+            for note in notes:
+                ref = self._verified_ref(note)
+                if ref is not None and (best is None or ref[0] > best[0]):
+                    best = ref
+        return best
+
+    def _verified_ref(self, note: str) -> tuple[int, bytes] | None:
+        try:
+            text_ = verify_note(note, find_signer(note, self.public_key), self.public_key)
+            _o, size, root = parse_checkpoint_text(text_)
+        except Exception:  # noqa: BLE001 - another key's or a malformed note is not a reference
+            return None
+        return size, root
+
+    def _newest_valid_stored(self, conn: Connection) -> tuple[int, bytes] | None:
+        """Newest stored checkpoint that verifies with our key (bogus rows are skipped and logged)."""
+        for row in conn.execute(select(C.c.tree_size, C.c.note).order_by(C.c.tree_size.desc())):
+            ref = self._verified_ref(row.note)
+            if ref is not None and ref[0] == row.tree_size:
+                return ref
+            log.error("audit checkpoint row at size %d does not verify with the log key (ignored)", row.tree_size)
+        return None
+
+    def _extend_cache(self, conn: Connection, size: int, refs: Mapping[int, bytes]) -> None:
         """Grow the cached tree to ``size`` leaves, refusing to sign a history that was rewritten.
 
         The signing key must not become an oracle for someone who can only write the database:
-        every new row must chain onto the cached head, and the tree must reproduce the newest
-        stored checkpoint (whose signature is checked with our own key) at its size.
+        every new row must chain onto the cached head, and the tree must reproduce every reference
+        checkpoint (the newest stored and the newest published one, signatures checked with our
+        own key) at its size.
         """
-        prev_size, prev_root = 0, None
-        if last is not None:
-            prev_size = last.tree_size
-            text = verify_note(last.note, find_signer(last.note, self.public_key), self.public_key)
-            prev_root = parse_checkpoint_text(text)[2]
-            if prev_size > size:
-                raise AuditIntegrityError(f"the log has {size} entries but checkpoint {prev_size} was signed: "
-                                          "entries were deleted", seq=size, problem="truncated")
-        if self._cache.size > prev_size:  # cannot be checked against the stored checkpoint: rebuild
-            self._cache, self._cache_head = CompactRange(), canon.GENESIS_HASH
+        pending = {n: r for n, r in refs.items() if (n, r) not in self._cache_checked}
+        if pending and self._cache.size > min(pending):  # cannot be checked any more: rebuild
+            self._reset_cache()
+
+        def check_here() -> None:
+            want = pending.get(self._cache.size)
+            if want is None:
+                return
+            if self._cache.root() != want:
+                n = self._cache.size
+                self._reset_cache()
+                log.critical("audit log rewritten: first %d entries no longer match a signed checkpoint", n)
+                raise AuditIntegrityError(f"the first {n} entries no longer match the signed checkpoint; "
+                                          "refusing to sign a rewritten history", seq=n - 1 if n else None,
+                                          problem="checkpoint-root", hint="run 'securetrain audit verify'")
+            self._cache_checked.add((self._cache.size, want))
+
+        check_here()
         for row in self._rows(conn, self._cache.size, size):
-            if self._cache.size == prev_size and self._cache.root() != prev_root and prev_root is not None:
-                break
             entry = _entry_from_row(row)[0]
             raw = entry.hashed_bytes()
             if row.seq != self._cache.size or entry.prev_hash != self._cache_head or canon.sha256_hex(raw) != entry.entry_hash:
-                self._cache, self._cache_head = CompactRange(), canon.GENESIS_HASH
+                self._reset_cache()
+                log.critical("audit log entry seq=%s does not chain onto the signed history", row.seq)
                 raise AuditIntegrityError(f"entry seq={row.seq} does not chain onto the signed history; refusing to "
                                           "sign a checkpoint", seq=row.seq, problem="prev_hash",
                                           hint="the database was modified; run 'securetrain audit verify'")
             self._cache.append(leaf_hash(raw))
             self._cache_head = entry.entry_hash
-        if prev_root is not None and (self._cache.size < prev_size or
-                                      (self._cache.size == prev_size and self._cache.root() != prev_root)):
-            self._cache, self._cache_head = CompactRange(), canon.GENESIS_HASH
-            raise AuditIntegrityError(f"the first {prev_size} entries no longer match the signed checkpoint; "
-                                      "refusing to sign a rewritten history", seq=prev_size - 1 if prev_size else None,
-                                      problem="checkpoint-root", hint="run 'securetrain audit verify'")
+            check_here()
+        if self._cache.size != size:
+            n = self._cache.size
+            self._reset_cache()
+            raise AuditIntegrityError(f"expected {size} entries, read {n}", seq=n, problem="truncated")
+
+    def _reset_cache(self) -> None:
+        self._cache, self._cache_head, self._cache_checked = CompactRange(), canon.GENESIS_HASH, set()
 
     def inclusion_proof(self, seq: int, tree_size: int | None = None) -> dict[str, Any]:
         """RFC 6962 inclusion proof of entry ``seq`` in the tree of ``tree_size`` (default: latest checkpoint)."""
@@ -452,7 +736,8 @@ class AuditLog:
         database re-signed with a different key. ``trusted_checkpoints`` are notes kept elsewhere.
         """
         key = public_key or self.public_key
-        notes = [c.note for c in self.checkpoints()]
+        with self._read_engine.connect() as conn:  # raw notes: a malformed row is reported, not raised
+            notes = [r.note for r in conn.execute(select(C.c.note).order_by(C.c.tree_size))]
         return verify_records(self._records(), public_key=key, checkpoint_notes=notes,
                               trusted_notes=trusted_checkpoints, on_entry=on_entry)
 
@@ -477,18 +762,94 @@ class AuditLog:
 
     # -- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:
-        self._write_engine.dispose()
-        if self._read_engine is not self._write_engine:
-            self._read_engine.dispose()
-        base = getattr(self, "_base_engine", None)
-        if base is not None:
-            base.dispose()
+        """Flush queued asynchronous entries (raising if they cannot be stored), then release connections."""
+        if not self.durable and self._pid == os.getpid():
+            with self._gc_cond:
+                self._gc_closing = True
+                self._gc_cond.notify_all()
+            self.flush()
+        engines, self._engines = self._engines, None
+        if engines is None:
+            return
+        if self._pid != os.getpid():
+            self._forget_inherited_state()
+            return
+        for engine in {id(e): e for e in engines if e is not None}.values():
+            engine.dispose()
 
     def __enter__(self) -> AuditLog:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Pending:
+    """One caller's events waiting for a group commit."""
+
+    __slots__ = ("events", "entries", "error", "done")
+
+    def __init__(self, events: list[tuple[Any, ...]]) -> None:
+        self.events = events
+        self.entries: list[AuditEntry] = []
+        self.error: BaseException | None = None
+        self.done = False
+
+
+#: Every open log in this process, so the at-fork hook can reset them in the child.
+_LIVE_LOGS: weakref.WeakSet[AuditLog] = weakref.WeakSet()
+#: Connection pools inherited from the parent; kept referenced forever so they are never closed here.
+_INHERITED: list[Any] = []
+
+
+_EXIT_HOOKS_PID: int | None = None
+
+
+def _flush_all_async() -> None:
+    for audit_log in list(_LIVE_LOGS):
+        if not audit_log.durable and audit_log._pid == os.getpid():
+            try:
+                audit_log.flush()
+            except Exception as exc:  # noqa: BLE001 - at exit there is no caller left to raise to
+                log.error("audit entries could not be flushed at exit: %s", exc)
+
+
+def _install_exit_flush() -> None:
+    """Flush asynchronous logs at interpreter exit, at multiprocessing-worker exit and on SIGTERM."""
+    global _EXIT_HOOKS_PID
+    if _EXIT_HOOKS_PID == os.getpid():
+        return
+    _EXIT_HOOKS_PID = os.getpid()
+    atexit.register(_flush_all_async)
+    from multiprocessing import util as mp_util
+
+    # Worker processes leave through os._exit() after running these finalizers (atexit is skipped).
+    mp_util.Finalize(None, _flush_all_async, exitpriority=100)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def _on_sigterm(signum: int, frame: Any) -> None:
+        _flush_all_async()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous != signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    try:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main interpreter
+        pass
+
+
+def _after_fork_in_child() -> None:
+    for audit_log in list(_LIVE_LOGS):
+        audit_log._forget_inherited_state()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def open_audit_log(url_or_path: str | os.PathLike[str] | None = None, **kwargs: Any) -> AuditLog:

@@ -31,7 +31,11 @@ def sqlite_ddl() -> list[str]:
     stmts.append(
         "CREATE TRIGGER IF NOT EXISTS audit_checkpoints_insert_guard BEFORE INSERT ON audit_checkpoints "
         "WHEN NEW.tree_size <= (SELECT COALESCE(MAX(tree_size), -1) FROM audit_checkpoints) "
-        "BEGIN SELECT RAISE(ABORT, 'audit_checkpoints is append-only: tree_size must grow'); END"
+        "OR NEW.tree_size > (SELECT COALESCE(MAX(seq), -1) + 1 FROM audit_entries) "
+        "OR length(NEW.root_hash) <> 64 OR NEW.root_hash GLOB '*[^0-9a-f]*' "
+        "OR instr(NEW.note, char(10) || NEW.tree_size || char(10)) = 0 "
+        "BEGIN SELECT RAISE(ABORT, 'audit_checkpoints is append-only: tree_size must grow, "
+        "cover existing entries and match the note'); END"
     )
     return stmts
 
@@ -62,9 +66,23 @@ BEGIN
   RETURN NEW;
 END $$""",
         f"""CREATE OR REPLACE FUNCTION {s}.audit_checkpoints_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE note_root text;
 BEGIN
   IF NEW.tree_size <= COALESCE((SELECT MAX(tree_size) FROM {s}.audit_checkpoints), -1) THEN
     RAISE EXCEPTION 'audit_checkpoints is append-only: tree_size must grow'
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  IF NEW.tree_size > COALESCE((SELECT MAX(seq) FROM {s}.audit_entries), -1) + 1 THEN
+    RAISE EXCEPTION 'audit_checkpoints is append-only: checkpoint covers entries that do not exist'
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  BEGIN
+    note_root := encode(decode(split_part(NEW.note, E'\n', 3), 'base64'), 'hex');
+  EXCEPTION WHEN OTHERS THEN note_root := NULL;
+  END;
+  IF split_part(NEW.note, E'\n', 2) <> NEW.tree_size::text OR note_root IS DISTINCT FROM NEW.root_hash
+     OR NEW.root_hash !~ '^[0-9a-f]{{64}}$' THEN
+    RAISE EXCEPTION 'audit_checkpoints is append-only: note, tree_size and root_hash must agree'
       USING ERRCODE = 'integrity_constraint_violation';
   END IF;
   RETURN NEW;

@@ -152,6 +152,11 @@ _DETAILS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), s
 # wrapper work per call that costs more than the parsing itself for a small details object.
 _scan_details = (json.scanner.c_make_scanner(_DETAILS_DECODER) if json.scanner.c_make_scanner
                  else _DETAILS_DECODER.scan_once)
+# Without a Python parse_int hook the C scanner parses integers itself; it is used when no run of
+# 16 digits (the only integers that can exceed 2^53-1) occurs in the text.
+_PLAIN_DECODER = json.JSONDecoder(parse_float=_refuse, parse_constant=_refuse)
+_scan_plain = json.scanner.c_make_scanner(_PLAIN_DECODER) if json.scanner.c_make_scanner else _PLAIN_DECODER.scan_once
+_LONG_DIGITS = re.compile("[0-9]{16}").search
 _c_encode = (json.encoder.c_make_encoder(None, None, json.encoder.encode_basestring, None, ":", ",", True, False, False)
              if json.encoder.c_make_encoder else None)
 
@@ -160,7 +165,7 @@ def _details_canonical(text: str) -> bool:
     if text == "{}":
         return True
     try:
-        obj, end = _scan_details(text, 0)
+        obj, end = (_scan_details if _LONG_DIGITS(text) else _scan_plain)(text, 0)
         if end != len(text) or type(obj) is not dict:
             return False
         return ("".join(_c_encode(obj, 0)) if _c_encode else _DETAILS_ENCODER.encode(obj)) == text
@@ -245,19 +250,29 @@ class _Walk:
                 stop = min(stop, i + self.pending[0][0].tree_size - self.tree.size)
             self.tree.extend_batch(leaves[i:stop] if i or stop != len(leaves) else leaves)
             i = stop
+            self.report.entries = self.tree.size
             self.settle()
-        self.report.entries = self.tree.size
         if self.on_entry is not None:
             self.on_entry(self.tree.size)
 
     def lines(self, batch: list[bytes]) -> None:
         """Verify a batch of export lines (each exactly the hashed bytes, newline stripped)."""
         sha256 = hashlib.sha256
+        head_match, tail_match, details_ok, astral = _ENTRY_HEAD, _ENTRY_TAIL, _details_canonical, _ASTRAL
         seq, prev = self.tree.size, self.prev
-        leaves = []
+        leaves: list[bytes] = []
         append = leaves.append
         for raw in batch:
-            if not fast_accept(raw, seq, prev):
+            # fast_accept(), inlined: this loop runs once per entry.
+            try:
+                text = raw.decode()
+            except UnicodeDecodeError:
+                text = ""
+            head = head_match(text)
+            end = text.rfind('},"hostname":"')
+            tail = tail_match(text, end + 1) if head is not None and end >= head.end() - 1 else None
+            if not (tail is not None and tail[1] == prev and tail[2] == str(seq)
+                    and (text.isascii() or astral(text) is None) and details_ok(text[head.end() - 1 : end + 1])):
                 try:
                     check_entry(raw, _parse_line(raw, seq), seq, prev)
                 except AuditIntegrityError:
@@ -266,8 +281,24 @@ class _Walk:
             prev = sha256(raw).hexdigest()
             append(sha256(b"\x00" + raw).digest())
             seq += 1
-            self.prev = prev
+        self.prev = prev
         self._add_leaves(leaves)
+
+    def chunk(self, result: tuple, reread: Callable[[], list[bytes]]) -> None:
+        """Take a chunk verified by :func:`verify_chunk` in another process.
+
+        Its claims (first ``seq`` and ``prev_hash``) must continue this walk exactly; otherwise, or
+        when the worker found a problem, the chunk is re-checked here, sequentially, which raises
+        at the first bad entry with the same message as a sequential run.
+        """
+        count, first_seq, first_prev, last_hash, leaves, ok = result
+        if count == 0:
+            return
+        if not ok or first_seq != self.tree.size or first_prev != self.prev:
+            self.lines(reread())
+            return
+        self._add_leaves(leaves)
+        self.prev = last_hash
 
     def record(self, rec: Record) -> None:
         """Verify one entry read from a database (with its stored seq and entry_hash)."""
@@ -347,6 +378,91 @@ def verify_lines(
             walk.lines(batch)
 
     return _run(public_key, checkpoint_notes, trusted_notes, on_entry, require_signed, run, batches, start=start)
+
+
+def verify_file_parallel(
+    path: str | Any,
+    *,
+    workers: int,
+    public_key: Ed25519PublicKey | None,
+    checkpoint_notes: Iterable[str] = (),
+    trusted_notes: Iterable[str] = (),
+    on_entry: Callable[[int], None] | None = None,
+    chunk_bytes: int = 4 << 20,
+) -> VerifyReport:
+    """:func:`verify_lines` over a whole ``entries.jsonl``, the per-entry checks spread over processes.
+
+    The file is cut into byte ranges (each line belongs to the range its first byte falls in);
+    workers check every entry of a range relative to the range's first entry and return its leaf
+    hashes; this process chains the ranges (first ``seq``/``prev_hash`` against the previous
+    range), builds the Merkle tree and meets the checkpoints. A range with any problem is
+    re-checked here sequentially, so the reported failure is the same as a sequential run's.
+    Memory stays bounded: the ranges are consumed in order as they complete.
+    """
+    import multiprocessing
+    import os
+
+    size = os.path.getsize(path)
+    ranges = [(str(path), lo, min(lo + chunk_bytes, size)) for lo in range(0, size, chunk_bytes)]
+
+    def run(walk: _Walk) -> None:
+        ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold threads and locks
+        with ctx.Pool(workers) as pool:
+            for rng, result in zip(ranges, pool.imap(_verify_chunk_args, ranges), strict=True):
+                walk.chunk(result, lambda rng=rng: read_chunk_lines(*rng))
+
+    return _run(public_key, checkpoint_notes, trusted_notes, on_entry, True, run, None)
+
+
+def read_chunk_lines(path: str, start: int, end: int) -> list[bytes]:
+    """The lines whose first byte lies in ``[start, end)``, newline stripped."""
+    with open(path, "rb") as handle:
+        if start > 0:
+            handle.seek(start - 1)
+            if handle.read(1) != b"\n":
+                handle.readline()  # the rest of a line that began in the previous range
+        pos = handle.tell()
+        if pos >= end:
+            return []
+        data = handle.read(end - pos)
+        if not data.endswith(b"\n"):
+            data += handle.readline()  # the line that crosses the end belongs here
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return lines
+
+
+def _verify_chunk_args(args: tuple[str, int, int]) -> tuple:
+    return verify_chunk(read_chunk_lines(*args))
+
+
+def verify_chunk(lines: list[bytes]) -> tuple:
+    """Check lines relative to the first one's own ``seq``/``prev_hash`` claims (run in a worker).
+
+    Returns ``(count, first_seq, first_prev, last_entry_hash, leaf_hashes, ok)``.
+    """
+    if not lines:
+        return 0, None, None, None, [], True
+    try:
+        first = json.loads(lines[0])
+        seq0, prev0 = first["seq"], first["prev_hash"]
+        if type(seq0) is not int or type(prev0) is not str:
+            raise TypeError
+    except Exception:  # noqa: BLE001 - any problem: the caller re-checks this chunk sequentially
+        return len(lines), None, None, None, [], False
+    sha256 = hashlib.sha256
+    seq, prev, leaves = seq0, prev0, []
+    for raw in lines:
+        if not fast_accept(raw, seq, prev):
+            try:
+                check_entry(raw, _parse_line(raw, seq), seq, prev)
+            except AuditIntegrityError:
+                return len(lines), seq0, prev0, None, [], False
+        prev = sha256(raw).hexdigest()
+        leaves.append(sha256(b"\x00" + raw).digest())
+        seq += 1
+    return len(lines), seq0, prev0, prev, leaves, True
 
 
 def _run(public_key: Ed25519PublicKey | None, checkpoint_notes: Iterable[str], trusted_notes: Iterable[str],

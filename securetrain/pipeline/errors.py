@@ -19,3 +19,18 @@ class ModelOutputError(PipelineError):
 
 class TaskError(PipelineError, ConfigError):
     """``task`` / ``task.target`` is unknown, or the task's data cannot be used as configured."""
+
+
+#: Exit status of ``securetrain run``/``demo`` after a preemption (same as ``securetrain train``).
+PREEMPTED_EXIT_CODE = 75
+
+
+class PipelinePreempted(PipelineError):
+    """Training stopped on SIGTERM or Ctrl-C after a clean checkpoint; rerunning resumes it.
+
+    ``exit_code``: 75 after SIGTERM, 130 after Ctrl-C (what ``securetrain train`` exits with).
+    """
+
+    def __init__(self, message: str, *, hint: str | None = None, exit_code: int = PREEMPTED_EXIT_CODE) -> None:
+        super().__init__(message, hint=hint)
+        self.exit_code = exit_code

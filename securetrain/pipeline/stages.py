@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
-from securetrain.errors import ConfigError, SecureTrainError
+from securetrain.errors import ConfigError
+from securetrain.pipeline.errors import PREEMPTED_EXIT_CODE, PipelineError, PipelinePreempted
 from securetrain.io.atomic import atomic_write_bytes
 from securetrain.pipeline.config import PipelineConfig
 from securetrain.pipeline.locate import find_project_file
@@ -42,19 +43,6 @@ log = logging.getLogger("securetrain.pipeline")
 #: Metrics the built-in tasks' validation reports that can select the best checkpoint.
 CLASSIFICATION_METRICS = ("loss", "accuracy", "auc")
 
-#: Exit status of ``securetrain run``/``demo`` after a preemption (same as ``securetrain train``).
-PREEMPTED_EXIT_CODE = 75
-
-
-class PipelinePreempted(SecureTrainError):
-    """Training stopped on SIGTERM or Ctrl-C after a clean checkpoint; rerunning resumes it.
-
-    ``exit_code``: 75 after SIGTERM, 130 after Ctrl-C (what ``securetrain train`` exits with).
-    """
-
-    def __init__(self, message: str, *, hint: str | None = None, exit_code: int = PREEMPTED_EXIT_CODE) -> None:
-        super().__init__(message, hint=hint)
-        self.exit_code = exit_code
 
 
 # --------------------------------------------------------------------------------- helpers
@@ -77,10 +65,10 @@ def task_datasets(config: PipelineConfig, secrets: RunSecrets, audit: AuditRecor
     task = resolve_task(config)
     data = task.build_datasets(TaskContext(config, secrets, audit or NullAuditRecorder()))
     if not isinstance(data, TaskData):
-        raise SecureTrainError(f"{type(task).__name__}.build_datasets returned {type(data).__name__}, not TaskData",
+        raise PipelineError(f"{type(task).__name__}.build_datasets returned {type(data).__name__}, not TaskData",
                                hint="see docs/tasks.md")
     if data.num_classes < 2:
-        raise SecureTrainError(f"the task has {data.num_classes} class(es); classification needs at least 2",
+        raise PipelineError(f"the task has {data.num_classes} class(es); classification needs at least 2",
                                hint="check the labels (data.label_column) or data.classes")
     return task, data
 
@@ -203,7 +191,7 @@ def train(
     backend = resolve_backend(config.training.device)
     task, data = task_datasets(config, secrets, audit)
     if len(data.train) == 0:
-        raise SecureTrainError("the training split is empty", hint="add patients or lower data.eval_fraction")
+        raise PipelineError("the training split is empty", hint="add patients or lower data.eval_fraction")
     model = build_task_model(config, data)
     check_model_output(model, _first_batch(data.train), data.num_classes, target=config.model.target,
                        predict=_predict_fn(task))
@@ -329,7 +317,7 @@ def extract_features(
 
     task, data = task_datasets(config, secrets, audit)
     if len(data.eval) == 0:
-        raise SecureTrainError("the evaluation split is empty", hint="use more patients or raise data.eval_fraction")
+        raise PipelineError("the evaluation split is empty", hint="use more patients or raise data.eval_fraction")
     model = load_trained_model(config, secrets, audit, data, which=config.he.checkpoint)
     loader = DataLoader(data.eval, batch_size=64, shuffle=False)
     head, features, labels = head_and_features(model, loader, _predict_fn(task))
@@ -348,7 +336,7 @@ def extract_features(
             if carried is not None and torch.allclose(_chain_from_tensors(carried)(inputs[:8]), model(inputs[:8]), atol=1e-5):
                 out.update(carried, model_inputs=inputs)
             elif config.he.scope == "model":
-                raise SecureTrainError("he.scope is 'model' but the model is not a plain chain of "
+                raise PipelineError("he.scope is 'model' but the model is not a plain chain of "
                                        f"{', '.join(_CHAIN_LAYERS)} layers", hint="use he.scope: head or auto")
             else:
                 log.warning("the model is not a plain layer chain; HE evaluates its last linear layer instead")
@@ -380,7 +368,7 @@ def _chain_from_tensors(features: dict[str, torch.Tensor]) -> torch.nn.Sequentia
     layers: list[nn.Module] = []
     for i, kind in enumerate(kinds):
         if kind not in _CHAIN_LAYERS:
-            raise SecureTrainError(f"HE scope 'model' cannot carry a {kind} layer", hint="set he.scope: head")
+            raise PipelineError(f"HE scope 'model' cannot carry a {kind} layer", hint="set he.scope: head")
         params = {k.split("/", 2)[2]: v for k, v in features.items() if k.startswith(f"layer/{i}/")}
         if kind == "Linear":
             layer: nn.Module = nn.Linear(params["weight"].shape[1], params["weight"].shape[0])

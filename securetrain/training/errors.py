@@ -13,9 +13,9 @@ class CheckpointNotFoundError(TrainingError):
     """A checkpoint was requested but the store holds none (or not the one asked for)."""
 
 
-class CheckpointCorruptError(IntegrityError):
+class CheckpointCorruptError(TrainingError, IntegrityError):
     """A checkpoint file is truncated, malformed, or does not match its recorded digest."""
 
 
-class ResumeMismatchError(ConfigError):
+class ResumeMismatchError(TrainingError, ConfigError):
     """The checkpoint was written by a run whose settings make an exact resume impossible."""

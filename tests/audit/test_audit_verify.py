@@ -398,3 +398,37 @@ def test_standalone_checks_prove_output(log: AuditLog, tmp_path: Path, held_key:
     (tmp_path / "bad.json").write_text(json.dumps({**data, "old_size": 0, "proof": []}))
     res = standalone(Path(""), "--proof", str(tmp_path / "bad.json"), "--vkey", str(held_key))
     assert res.returncode == 1  # a proof from the empty tree proves nothing
+
+
+# -- parallel verification: same verdicts as sequential ------------------------------------------
+@pytest.mark.parametrize("tamper", [None, 0, 3, 9, 12, 27, "truncate", "swap", "blank"])
+def test_parallel_verification_matches_sequential(log: AuditLog, tmp_path: Path, held_key: Path, tamper) -> None:  # noqa: ANN001
+    _grow(log, 20)
+    out = log.export(tmp_path / "exp")
+    lines = (out / "entries.jsonl").read_bytes().splitlines(keepends=True)
+    if isinstance(tamper, int):
+        lines[tamper] = lines[tamper].replace(b'"outcome":"success"', b'"outcome":"failure"')
+    elif tamper == "truncate":
+        lines = lines[:17]
+    elif tamper == "swap":
+        lines[12], lines[13] = lines[13], lines[12]
+    elif tamper == "blank":
+        lines.insert(11, b"\n")
+    (out / "entries.jsonl").write_bytes(b"".join(lines))
+    if tamper is not None:
+        _refresh_manifest(out, "entries.jsonl")
+    from securetrain.audit.keys import load_public_key_pem
+
+    key = load_public_key_pem((out / "public_key.pem").read_bytes())
+    seq = verify_export(out, public_key=key, workers=1)
+    one = standalone(out, "--vkey", str(held_key), "--workers", "1")
+    for chunk in ("97", "700"):
+        two = standalone(out, "--vkey", str(held_key), "--workers", "2", "--chunk-bytes", chunk)
+        assert (two.returncode, two.stdout, two.stderr) == (one.returncode, one.stdout, one.stderr), chunk
+    assert one.returncode == (0 if tamper is None else 1), one.stderr
+    for chunk in (97, 500, 1 << 20):
+        par = verify_export(out, public_key=key, workers=2, chunk_bytes=chunk)
+        assert (par.ok, par.entries, par.root_hash, par.checkpoints_verified) == \
+            (seq.ok, seq.entries, seq.root_hash, seq.checkpoints_verified), chunk
+        assert str(par.error) == str(seq.error), chunk
+    assert seq.ok is (tamper is None)

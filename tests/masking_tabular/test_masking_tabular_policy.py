@@ -21,7 +21,7 @@ def test_shipped_policy_loads_and_has_no_default() -> None:
     assert p.rule_for("card_number").action == "pan"
     assert p.rule_for("backup_card_number").action == "pan"  # glob
     assert p.rule_for("some_new_column") is None
-    assert len(p.digest()) == 64 and p.digest() == load_policy(POLICY).digest()
+    assert len(p.digest) == 64 and p.digest == load_policy(POLICY).digest
 
 
 def test_exact_name_beats_pattern() -> None:
@@ -73,4 +73,4 @@ def test_invalid_yaml_file(tmp_path: Path) -> None:
 def test_digest_changes_with_content() -> None:
     a = MaskingPolicy(policy_version="1", columns=[GeneralizeRule(name="x", action="generalize", bins=[0, 1])])
     b = MaskingPolicy(policy_version="1", columns=[GeneralizeRule(name="x", action="generalize", bins=[0, 2])])
-    assert a.digest() != b.digest()
+    assert a.digest != b.digest

@@ -17,9 +17,13 @@ class UnreadableDicomError(DeidError):
     """The input is not DICOM, is truncated, or its pixels cannot be decoded."""
 
 
-class DeidKeyError(ConfigError):
+class DeidKeyError(DeidError, ConfigError):
     """The de-identification secret or mapping key is missing or too weak."""
 
 
-class MappingIntegrityError(IntegrityError):
+class MappingIntegrityError(DeidError, IntegrityError):
     """An encrypted pseudonym mapping failed authentication (wrong key, tampered or truncated)."""
+
+
+class OcrUnavailable(DeidError, ConfigError):
+    """``burned_in: clean`` needs Tesseract (Debian ``tesseract-ocr``) and ``pytesseract``."""

@@ -230,6 +230,11 @@ class DicomPolicy(BaseModel):
     def override_tags(self) -> dict[int, str]:
         return {parse_tag(k): a for k, a in self.overrides.items()}
 
+    @property
+    def version(self) -> str:
+        """The policy format version (``policy_version``), as the :class:`securetrain.policy.Policy` protocol names it."""
+        return str(self.policy_version)
+
     @cached_property
     def digest(self) -> str:
         """sha256 of the RFC 8785 canonical JSON of the policy: what the audit log records."""

@@ -9,7 +9,7 @@ class TabularMaskingError(SecureTrainError):
     """Base class for refusals and failures while masking a table."""
 
 
-class MaskKeyError(ConfigError):
+class MaskKeyError(TabularMaskingError, ConfigError):
     """The tokenisation key is missing, malformed or too short."""
 
 

@@ -140,7 +140,7 @@ class TabularMasker:
         key = _check_key(key)
         self._token_key = T.derive_token_key(key)
         self.key_id = T.key_id(key)
-        self.policy_digest = self.policy.digest()
+        self.policy_digest = self.policy.digest
         self._audit: AuditRecorder = audit or NullAuditRecorder()
 
     def __repr__(self) -> str:  # never show key material

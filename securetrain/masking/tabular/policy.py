@@ -12,6 +12,7 @@ import fnmatch
 import hashlib
 import os
 import re
+from functools import cached_property
 from typing import Annotated, Literal
 
 import rfc8785
@@ -201,6 +202,12 @@ class MaskingPolicy(BaseModel):
                 return rule
         return self.default
 
+    @property
+    def version(self) -> str:
+        """The policy's own version (``policy_version``), as the :class:`securetrain.policy.Policy` protocol names it."""
+        return str(self.policy_version)
+
+    @cached_property
     def digest(self) -> str:
         """sha256 over the RFC 8785 canonical JSON of the validated policy (defaults included)."""
         return hashlib.sha256(rfc8785.dumps(self.model_dump(mode="json"))).hexdigest()

@@ -18,7 +18,7 @@ import numpy as np
 from pydicom.dataset import Dataset
 from pydicom.sequence import Sequence
 
-from securetrain.errors import ConfigError
+from securetrain.masking.dicom.errors import OcrUnavailable
 from securetrain.masking.dicom.burned_in.codec import decode_frames, displayed, fill_value, paint, transfer_syntax, write_pixels
 from securetrain.masking.dicom.burned_in.detect import TextRule, find_text
 from securetrain.masking.dicom.burned_in.ocr import OcrEngine, OcrUnavailableError, TesseractEngine
@@ -34,8 +34,6 @@ CLEAN_PIXEL_CODE = CID7050[Option.CLEAN_PIXEL_DATA.value]
 _MAX_LISTED_REGIONS = 24  # (0012,0063) values naming single regions; the rest are summarised
 
 
-class OcrUnavailable(ConfigError):
-    """``burned_in: clean`` needs Tesseract (Debian ``tesseract-ocr``) and ``pytesseract``."""
 
 
 @dataclass
