@@ -20,6 +20,8 @@ from securetrain.pipeline.report import markdown_summary
 from securetrain.pipeline.results import AuditSummary, HESummary, PipelineResult, PreparedData, TrainingSummary
 from securetrain.pipeline.runner import assemble_result, config_digest, finish_report, open_run_audit, sign_provenance
 from securetrain.pipeline.secrets import export_passphrase_for_children, load_run_secrets, run_keyring_path
+from securetrain.pipeline.task_runners import build_task_runner
+from securetrain.pipeline.tasks.dicom_shards import ShardSpec, plan_shards, run_shard
 from securetrain.redaction import install_redaction
 from securetrain.secretenv import resolve_secret_files
 
@@ -49,11 +51,40 @@ def ingest_task(config: PipelineConfig) -> str | None:
     return None if raw is None else str(raw)
 
 
+# One shard of de-identification on the configured task runner (threads, Dask, Ray). Outputs are
+# written atomically and keyed, so a retry (or a rerun) redoes or skips the shard with identical bytes.
+# Only counts come back: the shard's mapping and audit events stay in its encrypted result file.
+@task(name="deid-shard", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, result_serializer="json")
+def deid_shard_task(config: PipelineConfig, shard: ShardSpec) -> dict[str, Any]:
+    assert config.data.policy is not None
+    result = run_shard(shard, config.run_dir / "deid", config.data.policy, load_run_secrets(config).deid_secret)
+    return {"index": result.index, "files": len(result.rows), "resumed": result.resumed}
+
+
+def deidentify_on_task_runner(config: PipelineConfig, raw: str | None) -> list[int] | None:
+    """Run the de-identification shards on ``execution.task_runner``; None when it is ``serial``."""
+    runner = build_task_runner(config.execution)
+    if runner is None or raw is None or config.task.kind != "dicom-classification":
+        return None
+    from securetrain.pipeline.tasks.dicom import read_labelled_manifest
+
+    rows = read_labelled_manifest(Path(raw), config.data.label_column)
+    shards = plan_shards([path for path, _ in rows], config.execution.shard_size)
+    (config.run_dir / "deid").mkdir(parents=True, exist_ok=True, mode=0o700)
+    with runner:
+        futures = [runner.submit(deid_shard_task, parameters={"config": config, "shard": s}) for s in shards]
+        outcomes = [f.result() for f in futures]
+    get_run_logger().info("de-identified %d shard(s) on the %s task runner (%d skipped: already done)",
+                          len(outcomes), config.execution.task_runner, sum(o["resumed"] for o in outcomes))
+    return [o["index"] for o in outcomes if not o["resumed"]]
+
+
 # De-identification / masking write atomically and are deterministic for a key: safe to retry.
 @task(name="prepare-data", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, result_serializer="json")
-def prepare_task(config: PipelineConfig, raw: str | None) -> PreparedData:
+def prepare_task(config: PipelineConfig, raw: str | None, fresh_shards: list[int] | None = None) -> PreparedData:
     with open_run_audit(config) as audit:
-        return stages.prepare(config, Path(raw) if raw else None, load_run_secrets(config), audit)
+        return stages.prepare(config, Path(raw) if raw else None, load_run_secrets(config), audit,
+                              fresh_shards=fresh_shards)
 
 
 # Training resumes from its latest encrypted checkpoint, so a retry continues rather than restarts.
@@ -61,8 +92,10 @@ def prepare_task(config: PipelineConfig, raw: str | None) -> PreparedData:
 def train_task(config: PipelineConfig, prepared: PreparedData) -> TrainingSummary:
     logger = get_run_logger()
     with open_run_audit(config) as audit:
-        summary = stages.train(config, prepared, load_run_secrets(config), audit)
-    logger.info("trained %d steps on %s, final loss %.3g", summary.steps, summary.device, summary.final_loss)
+        # More than one process: torchrun's output is streamed into this task's log line by line.
+        summary = stages.train(config, prepared, load_run_secrets(config), audit, log_line=logger.info)
+    logger.info("trained %d steps on %s (world size %d), final loss %.3g", summary.steps, summary.device,
+                summary.world_size, summary.final_loss)
     return summary
 
 
@@ -190,10 +223,16 @@ def _run_locked(config: PipelineConfig, clock: Any, logger: Any) -> dict[str, An
     export_passphrase_for_children(config)  # after creation: the serializer reads it from the env
     with open_run_audit(config) as audit:
         audit.record("pipeline.start", f"run:{config.name}", details={"config_sha256": config_digest(config)})
+<<<<<<< HEAD
     with clock.stage("ingest"):
         raw = ingest_task(config)
     with clock.stage("prepare-data"):
         prepared = prepare_task(config, raw)
+=======
+    raw = ingest_task(config)
+    fresh_shards = deidentify_on_task_runner(config, raw)
+    prepared = prepare_task(config, raw, fresh_shards)
+>>>>>>> main
     if prepared.deid:
         d = prepared.deid
         logger.info("de-identified %d/%d files (%d rejected)", d.files_out, d.files_in, d.rejected)
@@ -204,6 +243,7 @@ def _run_locked(config: PipelineConfig, clock: Any, logger: Any) -> dict[str, An
         training = train_task(config, prepared)
     he = None
     if config.he.enabled:
+<<<<<<< HEAD
         with clock.stage("extract-features"):
             features = extract_features_task.with_options(result_serializer=_tensor_serializer(config))(config)
         with clock.stage("he-evaluate"):
@@ -213,6 +253,14 @@ def _run_locked(config: PipelineConfig, clock: Any, logger: Any) -> dict[str, An
     with clock.stage("seal-audit"):
         sealed = seal_audit_task(config, training.steps)
     result = finish_report(assemble_result(config, prepared, training, he, sealed, provenance), config, clock=clock)
+=======
+        features = extract_features_task.with_options(result_serializer=_tensor_serializer(config))(config)
+        he = he_evaluate_task(config, features)
+    provenance = sign_provenance_task(config, prepared, training)
+    sealed = seal_audit_task(config, training.steps)
+    used = config.execution.task_runner if fresh_shards is not None else "serial"
+    result = finish_report(assemble_result(config, prepared, training, he, sealed, provenance, task_runner=used), config)
+>>>>>>> main
     publish_artifacts(result)
     logger.info("report: %s", result.report_html)
     summary = result.model_dump(mode="json")

@@ -101,6 +101,9 @@ def verify(
     since_checkpoint: Optional[Path] = typer.Option(
         None, "--since-checkpoint",
         help="With --export: incremental check from this held checkpoint (or anchor file): only newer entries are parsed."),
+    workers: Optional[int] = typer.Option(
+        None, "--workers", min=1,
+        help="With --export: processes checking entries (default: CPU count for 16 MiB of entries or more, else 1)."),
     signing_key: Optional[Path] = _SIGNING_KEY,
     schema: Optional[str] = _SCHEMA,
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -127,7 +130,7 @@ def verify(
 
                 since = _read_notes([since_checkpoint])[0] if since_checkpoint is not None else None
                 report = verify_export(export, public_key=key, trusted_notes=trusted, on_entry=tick,
-                                       since_checkpoint=since)
+                                       since_checkpoint=since, workers=workers)
             else:
                 if since_checkpoint is not None:
                     from securetrain.audit.errors import AuditConfigError

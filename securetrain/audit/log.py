@@ -848,8 +848,31 @@ def _after_fork_in_child() -> None:
         audit_log._forget_inherited_state()
 
 
+_HELD_AT_FORK: list[Any] = []
+
+
+def _before_fork() -> None:
+    # No append/checkpoint transaction of this process may be in flight when it forks: SQLite keeps
+    # per-file lock state in process memory, and a child inheriting "lock held" would wait forever.
+    for audit_log in list(_LIVE_LOGS):
+        lock = audit_log._lock
+        lock.acquire()
+        _HELD_AT_FORK.append(lock)
+
+
+def _after_fork_in_parent() -> None:
+    while _HELD_AT_FORK:
+        _HELD_AT_FORK.pop().release()
+
+
+def _after_fork_in_child_all() -> None:
+    _HELD_AT_FORK.clear()  # the child replaces every log's lock (see _forget_inherited_state)
+    _after_fork_in_child()
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                         after_in_child=_after_fork_in_child_all)
 
 
 def open_audit_log(url_or_path: str | os.PathLike[str] | None = None, **kwargs: Any) -> AuditLog:

@@ -15,6 +15,7 @@ import os
 import re
 import struct
 import secrets
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -244,10 +245,17 @@ class EncryptedCheckpointStore:
             raise CheckpointError(f"cannot create {path} (read-only checkpoint directory?)",
                                   hint="pass store_id= explicitly to open a read-only store") from None
         except FileExistsError:
-            try:
-                value = path.read_text(encoding="ascii", errors="replace").strip()
-            except OSError as exc:
-                raise CheckpointError(f"cannot read {path}: {exc.strerror}") from None
+            # Another process (e.g. the other ranks of a torchrun job) may have just created it and
+            # not yet written the id: wait briefly for the content rather than calling it malformed.
+            deadline = time.monotonic() + 5.0
+            while True:
+                try:
+                    value = path.read_text(encoding="ascii", errors="replace").strip()
+                except OSError as exc:
+                    raise CheckpointError(f"cannot read {path}: {exc.strerror}") from None
+                if value or time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
             if not _STORE_ID.fullmatch(value):
                 raise CheckpointError(f"{path} is malformed", hint="restore it, or pass store_id=") from None
             return value
@@ -271,6 +279,16 @@ class EncryptedCheckpointStore:
 
     def path_for(self, step: int) -> Path:
         return self.directory / f"step-{step:012d}.stenc"
+
+    def shard_store(self, rank: int) -> EncryptedCheckpointStore:
+        """The store of rank ``rank``'s FSDP shards: same keys and settings, ``shards/rank-<R>/``,
+        bound to ``<store id>.rank<R>`` (a shard moved to another rank's place is refused)."""
+        return EncryptedCheckpointStore(
+            self.directory / "shards" / f"rank-{int(rank):05d}", self.keyring, key_id=self.key_id,
+            keep_last=None if self.keep_last is None else self.keep_last + 1,  # a crash between shard and manifest
+            audit=self.audit, segment_size=self.segment_size, digest=self.digest, verify_sha256=self.verify_sha256,
+            recipients=self.recipients, store_id=f"{self.store_id}.rank{int(rank)}"[:128], signer=self.signer,
+            verify_keys=self.verify_keys, accept_unbound=self.accept_unbound)
 
     def save(self, step: int, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> CheckpointInfo:
         if not isinstance(step, int) or step < 0 or step >= 10**12:

@@ -9,6 +9,7 @@ under the ``securetrain.devices`` entry-point group.
 from __future__ import annotations
 
 import abc
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,6 +121,21 @@ class DeviceBackend(abc.ABC):
             memory=memory,
             reason=reason,
         )
+
+    #: Upper bound on the DataLoader workers :meth:`loader_workers` advises per rank.
+    max_loader_workers: int = 8
+
+    def loader_workers(self, procs_per_node: int = 1) -> int:
+        """Advised DataLoader ``num_workers`` per rank: ~70% of this process's cores shared by the
+        node's ranks, capped at :attr:`max_loader_workers`; 0 for host-only (CPU) training, where
+        loader workers would compete with the compute for the same cores."""
+        if self.device_type == "cpu":
+            return 0
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+        return max(0, min(self.max_loader_workers, int(0.7 * cores / max(1, procs_per_node))))
 
     def round_batch_size(self, batch_size: int) -> int:
         """``batch_size`` rounded up to :attr:`batch_multiple`."""

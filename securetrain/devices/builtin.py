@@ -214,16 +214,24 @@ class BirenBackend(PrivateUse1Backend):
 
     @property
     def collective_backend(self) -> str:
-        try:
-            import torch.distributed as dist
-
-            registered = {b.lower() for b in dist.Backend.backend_list}
-        except Exception:
-            registered = set()
+        # Only a collective torch_br actually registered; never a name init_process_group would reject.
         for candidate in BIREN_COLLECTIVE_CANDIDATES:
-            if candidate in registered:
+            if collective_available(candidate):
                 return candidate
-        return BIREN_COLLECTIVE_CANDIDATES[0]
+        return "gloo"
+
+
+def collective_available(name: str) -> bool:
+    """Whether ``torch.distributed`` has a process-group backend registered under ``name``."""
+    try:
+        import torch.distributed as dist
+
+        probe = getattr(dist, "is_backend_available", None)
+        if callable(probe):
+            return bool(probe(name))
+        return name.lower() in {b.lower() for b in dist.Backend.backend_list}
+    except Exception:
+        return False
 
 
 class AcceleratorBackend(DeviceBackend):

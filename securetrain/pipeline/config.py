@@ -129,6 +129,29 @@ class TrackingConfig(BaseModel):
     artifact_location: str | None = Field(None, description="For a new experiment; default <output_dir>/mlflow-artifacts.")
 
 
+class ExecutionConfig(BaseModel):
+    """Where de-identification runs: shards of the manifest as Prefect tasks on an existing engine.
+
+    ``serial`` runs the shards one after another in the pipeline's process (also what ``--no-prefect``
+    does for every runner); ``thread`` uses Prefect's ThreadPoolTaskRunner; ``dask`` and ``ray`` use
+    ``prefect-dask`` / ``prefect-ray`` (extras ``[dask]`` / ``[ray]``): a local cluster of
+    ``n_workers`` processes, or the existing cluster at ``address``. Outputs are byte-identical
+    whichever runner is used, and a rerun skips shards whose outputs exist and verify.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    task_runner: Literal["serial", "thread", "dask", "ray"] = "serial"
+    address: str | None = Field(None, description="scheduler/cluster address (dask: tcp://host:8786, ray: ray://host:10001)")
+    n_workers: PositiveInt = 2
+    shard_size: PositiveInt = Field(256, description="files per shard (one retriable task each)")
+
+    @model_validator(mode="after")
+    def _address_needs_a_cluster_runner(self) -> ExecutionConfig:
+        if self.address and self.task_runner not in ("dask", "ray"):
+            raise ValueError(f"execution.address is for the dask and ray runners, not {self.task_runner!r}")
+        return self
+
+
 class HEConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     enabled: bool = True
@@ -182,6 +205,7 @@ class PipelineConfig(BaseModel):
     audit: AuditConfig = Field(default_factory=AuditConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     release: ReleaseConfig = Field(default_factory=ReleaseConfig)
+    execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
     base_dir: Path | None = Field(None, description="Set by the loader: the config file's folder (imports start there).")
 
     @property

@@ -31,6 +31,8 @@ class PipelinePreempted(PipelineError):
     ``exit_code``: 75 after SIGTERM, 130 after Ctrl-C (what ``securetrain train`` exits with).
     """
 
-    def __init__(self, message: str, *, hint: str | None = None, exit_code: int = PREEMPTED_EXIT_CODE) -> None:
+    def __init__(self, message: str, *, hint: str | None = None, exit_code: int = PREEMPTED_EXIT_CODE,
+                 steps: int | None = None) -> None:
         super().__init__(message, hint=hint)
         self.exit_code = exit_code
+        self.steps = steps  # optimizer steps done (when known)

@@ -156,6 +156,10 @@ def _data_rows(result: PipelineResult) -> list[tuple[str, object]]:
     return rows
 
 
+def _mib(value: Any) -> str:
+    return f"{value / 2**20:.0f} MiB" if isinstance(value, (int, float)) else str(value)
+
+
 def _privacy_text(p: dict) -> str:
     return (f"ε = {_num(p.get('epsilon'))} spent of {_num(p.get('target_epsilon'))} at δ = {p.get('delta')} "
             f"({p.get('accountant')} accountant, noise multiplier {_num(p.get('noise_multiplier'))}, "
@@ -254,9 +258,18 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
             ("training loss, smoothed (EMA, span 20 logged steps)", _num(smoothed_loss(t))),
             ("training loss, last logged batch", f"{t.final_loss:.5f}"),
             ("throughput", f"{t.samples_per_second:.1f} samples/s"),
+            ("processes", f"{t.world_size} ({t.strategy})"),
+            ("device memory (end)", ", ".join(f"{k} {_mib(v)}" for k, v in t.memory.items()) or "-"),
             *_privacy_rows(t),
         ]),
     ]
+    if t.profile_trace is not None:
+        try:
+            href = t.profile_trace.relative_to(result.run_dir).as_posix()
+        except ValueError:
+            href = t.profile_trace.as_posix()
+        sections.append(f"<p>Timeline profile (torch.profiler, Chrome trace): <a href='{html.escape(href, quote=True)}'>"
+                        f"{html.escape(t.profile_trace.name)}</a>; open it in ui.perfetto.dev or chrome://tracing.</p>")
     if result.curve_png and result.curve_png.exists():
         png = base64.b64encode(result.curve_png.read_bytes()).decode()
         sections.append(f'<img alt="training and validation curves" src="data:image/png;base64,{png}">')

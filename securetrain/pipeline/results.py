@@ -86,6 +86,10 @@ class TrainingSummary(BaseModel):
     validation: list[dict[str, Any]] = Field(default_factory=list)  # per validation: epoch, step, loss, accuracy, auc, ...
     best: dict[str, Any] | None = None  # metric, value, epoch, step, checkpoint
     best_checkpoint: CheckpointSummary | None = None
+    world_size: int = 1  # training processes (torchrun nproc_per_node x nnodes)
+    strategy: str = "single"  # single | ddp | fsdp
+    profile_trace: Path | None = None  # torch.profiler Chrome trace (training.profile)
+    memory: dict[str, Any] = Field(default_factory=dict)  # device memory summary at the end (main rank)
     privacy: dict[str, Any] | None = None  # DP-SGD runs: epsilon (spent), delta, target_epsilon, noise_multiplier, ...
 
     @computed_field  # type: ignore[prop-decorator]
@@ -165,7 +169,12 @@ class PipelineResult(BaseModel):
     report_html: Path | None = None
     result_json: Path | None = None
     config_sha256: str | None = None
+<<<<<<< HEAD
     run: RunInfo = Field(default_factory=RunInfo)
+=======
+    # De-identification engine: {"task_runner" (the one used), "configured", "n_workers", "shard_size", "cluster"}
+    execution: dict[str, Any] = Field(default_factory=dict)
+>>>>>>> main
     provenance: dict[str, Any] | None = None  # path, statement_sha256, model_sha256, container_sha256, audit_tree_size, keyid
 
     # Shortcuts into ``training`` so result.json answers the common questions at the top level.
@@ -188,6 +197,11 @@ class PipelineResult(BaseModel):
     @property
     def validation(self) -> list[dict[str, Any]]:
         return self.training.validation
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def world_size(self) -> int:
+        return self.training.world_size
 
     @computed_field  # type: ignore[prop-decorator]
     @property

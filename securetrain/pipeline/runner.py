@@ -11,6 +11,13 @@ from securetrain.pipeline.results import PipelineResult
 from securetrain.pipeline.secrets import keys_dir, load_run_secrets
 
 
+def _stderr_line(line: str) -> None:
+    """A line of the torchrun job's output, shown as it arrives (``--no-prefect``)."""
+    import sys
+
+    print(line, file=sys.stderr, flush=True)
+
+
 def open_run_audit(config: PipelineConfig):
     """The run's audit log: SQLite under the run dir unless ``audit.url`` says otherwise.
 
@@ -86,7 +93,8 @@ def _run_pipeline_locked(config: PipelineConfig, *, show_progress: bool) -> Pipe
 
             callbacks.append(RichProgressCallback("train"))
         with clock.stage("train"):
-            training = stages.train(config, prepared, secrets, audit, callbacks=callbacks)
+            training = stages.train(config, prepared, secrets, audit, callbacks=callbacks,
+                                    log_line=_stderr_line if show_progress else None)
         he = None
         if config.he.enabled:
             with clock.stage("extract-features"):
@@ -111,11 +119,16 @@ def sign_provenance(config: PipelineConfig, audit, prepared, training, secrets):
     return sign_run_provenance(config, audit, prepared, training, secrets)
 
 
-def assemble_result(config: PipelineConfig, prepared, training, he, sealed, provenance=None) -> PipelineResult:  # noqa: ANN001
+def assemble_result(config: PipelineConfig, prepared, training, he, sealed, provenance=None, *,  # noqa: ANN001
+                    task_runner: str = "serial") -> PipelineResult:
+    """``task_runner``: the engine the de-identification shards ran on (``--no-prefect`` runs them serially)."""
+    execution = {"task_runner": task_runner, "configured": config.execution.task_runner,
+                 "n_workers": config.execution.n_workers if task_runner != "serial" else 1,
+                 "shard_size": config.execution.shard_size, "cluster": bool(config.execution.address)}
     return PipelineResult(
         run_dir=config.run_dir, task=prepared.task, deid=prepared.deid, masking=prepared.masking,
         data_details=prepared.details, training=training, he=he, audit=sealed, config_sha256=config_digest(config),
-        provenance=provenance,
+        provenance=provenance, execution=execution,
     )
 
 

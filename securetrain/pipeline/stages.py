@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -135,11 +135,12 @@ def deidentify(
     audit: AuditRecorder | None = None,
     *,
     show_progress: bool = False,
+    shard_map: Any = None,
 ) -> DeidSummary:
     """DICOM: de-identify every study and split train/eval by patient pseudonym (see tasks.dicom)."""
     from securetrain.pipeline.tasks.dicom import deidentify as _deidentify
 
-    return _deidentify(config, raw_manifest, secrets, audit, show_progress=show_progress)
+    return _deidentify(config, raw_manifest, secrets, audit, show_progress=show_progress, shard_map=shard_map)
 
 
 def prepare(
@@ -149,12 +150,23 @@ def prepare(
     audit: AuditRecorder | None = None,
     *,
     show_progress: bool = False,
+    fresh_shards: Collection[int] | None = None,
 ) -> PreparedData:
-    """Protect and split the raw data the task's way (de-identify, mask, or the custom task's prepare)."""
+    """Protect and split the raw data the task's way (de-identify, mask, or the custom task's prepare).
+
+    ``fresh_shards``: de-identification shards a task runner has just completed (the flow runs them
+    first); their recorded results are merged here instead of running them again."""
     kind = config.task.kind
     if kind == "dicom-classification":
         assert raw is not None
-        return PreparedData(task=kind, deid=deidentify(config, raw, secrets, audit, show_progress=show_progress))
+        shard_map = None
+        if fresh_shards is not None:
+            from securetrain.pipeline.tasks.dicom_shards import prefetched_map
+
+            shard_map = prefetched_map(config.run_dir / "deid", Path(config.data.policy or ""), secrets.deid_secret,
+                                       fresh=set(fresh_shards))
+        return PreparedData(task=kind, deid=deidentify(config, raw, secrets, audit, show_progress=show_progress,
+                                                       shard_map=shard_map))
     ctx = TaskContext(config, secrets, audit or NullAuditRecorder())
     task = resolve_task(config)
     if kind == "tabular-classification":
@@ -172,6 +184,7 @@ def train(
     audit: AuditRecorder | None = None,
     *,
     callbacks: Sequence[Any] = (),
+    log_line: Callable[[str], None] | None = None,
 ) -> TrainingSummary:
     """Train the configured model on the task's data; checkpoints are encrypted under the run's KEK.
 
@@ -179,7 +192,14 @@ def train(
     held-out split; the best weights (by ``training.validation.metric``) go to an encrypted store of
     their own. Resumes from the latest checkpoint when one exists (so retrying this stage after a
     preemption continues rather than restarts). Raises :class:`PipelinePreempted` on SIGTERM.
+
+    With ``training.nproc_per_node``/``nnodes`` above one, the stage launches torchrun and streams
+    its output to ``log_line`` (see :mod:`securetrain.pipeline.launch`).
     """
+    from securetrain.pipeline.launch import launch_training, needs_launch
+
+    if needs_launch(config):
+        return launch_training(config, prepared, log_line=log_line)
     from securetrain.devices import resolve_backend
     from securetrain.pipeline.models import check_model_output, parameter_count
     from securetrain.training.callbacks import MetricsHistory
@@ -188,7 +208,10 @@ def train(
     if config.training.privacy is not None:
         from securetrain.release.privacy import DPTrainer as Trainer  # type: ignore[assignment]
 
-    backend = resolve_backend(config.training.device)
+    from securetrain.training.distributed import from_env
+
+    _, local_rank, world = from_env()
+    backend = resolve_backend(config.training.device, index=local_rank if world > 1 else None)
     task, data = task_datasets(config, secrets, audit)
     if len(data.train) == 0:
         raise PipelineError("the training split is empty", hint="add patients or lower data.eval_fraction")
@@ -219,7 +242,8 @@ def train(
     if result.reason == "preempted":
         what = "interrupted" if result.exit_code != PREEMPTED_EXIT_CODE else "preempted"
         raise PipelinePreempted(f"training {what} at step {result.steps} (checkpoint written)",
-                                hint="run the same command again to resume", exit_code=result.exit_code)
+                                hint="run the same command again to resume", exit_code=result.exit_code,
+                                steps=result.steps)
     store = _checkpoint_store(config, secrets, None)
     best_store = _checkpoint_store(config, secrets, None, best=True)
     best_info = best_store.latest()
@@ -240,6 +264,10 @@ def train(
         validation=[_json_safe(v) for v in result.validation],
         best=_json_safe(result.best) if result.best else None,
         best_checkpoint=_summary(best_info) if best_info else None,
+        world_size=result.world_size,
+        strategy=config.training.strategy if result.world_size > 1 else "single",
+        profile_trace=result.profile_trace,
+        memory=_json_safe(result.memory),
         privacy=_json_safe(result.privacy) if result.privacy else None,
     )
 
@@ -267,11 +295,16 @@ def load_trained_model(config: PipelineConfig, secrets: RunSecrets, audit: Audit
     if which == "best" and store.latest() is None:
         store = _checkpoint_store(config, secrets, audit)  # no validation ran: the last weights
     loaded = store.load()
+    tensors = loaded.tensors
+    from securetrain.training import sharded
+
+    if loaded.metadata.get("securetrain.train.format") == sharded.MANIFEST_FORMAT:
+        tensors = sharded.assemble_full(store, loaded)  # FSDP: every rank's shard, each verified
     if data is None:
         _, data = task_datasets(config, secrets, None)
     model = build_task_model(config, data)
     prefix = "model/"
-    state = {k[len(prefix):]: v for k, v in loaded.tensors.items() if k.startswith(prefix)}
+    state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
     model.load_state_dict(state, strict=True)
     return model.eval()
 

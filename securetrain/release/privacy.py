@@ -223,7 +223,7 @@ class DPTrainer(Trainer):
             raise PrivacyError("the training data is empty")
         # One logical batch spans all ranks: q = 1 / ceil(N / (batch_size x grad_accumulation x world_size)).
         loader = DataLoader(data, batch_size=self._logical_batch * self.dist.world_size, collate_fn=collate,
-                            num_workers=cfg.num_workers, shuffle=False)
+                            num_workers=self.num_workers, shuffle=False)
         self.privacy_engine = PrivacyEngine(accountant=p.accountant, secure_mode=False)
         steps_per_epoch = len(loader)
         with warnings.catch_warnings(), _model_errors():

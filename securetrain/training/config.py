@@ -56,6 +56,27 @@ class ValidationConfig(BaseModel):
         return "loss" not in self.metric
 
 
+class RendezvousConfig(BaseModel):
+    """torchrun rendezvous (``--rdzv-backend/--rdzv-endpoint/--rdzv-id``) for ``nnodes > 1``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: str = Field("c10d", pattern=r"^[A-Za-z0-9_-]{1,32}$", description="torchrun --rdzv-backend.")
+    endpoint: str | None = Field(None, pattern=r"^[A-Za-z0-9._\[\]:-]{1,255}$",
+                                 description="host:port every node reaches (the c10d store host).")
+    id: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,128}$", description="Job id shared by all nodes.")
+    timeout_s: PositiveInt | None = Field(None, description="Rendezvous join timeout (torchrun --rdzv-conf join_timeout).")
+
+
+class ProfileConfig(BaseModel):
+    """``training.profile: {steps: N}``: a torch.profiler Chrome trace of N optimizer steps (main rank)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: PositiveInt = Field(5, description="Optimizer steps recorded (after `wait` steps).")
+    wait: int = Field(1, ge=0, description="Steps skipped first (warm-up, data loader start).")
+
+
 class PrivacyConfig(BaseModel):
     """Differential privacy (DP-SGD, Opacus): the run's (epsilon, delta) budget.
 
@@ -96,7 +117,22 @@ class TrainingConfig(BaseModel):
     log_every: PositiveInt = Field(10, description="Sync loss to host and call on_step every N steps.")
     shuffle: bool = True
     drop_last: bool = False
-    num_workers: int = Field(0, ge=0)
+    num_workers: int | None = Field(
+        None, ge=0, description="DataLoader workers per rank; None: the device backend's advice (~70% of the "
+        "cores per rank, capped; 0 when the data is already in memory is still allowed by setting 0).")
+    batch_multiple: Literal["auto", "off"] = Field(
+        "auto", description="auto: round batch_size up to the device backend's preferred multiple (logged).")
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="Multi-process wrapping: ddp (replicated, rank 0 writes one checkpoint) or fsdp "
+        "(FSDP2 fully_shard, every rank writes its own encrypted shard).")
+    stop_check_every: PositiveInt = Field(
+        10, description="Multi-process: all-reduce the stop (preemption) flag every N optimizer steps "
+        "(and at every checkpoint), not every step.")
+    profile: ProfileConfig | None = Field(None, description="Record a torch.profiler Chrome trace under output_dir.")
+    nproc_per_node: PositiveInt = Field(1, description="Pipeline: processes per node; > 1 launches torchrun.")
+    nnodes: PositiveInt = Field(1, description="Pipeline: nodes in the torchrun job (> 1 needs rdzv.endpoint).")
+    node_rank: int | None = Field(None, ge=0, description="Static rendezvous: this node's rank (torchrun --node-rank).")
+    rdzv: RendezvousConfig = Field(default_factory=RendezvousConfig)
     deterministic: bool = Field(False, description="torch.use_deterministic_algorithms (slower on GPU).")
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     validation: ValidationConfig = Field(default_factory=ValidationConfig)
@@ -106,4 +142,15 @@ class TrainingConfig(BaseModel):
     def _has_a_stop(self) -> TrainingConfig:
         if self.epochs is None and self.max_steps is None:
             raise ValueError("set epochs or max_steps (or both: training stops at whichever comes first)")
+        if self.nnodes > 1 and not self.rdzv.endpoint:
+            raise ValueError("nnodes > 1 needs rdzv.endpoint (host:port of the rendezvous store every node reaches)")
+        if self.strategy == "fsdp" and getattr(self, "privacy", None) is not None:
+            raise ValueError("privacy (DP-SGD) works with strategy ddp only (Opacus wraps the model in its DDP)")
+        if self.node_rank is not None and self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank {self.node_rank} must be below nnodes {self.nnodes}")
         return self
+
+    @property
+    def launch_world_size(self) -> int:
+        """Processes the pipeline launches through torchrun (1: train in-process)."""
+        return self.nproc_per_node * self.nnodes

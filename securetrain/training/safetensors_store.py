@@ -51,6 +51,12 @@ class SafetensorsCheckpointStore:
         self.keep_last = keep_last
         self.audit: AuditRecorder = audit or NullAuditRecorder()
 
+    def shard_store(self, rank: int) -> SafetensorsCheckpointStore:
+        """The store of rank ``rank``'s FSDP shards (``shards/rank-<R>/``)."""
+        return SafetensorsCheckpointStore(self.directory / "shards" / f"rank-{int(rank):05d}",
+                                          keep_last=None if self.keep_last is None else self.keep_last + 1,
+                                          audit=self.audit)
+
     def _paths(self) -> list[tuple[int, Path]]:
         if not self.directory.is_dir():
             return []

@@ -27,11 +27,14 @@ with bit-identical weights to an uninterrupted run.
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,6 +44,7 @@ from torch import nn
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
 from securetrain.devices.backend import DeviceBackend
 from securetrain.devices.registry import resolve_backend
+from securetrain.training import sharded
 from securetrain.training import state as st
 from securetrain.training.callbacks import StepMetrics, TrainerCallback
 from securetrain.training.checkpoint_store import CheckpointInfo, CheckpointStore
@@ -52,6 +56,8 @@ from securetrain.training.errors import ResumeMismatchError, TrainingError
 from securetrain.training.schedulers import build_scheduler
 from securetrain.training.seeding import capture_rng_state, restore_rng_state, seed_everything
 from securetrain.training.validation import BestTracker, MetricsFn, PredictFn, classification_metrics, collect_outputs
+
+log = logging.getLogger("securetrain.training")
 
 #: Exit status for "stopped by SIGTERM after a clean checkpoint; rerun to resume" (BSD EX_TEMPFAIL).
 PREEMPTED_EXIT_CODE = 75
@@ -134,6 +140,9 @@ class TrainResult:
     validation: tuple[dict[str, Any], ...] = ()  # one entry per validation: epoch, step, metrics
     best: dict[str, Any] | None = None  # metric, value, epoch, step, checkpoint (path) of the best validation
     stop_signal: int | None = None  # the signal that stopped a preempted run (SIGTERM, SIGINT) if any
+    world_size: int = 1
+    profile_trace: Path | None = None  # Chrome trace written for config.profile
+    memory: dict[str, Any] = field(default_factory=dict)  # backend.memory_summary() at the end (main rank)
     privacy: dict[str, Any] | None = None  # DP-SGD runs: epsilon, delta, noise_multiplier, ... (securetrain.release.privacy)
 
     @property
@@ -240,6 +249,11 @@ class Trainer:
         self._saved_step: int | None = None
         self._saved_info: CheckpointInfo | None = None
         self._validated_step: int | None = None
+        self._profile_trace: Path | None = None
+        self._profiler: Any = None
+        self._sharded = False
+        self.batch_size = self.config.batch_size
+        self.num_workers = self.config.num_workers or 0
 
     # --- public helpers ------------------------------------------------------------------
     @property
@@ -344,8 +358,8 @@ class Trainer:
         """The epoch-wise batch source (a subclass may substitute one, e.g. Poisson sampling for DP)."""
         cfg = self.config
         return EpochFeeder(
-            self.train_data, batch_size=cfg.batch_size, seed=cfg.seed, shuffle=cfg.shuffle, drop_last=cfg.drop_last,
-            num_workers=cfg.num_workers, pin_memory=backend.pin_memory and device.type != "cpu",
+            self.train_data, batch_size=self.batch_size, seed=cfg.seed, shuffle=cfg.shuffle, drop_last=cfg.drop_last,
+            num_workers=self.num_workers, pin_memory=backend.pin_memory and device.type != "cpu",
             rank=self.dist.rank, world_size=self.dist.world_size,
         )
 
@@ -367,12 +381,31 @@ class Trainer:
             total = min(total, by_epochs) if total else by_epochs
         self._total_steps = total
 
+    def _effective_batch_size(self, backend: DeviceBackend) -> int:
+        """``batch_size`` rounded up to the backend's multiple (``batch_multiple: auto``), logged."""
+        size = self.config.batch_size
+        if self.config.batch_multiple == "off":
+            return size
+        rounded = backend.round_batch_size(size)
+        if rounded != size and self.is_main:
+            log.info("batch_size %d rounded up to %d (a multiple of %d, the %s backend's preferred size; "
+                     "set training.batch_multiple: off to keep %d)", size, rounded, backend.batch_multiple,
+                     backend.name, size)
+        return rounded
+
+    def _effective_num_workers(self, backend: DeviceBackend) -> int:
+        """``num_workers`` as configured, else the backend's advice for this node's ranks."""
+        if self.config.num_workers is not None:
+            return self.config.num_workers
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        return backend.loader_workers(per_node)
+
     def _fingerprint(self, world_size: int, precision: str, dataset_len: int | None) -> dict[str, Any]:
         c = self.config
         # What must match for a resumed run to replay the same sample order and numerics.
         return {
             "seed": c.seed,
-            "batch_size": c.batch_size,
+            "batch_size": self.batch_size,
             "grad_accumulation": c.grad_accumulation,
             "world_size": world_size,
             "shuffle": c.shuffle,
@@ -382,8 +415,50 @@ class Trainer:
         }
 
     # --- checkpointing -------------------------------------------------------------------
+    def _check_fsdp(self, precision: str) -> None:
+        if precision == "fp16":
+            raise TrainingError("strategy fsdp does not support precision fp16 (its GradScaler is not sharded)",
+                                hint="use precision bf16 or fp32, or strategy ddp")
+        if isinstance(self._optimizer_arg, torch.optim.Optimizer) and not sharded.is_fsdp(self.model):
+            raise TrainingError("strategy fsdp replaces the model's parameters with shards, so an optimizer built "
+                                "on the unsharded parameters cannot be used",
+                                hint="pass an optimizer factory (params -> optimizer), or fully_shard the model yourself")
+
+    def _train_state(self) -> dict[str, Any]:
+        assert self.scaler is not None
+        p = self.progress
+        return {
+            "step": p.step, "epoch": p.epoch, "position": p.position, "samples": p.samples,
+            "last_loss": self._last_loss, "fingerprint": self._fingerprint_value,
+            "scaler": self.scaler.state_dict(), "extra": self.extra_state(),
+        }
+
+    def _checkpoint_sharded(self) -> CheckpointInfo | None:
+        """FSDP: every rank writes its own shard; rank 0 then the manifest binding them (see sharded)."""
+        assert self.optimizer is not None and self.backend is not None
+        p, rank, world = self.progress, self.dist.rank, self.dist.world_size
+        tensors, layout, optim_meta = sharded.local_state(self.model, self.optimizer)
+        rng_t, rng_m = capture_rng_state(self.backend.device_type)
+        tensors.update({f"rng/{k}": v.cpu() for k, v in rng_t.items()})
+        shard_state = {"rank": rank, "world_size": world, "step": p.step, "optimizer": optim_meta, "rng": rng_m}
+        shard_info = sharded.shard_store(self.store, rank).save(
+            p.step, tensors, {TRAIN_FORMAT_KEY: sharded.SHARD_FORMAT, sharded.SHARD_STATE_KEY: st.dumps(shard_state)})
+        shard_infos = self.dist.gather_objects(shard_info)
+        info: CheckpointInfo | None = None
+        if self.is_main:
+            meta = {TRAIN_FORMAT_KEY: sharded.MANIFEST_FORMAT, TRAIN_STATE_KEY: st.dumps(self._train_state()),
+                    **sharded.manifest_metadata(shard_infos, Path(self.store.directory), world, layout)}
+            info = self.store.save(p.step, {"manifest/world_size": torch.tensor([world], dtype=torch.int64)}, meta)
+            for cb in self.callbacks:
+                cb.on_checkpoint(self, info)
+        self.dist.barrier()  # the manifest is durable before anyone goes on
+        self._saved_step, self._saved_info = p.step, info
+        return info
+
     def _checkpoint(self) -> CheckpointInfo | None:
         assert self.optimizer is not None and self.backend is not None and self.scaler is not None
+        if self._sharded:
+            return self._checkpoint_sharded()
         rng_t, rng_m = capture_rng_state(self.backend.device_type)
         # Every rank's RNG is saved so dropout etc. continue exactly on each rank after resume.
         all_rng = self.dist.gather_objects((rng_t, rng_m))
@@ -416,14 +491,23 @@ class Trainer:
         return {f"model/{k}": st.detach_for_save(v) for k, v in self.unwrapped_model.state_dict().items()}
 
     def _save_best(self, metrics: Mapping[str, Any]) -> None:
-        """Weights of the best validation so far into ``best_store`` (main rank only)."""
-        if self.best_store is None or not self.is_main:
+        """Weights of the best validation so far into ``best_store`` (main rank writes; under FSDP
+        every rank takes part in gathering the full weights to rank 0's host memory)."""
+        if self.best_store is None:
+            return
+        tensors = None
+        if self._sharded:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            tensors = {f"model/{k}": st.detach_for_save(v) for k, v in full.items()}
+        if not self.is_main:
             return
         p = self.progress
         meta = {TRAIN_FORMAT_KEY: "securetrain-best/1",
                 "securetrain.train.best": st.dumps({"metric": self.tracker.metric, "value": self.tracker.best,
                                                     "epoch": p.epoch, "step": p.step})}
-        self.best_checkpoint = self.best_store.save(p.step, self._model_tensors(), meta)
+        self.best_checkpoint = self.best_store.save(p.step, tensors if tensors is not None else self._model_tensors(), meta)
 
     def _resume(self) -> int | None:
         assert self.optimizer is not None and self.backend is not None and self.scaler is not None
@@ -439,7 +523,15 @@ class Trainer:
             return None
         if ckpt is None:
             ckpt = self.store.load(latest)
-        if ckpt.metadata.get(TRAIN_FORMAT_KEY) != CHECKPOINT_FORMAT:
+        fmt = ckpt.metadata.get(TRAIN_FORMAT_KEY)
+        if (fmt == sharded.MANIFEST_FORMAT) != self._sharded and fmt in (sharded.MANIFEST_FORMAT, CHECKPOINT_FORMAT):
+            written = "FSDP-sharded" if fmt == sharded.MANIFEST_FORMAT else "a full (single/DDP) checkpoint"
+            now = "sharded (fsdp)" if self._sharded else f"not sharded ({self.dist.world_size} process(es), strategy {self.config.strategy})"
+            raise ResumeMismatchError(
+                f"cannot resume from {latest.path.name}: it is {written}, this run is {now}",
+                hint="resume with the strategy and world size that wrote it, use a fresh output_dir, or set resume=false",
+            )
+        if fmt not in (CHECKPOINT_FORMAT, sharded.MANIFEST_FORMAT):
             raise ResumeMismatchError(
                 f"{latest.path.name} is not a securetrain training checkpoint",
                 hint="use a fresh output_dir or set resume=false",
@@ -453,22 +545,43 @@ class Trainer:
                 f"cannot resume exactly from {latest.path.name}: {what}",
                 hint="restore the original settings, use a fresh output_dir, or set resume=false",
             )
-        model_sd = {k.removeprefix("model/"): v for k, v in ckpt.tensors.items() if k.startswith("model/")}
-        self.unwrapped_model.load_state_dict(model_sd, strict=True)
-        self.optimizer.load_state_dict(st.unflatten_optimizer(ckpt.tensors, saved["optimizer"]))
+        if fmt == sharded.MANIFEST_FORMAT:
+            self._resume_shard(ckpt)
+        else:
+            model_sd = {k.removeprefix("model/"): v for k, v in ckpt.tensors.items() if k.startswith("model/")}
+            self.unwrapped_model.load_state_dict(model_sd, strict=True)
+            self.optimizer.load_state_dict(st.unflatten_optimizer(ckpt.tensors, saved["optimizer"]))
+            rank = str(self.dist.rank)
+            prefix = f"rng/{rank}/"
+            restore_rng_state(
+                {k.removeprefix(prefix): v for k, v in ckpt.tensors.items() if k.startswith(prefix)},
+                saved["rng"][rank],
+                self.backend.device_type,
+            )
         if saved["scaler"]:
             self.scaler.load_state_dict(saved["scaler"])
         self.load_extra_state(saved.get("extra") or {"scheduler": None, "tracker": self.tracker.state_dict()})
-        rank = str(self.dist.rank)
-        prefix = f"rng/{rank}/"
-        restore_rng_state(
-            {k.removeprefix(prefix): v for k, v in ckpt.tensors.items() if k.startswith(prefix)},
-            saved["rng"][rank],
-            self.backend.device_type,
-        )
         self.progress = _Progress(saved["step"], saved["epoch"], saved["position"], saved["samples"])
         self._last_loss = saved["last_loss"]
         return int(saved["step"])
+
+    def _resume_shard(self, manifest: Any) -> None:
+        """FSDP: this rank's shard, verified against the manifest's digest, back into model and optimizer."""
+        assert self.optimizer is not None and self.backend is not None
+        world, infos = sharded.shard_infos(manifest.metadata, Path(self.store.directory))
+        if world != self.dist.world_size:
+            raise ResumeMismatchError(
+                f"{manifest.info.path.name} was written by {world} ranks; this run has {self.dist.world_size}",
+                hint=f"resume on {world} processes (training.nproc_per_node x nnodes), or use a fresh output_dir")
+        rank = self.dist.rank
+        shard = sharded.shard_store(self.store, rank).load(infos[rank])
+        state = st.loads(shard.metadata.get(sharded.SHARD_STATE_KEY, "null")) or {}
+        if (state.get("rank"), state.get("world_size"), state.get("step")) != (rank, world, manifest.info.step):
+            raise ResumeMismatchError(f"shard {infos[rank].path.name} does not belong to rank {rank} of step "
+                                      f"{manifest.info.step} (world {world})", hint="the shard files were moved")
+        sharded.load_local_state(self.model, self.optimizer, shard.tensors, state["optimizer"])
+        restore_rng_state({k.removeprefix("rng/"): v for k, v in shard.tensors.items() if k.startswith("rng/")},
+                          state["rng"], self.backend.device_type)
 
     # --- the run -------------------------------------------------------------------------
     def fit(self) -> TrainResult:
@@ -500,8 +613,14 @@ class Trainer:
             torch.use_deterministic_algorithms(True, warn_only=True)
         precision, self._amp_dtype = self._resolve_precision(backend)
         self.device = device
+        self.batch_size = self._effective_batch_size(backend)  # the backend's advice (logged when it applies)
+        self.num_workers = self._effective_num_workers(backend)
         seed_everything(cfg.seed + self.dist.rank)
         self.model.to(device)
+        self._sharded = self.dist.enabled and (cfg.strategy == "fsdp" or sharded.is_fsdp(self.model))
+        if self._sharded:
+            self._check_fsdp(precision)
+            self.model = sharded.wrap_fsdp(self.model, self.dist.world_size, device)
         self.optimizer = self._build_optimizer()
         self.scaler = torch.amp.GradScaler(device.type, init_scale=4096, enabled=precision == "fp16")
         self.feeder = self._make_feeder(backend, device)
@@ -509,12 +628,13 @@ class Trainer:
         self.scheduler = self._build_scheduler()
         self._fingerprint_value = self._fingerprint(self.dist.world_size, precision, self.feeder.dataset_length)
         resumed_from = self._resume() if cfg.resume else None
-        if self.dist.enabled:
+        if self.dist.enabled and not self._sharded:
             self._wrap_distributed(device)
         if self.is_main:
             self.audit.record("training.start", self.run_id, details={
                 "device": str(device), "backend": backend.name, "precision": precision,
                 "world_size": self.dist.world_size, "seed": cfg.seed, "resumed_from_step": resumed_from,
+                "strategy": ("fsdp" if self._sharded else "ddp") if self.dist.enabled else "single",
                 "parameters": sum(p.numel() for p in self.unwrapped_model.parameters()),
                 "scheduler": cfg.scheduler.name if self._scheduler_arg is None else type(self.scheduler).__name__,
             })
@@ -528,7 +648,8 @@ class Trainer:
         reason = "completed"
         info: CheckpointInfo | None = None
         try:
-            reason = self._train_loop()
+            with self._profiling():
+                reason = self._train_loop()
             if (reason in self.final_validation_reasons and self.eval_data is not None
                     and self._validated_step != self.progress.step):
                 self._validate()  # a run cut short by max_steps still reports its held-out metrics
@@ -558,6 +679,8 @@ class Trainer:
             checkpoint=info, resumed_from=resumed_from, device=str(device), precision=precision,
             validation=tuple(t.history), best=best,
             stop_signal=self._stop_signal if reason == "preempted" else None,
+            world_size=self.dist.world_size, profile_trace=self._profile_trace,
+            memory=backend.memory_summary() if self.is_main else {},
         )
         if self.is_main:
             self.audit.record("training.stop", self.run_id, details={
@@ -628,6 +751,8 @@ class Trainer:
             batch = _to_device(batch, self.device, self.backend.pin_memory)
         ddp = model if isinstance(model, nn.parallel.DistributedDataParallel) else None
         sync = contextlib.nullcontext() if (ddp is None or last or self._per_epoch is None) else ddp.no_sync()
+        if self._sharded:  # FSDP2: reduce-scatter gradients only on the window's last micro-batch
+            model.set_requires_gradient_sync(last or self._per_epoch is None)  # type: ignore[operator]
         autocast = (
             torch.autocast(self.device.type, dtype=self._amp_dtype) if self._amp_dtype is not None
             else contextlib.nullcontext()
@@ -671,18 +796,61 @@ class Trainer:
         """Log, honour a stop request, checkpoint, respect ``max_steps``."""
         cfg = self.config
         p = self.progress
+        if self._profiler is not None:
+            self._profiler.step()
         if self._window.steps >= cfg.log_every or p.step == self._total_steps:
             self._log_window()
-        stop = self.dist.any_flag(self._stop_requested) if self.dist.enabled else self._stop_requested
-        if stop:
+        checkpoint_due = bool(cfg.checkpoint_every and p.step % cfg.checkpoint_every == 0)
+        if self._stop_check_due(checkpoint_due):
             self._log_window()
             return "preempted"
-        if cfg.checkpoint_every and p.step % cfg.checkpoint_every == 0:
+        if checkpoint_due:
             self._checkpoint()
         if cfg.max_steps is not None and p.step >= cfg.max_steps:
             self._log_window()
             return "completed"
         return None
+
+    @contextlib.contextmanager
+    def _profiling(self) -> Any:
+        """``config.profile``: torch.profiler over ``wait`` + 1 warm-up + ``steps`` optimizer steps on
+        the main rank; the Chrome trace goes to ``output_dir/profile/trace-rank<R>.json``."""
+        spec = self.config.profile
+        if spec is None or not self.is_main:
+            yield
+            return
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        assert self.device is not None
+        path = Path(self.config.output_dir) / "profile" / f"trace-rank{self.dist.rank}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+        def ready(prof: Any) -> None:
+            prof.export_chrome_trace(str(path))
+            self._profile_trace = path
+            log.info("profile trace written to %s", path)
+
+        activities = [ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        with profile(activities=activities, schedule=schedule(wait=spec.wait, warmup=1, active=spec.steps, repeat=1),
+                     on_trace_ready=ready, profile_memory=True) as prof:
+            self._profiler = prof
+            try:
+                yield
+            finally:
+                self._profiler = None
+
+    def _stop_check_due(self, checkpoint_due: bool) -> bool:
+        """Whether the run stops now. One process: the local flag, every step (free). Several: the
+        flag is all-reduced (a host sync) only every ``stop_check_every`` steps, at checkpoints and
+        at the last step, on every rank alike, so all ranks stop after the same step."""
+        if not self.dist.enabled:
+            return self._stop_requested
+        p, every = self.progress, self.config.stop_check_every
+        if p.step % every and not checkpoint_due and p.step != self._total_steps:
+            return False
+        return self.dist.any_flag(self._stop_requested)
 
     def _end_epoch(self) -> str | None:
         """Advance the epoch counter; validate when due; a reason if early stopping fired."""
@@ -699,23 +867,27 @@ class Trainer:
         """Metrics on ``eval_data`` (main rank), best tracking, early-stop decision (all ranks)."""
         assert self.device is not None and self.backend is not None
         metrics: dict[str, Any] = {}
-        if self.is_main:
+        improved = False
+        if self.is_main or self._sharded:  # FSDP: every rank runs the forward (it all-gathers weights)
             # Validation must not move the training RNG streams (or a resumed run would diverge).
             rng_t, rng_m = capture_rng_state(self.backend.device_type)
             model = self.unwrapped_model
             model.eval()
             try:
                 outputs, targets = collect_outputs(model, self._eval_loader(), self.predict_fn, self._eval_to_device)
-                metrics = self.metrics_fn(outputs, targets)
+                if self.is_main:
+                    metrics = self.metrics_fn(outputs, targets)
             finally:
                 model.train()
                 restore_rng_state(rng_t, rng_m, self.backend.device_type)
+        if self.is_main:
             if self.tracker.metric not in metrics:
                 raise TrainingError(
                     f"validation.metric {self.tracker.metric!r} is not one of the validation metrics "
                     f"({', '.join(sorted(metrics))})", hint="name one of them in training.validation.metric")
             p = self.progress
-            if self.tracker.update(metrics, epoch=p.epoch, step=p.step):
+            improved = self.tracker.update(metrics, epoch=p.epoch, step=p.step)
+            if improved and not self._sharded:
                 self._save_best(metrics)
             patience = self.config.validation.patience
             self._early_stop = patience is not None and self.tracker.bad_validations >= patience
@@ -723,6 +895,8 @@ class Trainer:
                 hook = getattr(cb, "on_validation", None)
                 if hook is not None:
                     hook(self, {"epoch": p.epoch, "step": p.step, **metrics})
+        if self._sharded and self.dist.broadcast_object(improved):
+            self._save_best(metrics)  # collective: every rank gathers
         if self.dist.enabled:
             self._early_stop = bool(self.dist.broadcast_object(self._early_stop))
         self._validated_step = self.progress.step
@@ -738,7 +912,7 @@ class Trainer:
         if isinstance(self.eval_data, DataLoader):
             return self.eval_data
         size = self.config.validation.batch_size or self.config.batch_size
-        return DataLoader(self.eval_data, batch_size=size, shuffle=False, num_workers=self.config.num_workers,
+        return DataLoader(self.eval_data, batch_size=size, shuffle=False, num_workers=self.num_workers,
                           generator=torch.Generator().manual_seed(0))
 
     def _new_window(self) -> _Window:

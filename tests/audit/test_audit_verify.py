@@ -432,3 +432,5 @@ def test_parallel_verification_matches_sequential(log: AuditLog, tmp_path: Path,
             (seq.ok, seq.entries, seq.root_hash, seq.checkpoints_verified), chunk
         assert str(par.error) == str(seq.error), chunk
     assert seq.ok is (tamper is None)
+    r = cli("verify", "--export", str(out), "--public-key", str(held_key), "--workers", "2", "--json")
+    assert r.exit_code == (0 if tamper is None else 1) and json.loads(r.output)["root_hash"] == seq.root_hash, r.output

@@ -240,3 +240,40 @@ def test_postgres_errors_are_typed(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         with psycopg.connect(LIBPQ, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
             conn.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+def _child_records(log: AuditLog, worker: int) -> None:
+    for i in range(10):
+        log.record("child.write", f"c{worker}:{i}")
+
+
+def test_fork_while_a_parent_thread_is_appending(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite keeps lock state in process memory: forking mid-transaction must not hand the child a
+    'lock held' it can never release (it would time out on every append)."""
+    monkeypatch.setenv("SECURETRAIN_DATA_DIR", str(tmp_path))
+    log = AuditLog(tmp_path / "audit.db", checkpoint_every=None, busy_timeout_s=3.0)
+    stop = threading.Event()
+
+    def busy() -> None:
+        i = 0
+        while not stop.is_set():
+            log.record("parent.write", f"p:{i}")
+            i += 1
+
+    writer = threading.Thread(target=busy)
+    writer.start()
+    try:
+        ctx = mp.get_context("fork")
+        for round_ in range(4):
+            procs = [ctx.Process(target=_child_records, args=(log, 10 * round_ + w)) for w in range(2)]
+            for p in procs:
+                p.start()
+            for p in procs:
+                p.join(60)
+            assert [p.exitcode for p in procs] == [0, 0]
+    finally:
+        stop.set()
+        writer.join()
+    assert sum(1 for e in log.entries() if e.action == "child.write") == 80
+    assert log.verify().ok
+    log.close()

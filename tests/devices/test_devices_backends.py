@@ -43,6 +43,9 @@ if os.environ.get("FAKE_PATCH_CUDA") == "1":
     torch.cuda.is_available = lambda: True
     torch.cuda.device_count = lambda: 1
     torch.cuda.get_device_name = lambda i=0: "Biren BR104P"
+if os.environ.get("FAKE_SCCL") == "1":
+    import torch.distributed as dist
+    dist.Backend.register_backend("sccl", lambda *a, **k: None, devices=["supa"])
 if os.environ.get("FAKE_BROKEN") == "1":
     raise RuntimeError("driver mismatch")
 '''
@@ -74,9 +77,27 @@ def fake_br(tmp_path: Path) -> Path:
 def test_auto_picks_br_and_maps_to_supa(fake_br: Path) -> None:
     got = _run(PROBE, fake_br)
     assert got == {
-        "name": "br", "type": "supa", "device": "supa:0", "dtype": "torch.bfloat16", "coll": "sccl",
+        "name": "br", "type": "supa", "device": "supa:0", "dtype": "torch.bfloat16", "coll": "gloo",
         "mult": 128, "pin": True, "mem": {"allocated": 1234, "reserved": 4096}, "round": 256,
-    }
+    }  # no Biren collective registered: gloo, never a name init_process_group would reject
+
+
+def test_br_reports_sccl_only_when_registered(fake_br: Path) -> None:
+    assert _run(PROBE, fake_br, {"FAKE_SCCL": "1"})["coll"] == "sccl"
+
+
+def test_loader_worker_advice() -> None:
+    assert CpuBackend().loader_workers() == 0  # host training: workers would fight the compute
+
+    class Acc(CpuBackend):
+        device_type = "fakeacc"
+        max_loader_workers = 64
+
+    cores = len(os.sched_getaffinity(0))
+    assert Acc().loader_workers(1) == int(0.7 * cores)
+    assert Acc().loader_workers(cores * 4) == 0  # many ranks per node: no over-subscription
+    Acc.max_loader_workers = 0
+    assert Acc().loader_workers(1) == 0  # capped
 
 
 def test_patched_torch_cuda_is_not_mistaken_for_nvidia(fake_br: Path) -> None:

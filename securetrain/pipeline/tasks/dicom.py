@@ -29,6 +29,7 @@ from securetrain.pipeline.config import PipelineConfig
 from securetrain.pipeline.errors import TaskError
 from securetrain.pipeline.results import DeidSummary
 from securetrain.pipeline.secrets import RunSecrets
+from securetrain.pipeline.tasks.dicom_shards import ShardMap
 from securetrain.pipeline.tasks.base import TaskContext, TaskData, canonical_label, file_sha256, holdout, label_names
 
 LABELS_FILE = "labels.json"
@@ -79,6 +80,7 @@ def deidentify(
     audit: AuditRecorder | None = None,
     *,
     show_progress: bool = False,
+    shard_map: ShardMap | None = None,
 ) -> DeidSummary:
     """De-identify every study into ``<run_dir>/deid`` and split train/eval by patient pseudonym.
 
@@ -86,14 +88,13 @@ def deidentify(
     and audited, never passed on. Output names are sequence numbers (input names may carry PHI).
     The pseudonym map is exported AES-256-GCM encrypted for the data owner.
     """
-    from securetrain.masking.dicom.engine import Deidentifier
-    from securetrain.masking.dicom.errors import BurnedInAnnotationError, DeidError
+    from securetrain.masking.dicom.mapping import export_mapping
     from securetrain.masking.dicom.policy import load_policy
+    from securetrain.pipeline.tasks.dicom_shards import output_name, plan_shards, serial_map
 
     assert config.data.policy is not None
     recorder = audit or NullAuditRecorder()
     policy = load_policy(config.data.policy)
-    deid = Deidentifier(policy, secrets.deid_keys, recorder, record_changes=False)
     out_dir = config.run_dir / "deid"
     out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     rows = read_labelled_manifest(raw_manifest, config.data.label_column)
@@ -101,22 +102,37 @@ def deidentify(
     ids = {name: i for i, name in enumerate(names)}
     kept: list[tuple[str, int, str]] = []
     tags_changed = rejected = quarantined = 0
+    pseudonyms: dict[str, str] = {}
+    shards = plan_shards([path for path, _ in rows], config.execution.shard_size)
     with _progress(show_progress) as progress:
-        task = progress.add_task("de-identify", total=len(rows), status="")
-        for index, (path, label) in enumerate(rows):
-            name = f"{index:06d}.dcm"
-            try:
-                report = deid.deidentify_file(path, out_dir / name)
-            except BurnedInAnnotationError:
+        bar = progress.add_task("de-identify", total=len(rows), status="")
+        runner = shard_map or serial_map(out_dir, Path(config.data.policy), secrets.deid_secret,
+                                         on_shard=lambda r: progress.update(bar, advance=len(r.rows)))
+        results = sorted(runner(shards), key=lambda r: r.index)
+    if [r.index for r in results] != [s.index for s in shards]:
+        raise SecureTrainError("de-identification lost shards", hint="rerun: finished shards are skipped")
+    # Workers return their audit events; recording them here, in shard order, gives every runner the
+    # same log (each shard's de-identifier states the policy it applied: recorded once).
+    policy_events: set[str] = set()
+    for result in results:
+        if result.resumed:
+            recorder.record("deid.shard_resumed", f"shard:{result.index}", details={"files": len(result.rows)})
+        for event in result.events:
+            if event["action"] == "deid.policy_applied":
+                fingerprint = json.dumps(event, sort_keys=True, default=str)
+                if fingerprint in policy_events:
+                    continue
+                policy_events.add(fingerprint)
+            recorder.record(event["action"], event["resource"], outcome=event["outcome"], details=event["details"])
+        for row in result.rows:
+            if row.outcome == "rejected":
                 rejected += 1
-                recorder.record("deid.reject", f"input:{index}", outcome="refused", details={"reason": "burned_in_annotation"})
-            except DeidError as exc:
+            elif row.outcome == "quarantined":
                 quarantined += 1
-                recorder.record("deid.quarantine", f"input:{index}", outcome="refused", details={"reason": type(exc).__name__})
             else:
-                tags_changed += report.tags_changed
-                kept.append((name, ids[label], report.patient_pseudonym or ""))
-            progress.update(task, advance=1, status=f"{rejected} rejected")
+                tags_changed += row.tags_changed
+                kept.append((output_name(row.row), ids[rows[row.row][1]], row.pseudonym))
+        pseudonyms.update(result.pseudonyms)
     if not kept:
         raise SecureTrainError("no study survived de-identification", hint="check the policy and the input files")
 
@@ -128,7 +144,8 @@ def deidentify(
     _write_manifest(out_dir / "eval.csv", eval_rows)
     atomic_write_bytes(out_dir / LABELS_FILE, json.dumps({"classes": names}).encode(), mode=0o600)
     mapping_key = hashlib.sha256(b"securetrain/pipeline/pseudonym-map\x00" + secrets.deid_secret).digest()
-    deid.export_mapping(out_dir / "pseudonyms.enc", mapping_key)
+    export_mapping(out_dir / "pseudonyms.enc", dict(sorted(pseudonyms.items())), mapping_key)
+    recorder.record("deid.mapping_exported", "file:pseudonyms.enc", details={"entries": len(pseudonyms)})
     return DeidSummary(
         policy=policy.name,
         policy_version=str(policy.policy_version),

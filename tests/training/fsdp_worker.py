@@ -1,0 +1,63 @@
+"""Run under ``python -m torch.distributed.run --nproc_per_node=2 --standalone fsdp_worker.py OUTDIR``.
+
+FSDP2 (``strategy="fsdp"``) on 2 gloo ranks, checkpoints in the encrypted store ($SECURETRAIN_KEK):
+``OUTDIR/full`` uninterrupted; ``OUTDIR/resumed`` stopped after 3 steps, then resumed by a fresh
+Trainer and a differently initialised model. Each rank writes ``<run>/rank<R>.sha256`` = digest of
+its local shards, steps, reason; rank 0 also ``<run>/full.sha256`` = digest of the gathered weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from securetrain.crypto.checkpoint import EncryptedCheckpointStore
+from securetrain.training import Trainer, TrainingConfig
+from securetrain.training.synthetic import SyntheticClassification, make_mlp
+
+
+def digest(tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name, t in sorted(tensors.items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def train(out: Path, rank: int, max_steps: int | None = None, init_seed: int = 0) -> None:
+    data = SyntheticClassification(samples=100, features=10, classes=3, seed=5)
+    held_out = SyntheticClassification(samples=30, features=10, classes=3, seed=6)
+    model = make_mlp(10, 3, hidden=16, dropout=0.1, seed=rank + init_seed)  # rank 0's init must win
+    cfg = TrainingConfig(
+        epochs=2, batch_size=8, grad_accumulation=2, seed=3, output_dir=out, checkpoint_every=4, log_every=2,
+        max_steps=max_steps, strategy="fsdp", stop_check_every=2,
+    )
+    best = EncryptedCheckpointStore.from_env(out / "best", keep_last=1)
+    result = Trainer(model, data, cfg, eval_data=held_out, best_store=best).fit()
+    local = {k: (v.to_local() if hasattr(v, "to_local") else v) for k, v in model.state_dict().items()}
+    (out / f"rank{rank}.sha256").write_text(f"{digest(local)} {result.steps} {result.reason}\n")
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        (out / "full.sha256").write_text(digest(full) + "\n")
+
+
+def main() -> int:
+    out = Path(sys.argv[1])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = int(os.environ["RANK"])
+    train(out / "full", rank)
+    train(out / "resumed", rank, max_steps=3)
+    train(out / "resumed", rank, init_seed=100)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
