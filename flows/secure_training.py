@@ -223,16 +223,11 @@ def _run_locked(config: PipelineConfig, clock: Any, logger: Any) -> dict[str, An
     export_passphrase_for_children(config)  # after creation: the serializer reads it from the env
     with open_run_audit(config) as audit:
         audit.record("pipeline.start", f"run:{config.name}", details={"config_sha256": config_digest(config)})
-<<<<<<< HEAD
     with clock.stage("ingest"):
         raw = ingest_task(config)
     with clock.stage("prepare-data"):
-        prepared = prepare_task(config, raw)
-=======
-    raw = ingest_task(config)
-    fresh_shards = deidentify_on_task_runner(config, raw)
-    prepared = prepare_task(config, raw, fresh_shards)
->>>>>>> main
+        fresh_shards = deidentify_on_task_runner(config, raw)
+        prepared = prepare_task(config, raw, fresh_shards)
     if prepared.deid:
         d = prepared.deid
         logger.info("de-identified %d/%d files (%d rejected)", d.files_out, d.files_in, d.rejected)
@@ -243,7 +238,6 @@ def _run_locked(config: PipelineConfig, clock: Any, logger: Any) -> dict[str, An
         training = train_task(config, prepared)
     he = None
     if config.he.enabled:
-<<<<<<< HEAD
         with clock.stage("extract-features"):
             features = extract_features_task.with_options(result_serializer=_tensor_serializer(config))(config)
         with clock.stage("he-evaluate"):
@@ -252,15 +246,9 @@ def _run_locked(config: PipelineConfig, clock: Any, logger: Any) -> dict[str, An
         provenance = sign_provenance_task(config, prepared, training)
     with clock.stage("seal-audit"):
         sealed = seal_audit_task(config, training.steps)
-    result = finish_report(assemble_result(config, prepared, training, he, sealed, provenance), config, clock=clock)
-=======
-        features = extract_features_task.with_options(result_serializer=_tensor_serializer(config))(config)
-        he = he_evaluate_task(config, features)
-    provenance = sign_provenance_task(config, prepared, training)
-    sealed = seal_audit_task(config, training.steps)
     used = config.execution.task_runner if fresh_shards is not None else "serial"
-    result = finish_report(assemble_result(config, prepared, training, he, sealed, provenance, task_runner=used), config)
->>>>>>> main
+    result = finish_report(assemble_result(config, prepared, training, he, sealed, provenance, task_runner=used),
+                           config, clock=clock)
     publish_artifacts(result)
     logger.info("report: %s", result.report_html)
     summary = result.model_dump(mode="json")

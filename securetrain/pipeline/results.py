@@ -169,12 +169,9 @@ class PipelineResult(BaseModel):
     report_html: Path | None = None
     result_json: Path | None = None
     config_sha256: str | None = None
-<<<<<<< HEAD
     run: RunInfo = Field(default_factory=RunInfo)
-=======
     # De-identification engine: {"task_runner" (the one used), "configured", "n_workers", "shard_size", "cluster"}
     execution: dict[str, Any] = Field(default_factory=dict)
->>>>>>> main
     provenance: dict[str, Any] | None = None  # path, statement_sha256, model_sha256, container_sha256, audit_tree_size, keyid
 
     # Shortcuts into ``training`` so result.json answers the common questions at the top level.
