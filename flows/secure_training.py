@@ -204,33 +204,51 @@ def publish_artifacts(result: PipelineResult) -> None:
 @flow(name="secure_training", result_serializer="json", log_prints=False)
 def secure_training(config_path: str | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """ingest → prepare (de-identify / mask, split) → train → (HE evaluation) → seal audit log → report."""
+    from securetrain.pipeline.runinfo import StageClock
+
+    clock = StageClock()
     resolve_secret_files()  # SECURETRAIN_<X>_FILE (Compose secrets) on the worker
     install_redaction()
     logger = get_run_logger()
     config = load_pipeline_config(config_path, data=overrides)
+    from securetrain.pipeline.runlock import run_folder_lock
+
+    with run_folder_lock(config.run_dir):  # one run at a time per folder, whatever the schedule does
+        return _run_locked(config, clock, logger)
+
+
+def _run_locked(config: PipelineConfig, clock: Any, logger: Any) -> dict[str, Any]:
     stages.preflight(config)  # a bad model/task target fails before any work
     load_run_secrets(config)  # fail fast (and create demo secrets) before any work
     export_passphrase_for_children(config)  # after creation: the serializer reads it from the env
     with open_run_audit(config) as audit:
         audit.record("pipeline.start", f"run:{config.name}", details={"config_sha256": config_digest(config)})
-    raw = ingest_task(config)
-    fresh_shards = deidentify_on_task_runner(config, raw)
-    prepared = prepare_task(config, raw, fresh_shards)
+    with clock.stage("ingest"):
+        raw = ingest_task(config)
+    with clock.stage("prepare-data"):
+        fresh_shards = deidentify_on_task_runner(config, raw)
+        prepared = prepare_task(config, raw, fresh_shards)
     if prepared.deid:
         d = prepared.deid
         logger.info("de-identified %d/%d files (%d rejected)", d.files_out, d.files_in, d.rejected)
     if prepared.masking:
         m = prepared.masking
         logger.info("masked %d rows; split %d/%d entities", m.rows_in, m.train_entities, m.eval_entities)
-    training = train_task(config, prepared)
+    with clock.stage("train"):
+        training = train_task(config, prepared)
     he = None
     if config.he.enabled:
-        features = extract_features_task.with_options(result_serializer=_tensor_serializer(config))(config)
-        he = he_evaluate_task(config, features)
-    provenance = sign_provenance_task(config, prepared, training)
-    sealed = seal_audit_task(config, training.steps)
+        with clock.stage("extract-features"):
+            features = extract_features_task.with_options(result_serializer=_tensor_serializer(config))(config)
+        with clock.stage("he-evaluate"):
+            he = he_evaluate_task(config, features)
+    with clock.stage("sign-provenance"):
+        provenance = sign_provenance_task(config, prepared, training)
+    with clock.stage("seal-audit"):
+        sealed = seal_audit_task(config, training.steps)
     used = config.execution.task_runner if fresh_shards is not None else "serial"
-    result = finish_report(assemble_result(config, prepared, training, he, sealed, provenance, task_runner=used), config)
+    result = finish_report(assemble_result(config, prepared, training, he, sealed, provenance, task_runner=used),
+                           config, clock=clock)
     publish_artifacts(result)
     logger.info("report: %s", result.report_html)
     summary = result.model_dump(mode="json")

@@ -30,7 +30,10 @@ def load_mapping(path: str | os.PathLike[str]) -> dict[str, Any]:
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"config file not found: {file}", hint="check the path")
-    text = file.read_text(encoding="utf-8")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {file} is not UTF-8 text", hint="pass a .yaml or .toml file") from None
     try:
         if file.suffix == ".toml":
             data = tomllib.loads(text)

@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from securetrain.io.atomic import fsync_dir
+
 USE_O_TMPFILE = True  # tests switch this off to exercise the named-temp path
 _AT_FDCWD = -100
 _AT_EMPTY_PATH = 0x1000
@@ -48,14 +50,6 @@ def host_tag() -> str:
 
 def temp_name(target: Path) -> Path:
     return target.with_name(f".{target.name}.{host_tag()}-{os.getpid()}.{secrets.token_hex(8)}.tmp")
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _open_anonymous(directory: Path, mode: int, name: str = "probe") -> int | None:
@@ -136,7 +130,7 @@ def private_writer(path: str | os.PathLike[str], mode: int = 0o600, *, durable: 
             os.fsync(handle.fileno())
         _publish(handle.fileno(), target)
     if durable:
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
 
 
 def _publish(fd: int, target: Path) -> None:
@@ -181,7 +175,7 @@ def _named_temp_writer(target: Path, mode: int, *, durable: bool = True) -> Iter
                 os.fsync(handle.fileno())
         os.replace(tmp, target)
         if durable:
-            _fsync_dir(target.parent)
+            fsync_dir(target.parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

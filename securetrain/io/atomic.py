@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or link in ``directory`` durable (POSIX: the entry lives in the directory)."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -41,7 +42,7 @@ def atomic_writer(path: str | os.PathLike[str], mode: int = 0o600) -> Iterator[B
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()

@@ -1,7 +1,9 @@
 """Human-facing outputs of a run: PNG curves and a self-contained HTML report.
 
-The report shows train and validation curves, the confusion matrix of the best validation, and
-the model card facts (model target, parameter count, classes, data and policy digests).
+The report shows the run's provenance (version, source commit, Prefect flow run id, start/end
+time, per-stage timings, config digest, key ids), train and validation curves (with a smoothed
+training loss rather than the last batch's), the confusion matrix of the best validation, HE
+metrics with what AUC and accuracy mean, the verifier's verdict, and the model card facts.
 """
 
 from __future__ import annotations
@@ -78,6 +80,50 @@ def _table(rows: list[tuple[str, object]]) -> str:
     return f"<table>{body}</table>"
 
 
+def smoothed_loss(training: TrainingSummary) -> float | None:
+    """Exponential moving average of the logged training losses (span 20 logged steps).
+
+    The last batch's loss is one noisy sample; the smoothed value is what "final loss" should mean."""
+    losses = [loss for _, loss in training.curve if _finite(loss)]
+    if not losses:
+        return training.final_loss if _finite(training.final_loss) else None
+    alpha = 2.0 / (min(len(losses), 20) + 1)
+    value = losses[0]
+    for loss in losses[1:]:
+        value = alpha * loss + (1 - alpha) * value
+    return value
+
+
+def _run_rows(result: PipelineResult) -> list[tuple[str, object]]:
+    r = result.run
+    rows: list[tuple[str, object]] = [
+        ("securetrain version", r.securetrain_version or "-"),
+        ("source commit", r.source_commit or "- (not a git checkout; set SECURETRAIN_SOURCE_COMMIT)"),
+        ("Prefect flow run", r.flow_run_id or "- (--no-prefect)"),
+        ("started / finished (UTC)", f"{r.started_at or '-'} / {r.finished_at or '-'}"),
+    ]
+    if r.stage_seconds:
+        rows.append(("stage timings", ", ".join(f"{k} {v:.1f} s" for k, v in r.stage_seconds.items())
+                     + f" (total {sum(r.stage_seconds.values()):.1f} s)"))
+    rows.append(("config sha256", result.config_sha256 or "-"))
+    keys = sorted({c.key_id for c in result.training.checkpoints if c.key_id})
+    rows.append(("checkpoint key ids (KEK, never the key)", ", ".join(keys) or "-"))
+    if result.masking:
+        rows.append(("masking key id", result.masking.key_id))
+    return rows
+
+
+HE_EXPLAINED = (
+    "<p><b>Reading these numbers.</b> <i>AUC</i> (area under the ROC curve) measures how well the "
+    "scores rank positives above negatives over every possible threshold; it does not depend on a "
+    "threshold. <i>Accuracy</i> is the share of correct decisions at one fixed threshold (0.5 on "
+    "probabilities, 0 on logits). Encrypted and plaintext values agree when the CKKS noise and the "
+    "polynomial approximation (both shown as the max abs error) are small against the distance of the "
+    "scores from the threshold; a sample scored near the threshold can flip accuracy while the AUC "
+    "barely moves.</p>"
+)
+
+
 def best_validation(training: TrainingSummary) -> dict[str, Any] | None:
     """The validation entry of the best epoch (else the last one)."""
     if not training.validation:
@@ -138,7 +184,8 @@ def markdown_summary(result: PipelineResult) -> str:
                      f"{m.train_entities}/{m.eval_entities} entities train/eval |")
     lines += [
         f"| model | `{t.model_target}`, {t.parameters:,} parameters, classes {', '.join(t.class_names)} |",
-        f"| training | {t.steps} steps on {t.device}, final loss {t.final_loss:.4f}, {t.samples_per_second:.0f} samples/s ({t.reason}) |",
+        f"| training | {t.steps} steps on {t.device}, smoothed loss {_num(smoothed_loss(t))} (last batch "
+        f"{t.final_loss:.4f}), {t.samples_per_second:.0f} samples/s ({t.reason}) |",
         f"| checkpoints | {len(t.checkpoints)} encrypted; last key id `{t.checkpoints[-1].key_id if t.checkpoints else '-'}` |",
     ]
     if t.privacy:
@@ -164,7 +211,7 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
     import base64
 
     t = result.training
-    sections: list[str] = []
+    sections: list[str] = ["<h2>Run</h2>", _table(_run_rows(result))]
     if result.deid:
         d = result.deid
         sections += [
@@ -208,7 +255,8 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
             ("device", t.device),
             ("steps / epochs", f"{t.steps} / {t.epochs_completed}"),
             ("stopped", t.reason),
-            ("final training loss", f"{t.final_loss:.5f}"),
+            ("training loss, smoothed (EMA, span 20 logged steps)", _num(smoothed_loss(t))),
+            ("training loss, last logged batch", f"{t.final_loss:.5f}"),
             ("throughput", f"{t.samples_per_second:.1f} samples/s"),
             ("processes", f"{t.world_size} ({t.strategy})"),
             ("device memory (end)", ", ".join(f"{k} {_mib(v)}" for k, v in t.memory.items()) or "-"),
@@ -268,6 +316,7 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
                 ("poly modulus degree", h.poly_modulus_degree),
                 ("public context size", f"{h.public_context_bytes:,} bytes"),
             ]),
+            HE_EXPLAINED,
         ]
     if result.audit:
         a = result.audit

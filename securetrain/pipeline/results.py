@@ -143,6 +143,17 @@ class AuditSummary(BaseModel):
         return mask_url(value)
 
 
+class RunInfo(BaseModel):
+    """Provenance and timing of one run (shown at the top of the report)."""
+
+    securetrain_version: str = ""
+    source_commit: str | None = None  # git HEAD of the source checkout, or $SECURETRAIN_SOURCE_COMMIT
+    flow_run_id: str | None = None  # Prefect flow run; None with --no-prefect
+    started_at: str | None = None  # ISO 8601, UTC
+    finished_at: str | None = None
+    stage_seconds: dict[str, float] = Field(default_factory=dict)  # stage -> wall seconds, in order
+
+
 class PipelineResult(BaseModel):
     """The whole run; also written to ``<run_dir>/result.json``."""
 
@@ -158,6 +169,7 @@ class PipelineResult(BaseModel):
     report_html: Path | None = None
     result_json: Path | None = None
     config_sha256: str | None = None
+    run: RunInfo = Field(default_factory=RunInfo)
     # De-identification engine: {"task_runner" (the one used), "configured", "n_workers", "shard_size", "cluster"}
     execution: dict[str, Any] = Field(default_factory=dict)
     provenance: dict[str, Any] | None = None  # path, statement_sha256, model_sha256, container_sha256, audit_tree_size, keyid

@@ -37,8 +37,13 @@ def open_run_audit(config: PipelineConfig):
     return AuditLog(url, signing_key=signing_key, origin=f"securetrain/{config.name}", anchors=[FileAnchor(anchor)])
 
 
-def finish_report(result: PipelineResult, config: PipelineConfig | None = None) -> PipelineResult:
-    """Draw the curves, write the HTML report and ``result.json``; log to MLflow when configured."""
+def finish_report(result: PipelineResult, config: PipelineConfig | None = None, *, clock=None) -> PipelineResult:  # noqa: ANN001
+    """Draw the curves, write the HTML report and ``result.json``; log to MLflow when configured.
+
+    ``clock`` (a :class:`~securetrain.pipeline.runinfo.StageClock`) adds version, source commit,
+    Prefect flow run id, start/end time and per-stage timings."""
+    if clock is not None:
+        result.run = clock.info()
     result.curve_png = plot_training_curve(result.training, result.run_dir / "training-curve.png")
     result.report_html = write_html_report(result, result.run_dir / "report.html")
     result.result_json = result.run_dir / "result.json"
@@ -61,6 +66,16 @@ def write_result_json(result: PipelineResult) -> None:
 def run_pipeline(config: PipelineConfig, *, show_progress: bool = False) -> PipelineResult:
     """ingest → prepare (de-identify / mask, split) → train (encrypted checkpoints, validation)
     → HE evaluation → seal audit → report + result.json."""
+    from securetrain.pipeline.runlock import run_folder_lock
+
+    with run_folder_lock(config.run_dir):  # one run at a time per folder (schedules, manual runs)
+        return _run_pipeline_locked(config, show_progress=show_progress)
+
+
+def _run_pipeline_locked(config: PipelineConfig, *, show_progress: bool) -> PipelineResult:
+    from securetrain.pipeline.runinfo import StageClock
+
+    clock = StageClock()
     stages.preflight(config)
     secrets = load_run_secrets(config)
     with open_run_audit(config) as audit:
@@ -68,24 +83,31 @@ def run_pipeline(config: PipelineConfig, *, show_progress: bool = False) -> Pipe
             "config_sha256": config_digest(config), "task": config.task.target or config.task.kind,
             "model_target": config.model.target,
         })
-        raw = stages.ingest(config)
-        prepared = stages.prepare(config, raw, secrets, audit, show_progress=show_progress)
+        with clock.stage("ingest"):
+            raw = stages.ingest(config)
+        with clock.stage("prepare-data"):
+            prepared = stages.prepare(config, raw, secrets, audit, show_progress=show_progress)
         callbacks = []
         if show_progress:
             from securetrain.training.progress import RichProgressCallback
 
             callbacks.append(RichProgressCallback("train"))
-        training = stages.train(config, prepared, secrets, audit, callbacks=callbacks,
-                                log_line=_stderr_line if show_progress else None)
+        with clock.stage("train"):
+            training = stages.train(config, prepared, secrets, audit, callbacks=callbacks,
+                                    log_line=_stderr_line if show_progress else None)
         he = None
         if config.he.enabled:
-            features = stages.extract_features(config, secrets, audit)
-            he = stages.he_evaluate(config, features, audit)
+            with clock.stage("extract-features"):
+                features = stages.extract_features(config, secrets, audit)
+            with clock.stage("he-evaluate"):
+                he = stages.he_evaluate(config, features, audit)
         audit.record("pipeline.stop", f"run:{config.name}", details={"steps": training.steps})
-        provenance = sign_provenance(config, audit, prepared, training, secrets)
-        sealed = stages.seal_audit(config, audit)
+        with clock.stage("sign-provenance"):
+            provenance = sign_provenance(config, audit, prepared, training, secrets)
+        with clock.stage("seal-audit"):
+            sealed = stages.seal_audit(config, audit)
     result = assemble_result(config, prepared, training, he, sealed, provenance)
-    return finish_report(result, config)
+    return finish_report(result, config, clock=clock)
 
 
 def sign_provenance(config: PipelineConfig, audit, prepared, training, secrets):  # noqa: ANN001, ANN201

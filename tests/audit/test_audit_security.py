@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 import pytest
@@ -133,9 +135,9 @@ def test_postgres_checkpoint_rows_validated_on_insert(tmp_path: Path, monkeypatc
     import uuid
 
     psycopg = pytest.importorskip("psycopg")
-    from conftest import POSTGRES_URL
-
-    libpq = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
+    # Not `from conftest import ...`: with the whole suite collected that name resolves to another folder's conftest.
+    postgres_url = os.environ.get("SECURETRAIN_TEST_postgres_url", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    libpq = postgres_url.replace("postgresql+psycopg://", "postgresql://")
     try:
         psycopg.connect(libpq, connect_timeout=3).close()
     except psycopg.OperationalError:
@@ -146,7 +148,7 @@ def test_postgres_checkpoint_rows_validated_on_insert(tmp_path: Path, monkeypatc
     key = tmp_path / "audit-key.pem"
     load_or_create_signing_key(key)
     schema = f"st_audit_cp_{uuid.uuid4().hex[:10]}"
-    log = AuditLog(POSTGRES_URL, schema=schema, signing_key=key, checkpoint_every=None)
+    log = AuditLog(postgres_url, schema=schema, signing_key=key, checkpoint_every=None)
     try:
         for i in range(5):
             log.record("dataset.read", f"dataset:{i}")

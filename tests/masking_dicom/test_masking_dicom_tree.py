@@ -32,13 +32,17 @@ def test_tree_outcomes_reasons_and_audit(synthetic_set: Path, tmp_path: Path, wo
     assert by[FileOutcome.WRITTEN] and by[FileOutcome.REJECTED] and by[FileOutcome.QUARANTINED]
     assert all(r.reason for r in by[FileOutcome.REJECTED] + by[FileOutcome.QUARANTINED])
     assert any(r.source == "junk.dcm" for r in by[FileOutcome.QUARANTINED])
-    for r in by[FileOutcome.WRITTEN]:
-        assert pydicom.dcmread(tmp_path / "out" / r.source).PatientIdentityRemoved == "YES"
+    for r in by[FileOutcome.WRITTEN]:  # named by the new SOP Instance UID, not the input path
+        back = pydicom.dcmread(tmp_path / "out" / r.output)
+        assert back.PatientIdentityRemoved == "YES" and r.output == f"{back.SOPInstanceUID}.dcm"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(r.output for r in by[FileOutcome.WRITTEN])
     for r in by[FileOutcome.REJECTED] + by[FileOutcome.QUARANTINED]:
-        assert not (tmp_path / "out" / r.source).exists()
-    assert not [p for p in (tmp_path / "out").rglob("*.tmp")]
+        assert r.output is None and r.reason.startswith(f"input #{r.index}") or "input #" not in r.reason
     actions = [e["action"] for e in audit.events]
     assert actions[0] == "deid.policy_applied"
+    assert actions.count("deid.write") == len(by[FileOutcome.WRITTEN])
+    for name in inputs:  # no input name in any audit event
+        assert all(Path(name).name not in str(e) for e in audit.events), name
     assert actions.count("dicom.read") == len(by[FileOutcome.WRITTEN]) + len(by[FileOutcome.REJECTED])
     assert actions.count("deid.quarantine") == len(by[FileOutcome.QUARANTINED])
     assert len(set(report.pseudonyms.values())) == 3  # 3 synthetic patients

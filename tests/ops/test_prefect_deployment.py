@@ -70,8 +70,13 @@ def test_stored_deployment_holds_no_deployer_value(tmp_path) -> None:
                     break
             except httpx.HTTPError:
                 time.sleep(1)
-        subprocess.run([prefect, "work-pool", "create", "securetrain-process", "--type", "process"], env=env,
-                       check=True, capture_output=True, timeout=120)
+        for _attempt in range(5):  # under load the API answers /health before it accepts writes
+            pool = subprocess.run([prefect, "work-pool", "create", "securetrain-process", "--type", "process"],
+                                  env=env, capture_output=True, text=True, timeout=120)
+            if pool.returncode == 0:
+                break
+            time.sleep(3)
+        assert pool.returncode == 0, pool.stdout[-1500:] + pool.stderr[-1500:]
         deployer = {**env, "SECURETRAIN_AUDIT_URL": "postgresql+psycopg://w:Deployer-Pa55@db/x",
                     "SECURETRAIN_HOME": "/home/deployer-only"}
         proc = subprocess.run([prefect, "--no-prompt", "deploy", "--all"], env=deployer, cwd=ROOT,

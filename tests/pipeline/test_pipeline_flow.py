@@ -47,6 +47,16 @@ def test_flow_completes_every_stage(flow_run) -> None:
     assert Path(result["report_html"]).is_file() and Path(result["curve_png"]).is_file()
 
 
+def test_report_names_the_flow_run_and_times_every_stage(flow_run) -> None:
+    _, result, _, _, _ = flow_run
+    run = result["run"]
+    assert run["flow_run_id"] and run["started_at"] <= run["finished_at"]
+    assert list(run["stage_seconds"]) == ["ingest", "prepare-data", "train", "extract-features", "he-evaluate",
+                                          "sign-provenance", "seal-audit"]
+    page = Path(result["report_html"]).read_text()
+    assert run["flow_run_id"] in page and "stage timings" in page
+
+
 def test_standalone_verifier_accepts_the_sealed_log(flow_run) -> None:
     run_dir, result, _, _, _ = flow_run
     export = Path(result["audit"]["export_dir"])

@@ -5,6 +5,7 @@ Only typer/rich/stdlib at import time (``--help`` stays fast); pydicom loads ins
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -14,14 +15,17 @@ from securetrain.audit.cli_support import AUDIT_DB_OPTION
 
 
 def _read_key(key_file: Path | None, what: str, env: str | None) -> bytes:
+    from securetrain.keytext import check_key_file_mode
     from securetrain.masking.dicom.errors import DeidKeyError
     from securetrain.masking.dicom.keys import parse_key_text
 
     if key_file is not None:
         try:
-            return parse_key_text(key_file.read_bytes(), what=str(key_file))
+            data = key_file.read_bytes()
         except OSError as exc:
             raise DeidKeyError(f"cannot read {what} file {key_file}: {exc.strerror}") from None
+        check_key_file_mode(key_file)
+        return parse_key_text(data, what=f"{what} file {key_file}")
     if env and os.environ.get(env):
         return parse_key_text(os.environ[env].encode(), what=env, hex_only=True)
     raise DeidKeyError(f"no {what}: pass --key-file" + (f" or set {env} (hex)" if env else ""))
@@ -31,11 +35,13 @@ def deid(
     input_path: Path = typer.Argument(..., metavar="IN", help="A DICOM file or a folder (searched recursively)."),
     output_path: Path = typer.Argument(..., metavar="OUT", help="Output file (for one input file) or folder."),
     policy: Path = typer.Option(..., "--policy", "-p", help="Policy file, e.g. policies/dicom-basic.yaml."),
-    key_file: Path | None = typer.Option(None, "--key-file", help="Project secret (hex or raw). Default: $SECURETRAIN_DEID_KEY (hex)."),
+    key_file: Path | None = typer.Option(None, "--key-file", help="Project secret: 64 hex chars, hex:..., base64:... or 32 raw bytes (mode 0600). Default: $SECURETRAIN_DEID_KEY."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Report per tag what would change (never values); write nothing."),
     workers: int = typer.Option(1, "--workers", "-j", min=1, help="Worker processes."),
     mapping_out: Path | None = typer.Option(None, "--mapping-out", help="Write the encrypted id->pseudonym mapping here."),
-    mapping_key_file: Path | None = typer.Option(None, "--mapping-key-file", help="32-byte AES key (hex or raw) for --mapping-out."),
+    mapping_key_file: Path | None = typer.Option(None, "--mapping-key-file", help="32-byte AES key (64 hex chars, hex:..., base64:... or 32 raw bytes) for --mapping-out."),
+    keep_paths: bool = typer.Option(False, "--keep-paths", help="Name outputs by their input paths instead of the new "
+                                    "SOP Instance UID (only if no file or folder name carries PHI)."),
     audit_db: str | None = AUDIT_DB_OPTION,
 ) -> None:
     """De-identify DICOM per PS3.15 Annex E with a policy; rich progress, summary table."""
@@ -45,7 +51,7 @@ def deid(
     from securetrain.cli.console import console, progress_bar
     from securetrain.masking.dicom.keys import ENV_KEY, DeidKeys
     from securetrain.masking.dicom.policy import load_policy
-    from securetrain.masking.dicom.tree import FileOutcome, deidentify_tree, plan_tree, record_tree_audit
+    from securetrain.masking.dicom.tree import FileOutcome, deidentify_tree, plan_tree
 
     pol = load_policy(policy)  # validate before any work
     secret = _read_key(key_file, "de-identification key", ENV_KEY)
@@ -55,7 +61,7 @@ def deid(
         mapping_key = _read_key(mapping_key_file, "mapping key", None)
     total = len(plan_tree(input_path, output_path, dry_run=True))  # also validates IN/OUT
 
-    with progress_bar() as progress:
+    with contextlib.ExitStack() as stack, progress_bar() as progress:
         bar = progress.add_task("de-identifying" if not dry_run else "dry run", total=total, status="")
         refused = 0
 
@@ -64,12 +70,11 @@ def deid(
             refused += result.outcome in (FileOutcome.REJECTED, FileOutcome.QUARANTINED)
             progress.update(bar, advance=1, status=f"{refused} not written" if refused else "")
 
+        # The audit log opens once the worker processes exist (they never inherit its database
+        # handle); events are recorded per chunk as work happens.
         report = deidentify_tree(input_path, output_path, pol, secret, workers=workers, dry_run=dry_run,
-                                 progress=advance)
-    # The audit log opens only now: worker processes never inherit its database handle.
-    with command_recorder(audit_db) as audit:
-        record_tree_audit(audit, report, pol, DeidKeys.from_secret(secret).key_id, dry_run=dry_run)
-
+                                 progress=advance, naming="path" if keep_paths else "uid",
+                                 audit=lambda: stack.enter_context(command_recorder(audit_db)))
     if dry_run:
         agg: dict[tuple[int, str, str], list[int]] = {}
         for r in report.results:
@@ -88,9 +93,11 @@ def deid(
             table.add_row(f"({tag >> 16:04X},{tag & 0xFFFF:04X})", keyword, action, str(files), str(nested))
         console.print(table)
 
-    for r in report.results:
+    for r in report.results:  # by index and digest: input file names may carry PHI
         if r.outcome in (FileOutcome.REJECTED, FileOutcome.QUARANTINED):
-            console.print(f"[yellow]{r.outcome.value}[/]: {Path(r.source).name}: {r.reason}", highlight=False)
+            digest = f" (sha256 {r.sha256[:16]})" if r.sha256 else ""
+            reason = (r.reason or "").removeprefix(f"input #{r.index}: ")
+            console.print(f"[yellow]{r.outcome.value}[/]: input #{r.index}{digest}: {reason}", highlight=False)
 
     summary = Table(title=f"de-identification summary (policy {pol.name})")
     for col in ("files", "written" if not dry_run else "would write", "tags changed", "rejected", "quarantined"):
@@ -102,8 +109,10 @@ def deid(
     if mapping_out is not None and mapping_key is not None and not dry_run:
         from securetrain.masking.dicom.mapping import export_mapping
 
-        export_mapping(mapping_out, report.pseudonyms, mapping_key)
-        console.print(f"encrypted pseudonym mapping ({len(report.pseudonyms)} entries) written to {mapping_out}")
+        files = {r.source: r.output for r in report.results if r.output}
+        export_mapping(mapping_out, report.pseudonyms, mapping_key, files=files)
+        console.print(f"encrypted mapping ({len(report.pseudonyms)} pseudonyms, {len(files)} file names) "
+                      f"written to {mapping_out}")
 
 
 def register(app: typer.Typer) -> None:

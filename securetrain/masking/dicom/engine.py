@@ -172,6 +172,7 @@ class DeidReport:
     source: str | None = None
     output: str | None = None
     sop_instance_uid: str | None = None  # the *new* UID
+    input_sha256: str | None = None  # of the input file (deidentify_file)
     patient_pseudonym: str | None = None
     changes: list[TagChange] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
@@ -300,21 +301,28 @@ class Deidentifier:
         *,
         dry_run: bool = False,
         writer: Any = None,
+        label: str | None = None,
     ) -> DeidReport:
         """Read ``src``, de-identify, and atomically write ``dst`` (nothing written on dry runs).
 
-        With a :class:`~securetrain.masking.dicom.output.BatchWriter` the file is staged and appears
-        at the writer's next ``flush`` (one fsync per file instead of two)."""
+        ``dst`` may be a callable that names the output from the report (e.g. by the new SOP
+        Instance UID). ``label`` replaces the file name in error messages and the report (input
+        file names can carry PHI). With a :class:`~securetrain.masking.dicom.output.BatchWriter` the
+        file is staged and appears at the writer's next ``flush`` (one fsync per file instead of two)."""
         src_path = Path(src)
+        name = label or src_path.name
         try:
             data = src_path.read_bytes()
         except OSError as exc:
-            raise UnreadableDicomError(f"{src_path.name}: cannot read ({type(exc).__name__})") from None
-        ds = read_dicom(io.BytesIO(data), name=src_path.name)
-        check_complete(ds, src_path.name)
+            raise UnreadableDicomError(f"{name}: cannot read ({type(exc).__name__})") from None
+        ds = read_dicom(io.BytesIO(data), name=name)
+        check_complete(ds, name, size=len(data))
         digest = hashlib.sha256(data).hexdigest()
         self.audit.record("dicom.read", f"sha256:{digest}", details={"sha256": digest, "bytes": len(data)})
-        _, report = self.deidentify_dataset(ds, source=src_path.name)
+        _, report = self.deidentify_dataset(ds, source=name)
+        report.input_sha256 = digest
+        if callable(dst):
+            dst = None if dry_run else dst(report)
         if dst is not None and not dry_run:
             if writer is not None:
                 writer.write(dst, encode_dataset(ds))
@@ -790,8 +798,9 @@ def read_dicom(
     return ds
 
 
-def check_complete(ds: Dataset, label: str) -> None:
-    """pydicom stops silently at EOF, so a truncated file reads "fine". For images we can tell:
+def check_complete(ds: Dataset, label: str, size: int | None = None) -> None:
+    """pydicom stops silently at EOF, so a truncated file reads "fine". ``size`` (the file length) lets
+    a cut inside an element header show; the file meta's SOP identity must be in the data set. For images:
     image attributes without pixel data, or native pixel data shorter than Rows x Columns x
     frames x samples x bytes, mean the file was cut. (A non-image object cut exactly between two
     elements cannot be told from a complete one; nor can a text value cut short. Header-only image
@@ -801,14 +810,26 @@ def check_complete(ds: Dataset, label: str) -> None:
         raise UnreadableDicomError(f"{label}: no data elements (empty or truncated file)")
     for tag in reversed(sorted(ds._dict)):  # a cut file ends inside its last element
         raw = ds.get_item(tag)
-        if (getattr(raw, "is_raw", False) and raw.value is not None and raw.length != 0xFFFFFFFF
-                and len(raw.value) < raw.length):
-            raise UnreadableDicomError(
-                f"{label}: element {_fmt(int(tag))} holds {len(raw.value)} of {raw.length} bytes (truncated file?)"
-            )
+        if getattr(raw, "is_raw", False) and raw.value is not None and raw.length != 0xFFFFFFFF:
+            if len(raw.value) < raw.length:
+                raise UnreadableDicomError(
+                    f"{label}: element {_fmt(int(tag))} holds {len(raw.value)} of {raw.length} bytes (truncated file?)"
+                )
+            # pydicom stops silently when fewer than 8 bytes (one element header) remain: a file cut
+            # inside the next element's header ends with a few bytes nobody parsed.
+            end = getattr(raw, "value_tell", None)
+            if size is not None and isinstance(end, int) and not _is_deflated(ds):
+                left = size - (end + raw.length)
+                if 0 < left < 8:
+                    raise UnreadableDicomError(
+                        f"{label}: {left} bytes after the last element are not a whole element (truncated file?)"
+                    )
         break
-    if "Rows" not in ds or "Columns" not in ds:
+    _check_identity_against_meta(ds, label)
+    if "Rows" not in ds and "Columns" not in ds:
         return
+    if "Rows" not in ds or "Columns" not in ds:
+        raise UnreadableDicomError(f"{label}: Rows without Columns (truncated file?)")
     pixel_tags = (TAG_PIXEL_DATA, 0x7FE00008, 0x7FE00009)
     if not any(t in ds for t in pixel_tags):
         raise UnreadableDicomError(f"{label}: image attributes but no pixel data (truncated file?)")
@@ -834,6 +855,33 @@ def check_complete(ds: Dataset, label: str) -> None:
     actual = len(ds.get_item(TAG_PIXEL_DATA).value or b"")
     if actual < expected:
         raise UnreadableDicomError(f"{label}: pixel data is {actual} bytes, {expected} expected (truncated file?)")
+
+
+def _is_deflated(ds: Dataset) -> bool:
+    tsyntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+    try:
+        return bool(tsyntax is not None and tsyntax.is_deflated)
+    except ValueError:
+        return False
+
+
+def _check_identity_against_meta(ds: Dataset, label: str) -> None:
+    """A Part 10 file names its SOP Class and Instance twice: in the file meta (written first) and in
+    the data set. A file cut before the data set's own copies still has the meta's, so the data set
+    must carry each identity the meta announces -- and the same value (a swapped data set is no
+    more trustworthy than a cut one)."""
+    meta = getattr(ds, "file_meta", None)
+    if meta is None:
+        return
+    for meta_kw, ds_kw in (("MediaStorageSOPClassUID", "SOPClassUID"), ("MediaStorageSOPInstanceUID", "SOPInstanceUID")):
+        announced = str(meta.get(meta_kw, "") or "").strip("\x00 ")
+        if not announced:
+            continue
+        present = str(ds.get(ds_kw, "") or "").strip("\x00 ")
+        if not present:
+            raise UnreadableDicomError(f"{label}: the file meta names a {ds_kw} but the data set has none (truncated file?)")
+        if present != announced:
+            raise UnreadableDicomError(f"{label}: the data set's {ds_kw} differs from the file meta's")
 
 
 _FAST_SYNTAXES = frozenset({ImplicitVRLittleEndian, ExplicitVRLittleEndian, ExplicitVRBigEndian})

@@ -59,27 +59,18 @@ class DeidKeys:
         env = os.environ if environ is None else environ
         raw = env.get(ENV_KEY)
         if not raw:
-            raise DeidKeyError(f"no de-identification key: set {ENV_KEY} (hex) or pass --key-file")
+            raise DeidKeyError(f"no de-identification key: set {ENV_KEY} (64 hex characters) or pass --key-file")
         return cls.from_secret(parse_key_text(raw.encode(), what=ENV_KEY, hex_only=True))
 
 
 def parse_key_text(data: bytes, *, what: str = "key", hex_only: bool = False) -> bytes:
-    """Key material: hex text (surrounding whitespace ignored) or, for files, raw bytes.
+    """Key material in one explicit encoding (see :mod:`securetrain.keytext`): 64 hex characters,
+    ``hex:...``, ``base64:...`` or, for files (not ``hex_only``), exactly 32 raw non-text bytes.
 
-    With ``hex_only`` (environment variables) anything that is not valid hex is an error: a typo
-    must not silently become a different key."""
-    text = data.strip()
-    try:
-        decoded = bytes.fromhex(text.decode("ascii"))
-    except (UnicodeDecodeError, ValueError):
-        decoded = b""
-    if decoded:
-        return decoded
-    if hex_only:
-        raise DeidKeyError(f"{what} must be hex-encoded", hint="e.g. python -c 'import secrets; print(secrets.token_hex(32))'")
-    if not data:
-        raise DeidKeyError(f"{what} is empty")
-    return bytes(data)
+    Anything else is an error: a typo must not silently become a different key."""
+    from securetrain.keytext import decode_key
+
+    return decode_key(data, what=what, error=DeidKeyError, min_bytes=MIN_SECRET_BYTES, allow_raw=not hex_only)
 
 
 class KeyedMapper:

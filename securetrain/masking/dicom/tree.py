@@ -1,23 +1,32 @@
 """De-identify a folder tree into another folder: the library behind ``securetrain deid``.
 
 ``deidentify_tree(src, dst, policy, key, workers=..., audit=..., dry_run=...)`` walks ``src``
-recursively (sorted), writes each output to the same relative path under ``dst`` and returns a
-:class:`TreeReport` with one :class:`FileResult` per input and a :class:`FileOutcome` each:
+recursively (sorted) and returns a :class:`TreeReport` with one :class:`FileResult` per input and
+a :class:`FileOutcome` each:
 
 * ``written`` / ``would_write`` (dry run) -- de-identified;
 * ``rejected`` -- the policy refuses it (e.g. possible burned-in text), with the reason;
 * ``quarantined`` -- not readable as DICOM (or truncated), with the reason.
 
+Output names (``naming="uid"``, the default): ``<dst>/<new SOP Instance UID>.dcm``, the keyed
+UID the de-identified object carries (as dicognito does), so no input file or folder name --
+which may carry PHI, e.g. ``SMITH^JOHN_MRN123/`` -- reaches the output. ``naming="path"`` keeps
+the relative input paths. The input -> output mapping exists only in the report (memory) and,
+with ``securetrain deid --mapping-out``, encrypted. Reasons name an input by its index in the
+sorted listing (``input #7``), never by its name; the audit log gets indexes and SHA-256 digests.
+
 Work goes to ``workers`` processes in chunks; each chunk's files are written with a
 :class:`~securetrain.masking.dicom.output.BatchWriter` (one fsync per file plus one per directory
-per chunk) and count as written only after the chunk's flush. Audit events of the workers (one
-``dicom.read`` per input, with its sha256) come back with the results and are appended by the
-caller's recorder in one batch, followed by one ``deid.reject``/``deid.quarantine`` per refusal.
-Reasons and reports never carry attribute values.
+per chunk) and count as written only after the chunk's flush. Audit events are recorded as each
+chunk completes (not at the end), so an interrupted run leaves entries for every chunk it wrote:
+one ``dicom.read`` per input read (with its sha256), one ``deid.write`` per output (its name and
+the input's sha256), one ``deid.reject``/``deid.quarantine`` per refusal. Reasons and reports never
+carry attribute values.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -39,12 +48,15 @@ class FileOutcome(str, Enum):
 
 @dataclass
 class FileResult:
-    source: str  # path relative to the input root
+    source: str  # path relative to the input root (in memory only: never logged or audited)
     outcome: FileOutcome
     reason: str | None = None
     tags_changed: int = 0
     # dry runs: (tag, keyword, action, nested) per change; never values
     changes: list[tuple[int, str, str, bool]] = field(default_factory=list)
+    index: int = 0  # 1-based position in the sorted input listing
+    sha256: str | None = None  # of the input file
+    output: str | None = None  # path relative to the output root
 
 
 @dataclass
@@ -77,6 +89,45 @@ class TreeReport:
 _WORKER: Any = None
 
 
+class _SigintDeferral:
+    """Holds Ctrl-C from a chunk's flush until its audit events are recorded (in-process runs), so
+    an interrupted run never leaves outputs of a finished chunk without their entries."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.pending = False
+        self.old: Any = None
+
+    def start(self) -> None:
+        import multiprocessing
+        import signal
+        import threading
+
+        if self.active or threading.current_thread() is not threading.main_thread() \
+                or multiprocessing.parent_process() is not None:
+            return
+        self.old = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, self._hold)
+        self.active = True
+
+    def _hold(self, signum: int, frame: Any) -> None:
+        self.pending = True
+
+    def stop(self) -> None:
+        import signal
+
+        if not self.active:
+            return
+        signal.signal(signal.SIGINT, self.old)
+        self.active = False
+        if self.pending:
+            self.pending = False
+            raise KeyboardInterrupt
+
+
+_DEFER = _SigintDeferral()
+
+
 def _init_worker(policy: DicomPolicy, key: bytes, record_changes: bool) -> None:
     global _WORKER
     from securetrain.audit.recorder import MemoryAuditRecorder
@@ -86,30 +137,65 @@ def _init_worker(policy: DicomPolicy, key: bytes, record_changes: bool) -> None:
     _WORKER = Deidentifier(policy, key, MemoryAuditRecorder(), record_changes=record_changes)
 
 
-def _process_chunk(chunk: list[tuple[str, str, str | None]]) -> tuple[list[dict[str, Any]], dict[str, str], list]:
-    """(results, new pseudonyms, read events) for one chunk of (source, relative name, target)."""
+def _output_name(report: Any) -> str:
+    uid = report.sop_instance_uid
+    if not uid:  # no instance UID at all: a keyed name from the content digest
+        uid = _WORKER.mapper.uid(f"sha256:{report.input_sha256}")
+    return f"{uid}.dcm"
+
+
+def _sha256_of(path: str) -> str | None:
+    import hashlib
+
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.file_digest(fh, "sha256").hexdigest()
+    except OSError:
+        return None
+
+
+def _process_chunk(job: tuple[list[tuple[int, str, str]], str | None, str]) -> tuple[list[dict[str, Any]], dict[str, str], list]:
+    """(results, new pseudonyms, read events) for one chunk of (index, source, relative name).
+
+    ``target``: the output folder (or, for ``naming="file"``, the output file); ``None`` on dry runs."""
     from securetrain.masking.dicom.errors import BurnedInAnnotationError, DeidError, UnreadableDicomError
     from securetrain.masking.dicom.output import BatchWriter
 
+    chunk, target, naming = job
     before = dict(_WORKER.pseudonyms)
     results: list[dict[str, Any]] = []
     writer = BatchWriter(max_pending=len(chunk) + 1)
     try:
-        for src, rel, dst in chunk:
+        for index, src, rel in chunk:
+            base = {"index": index, "source": rel}
+            dst: Any
+            if target is None:
+                dst = None
+            elif naming == "file":
+                dst = target
+            elif naming == "path":
+                dst = os.path.join(target, rel)
+            else:
+                dst = lambda report, _t=target: os.path.join(_t, _output_name(report))  # noqa: E731
             try:
-                report = _WORKER.deidentify_file(src, dst, dry_run=dst is None, writer=writer)
+                report = _WORKER.deidentify_file(src, dst, dry_run=target is None, writer=writer, label=f"input #{index}")
             except UnreadableDicomError as exc:
-                results.append({"source": rel, "outcome": "quarantined", "reason": str(exc)})
+                results.append({**base, "outcome": "quarantined", "reason": str(exc), "sha256": _sha256_of(src)})
                 continue
             except (BurnedInAnnotationError, DeidError) as exc:
-                results.append({"source": rel, "outcome": "rejected", "reason": str(exc)})
+                results.append({**base, "outcome": "rejected", "reason": str(exc), "sha256": _sha256_of(src)})
                 continue
-            changes = [(c.tag, c.keyword, c.action, "." in c.path) for c in report.changes] if dst is None else []
-            results.append({"source": rel, "outcome": "would_write" if dst is None else "written",
-                            "tags_changed": report.tags_changed, "changes": changes})
+            changes = [(c.tag, c.keyword, c.action, "." in c.path) for c in report.changes] if target is None else []
+            output = os.path.relpath(report.output, target) if report.output and naming != "file" else (
+                os.path.basename(report.output) if report.output else None)
+            results.append({**base, "outcome": "would_write" if target is None else "written",
+                            "tags_changed": report.tags_changed, "changes": changes,
+                            "sha256": report.input_sha256, "output": output})
+        _DEFER.start()  # in-process: Ctrl-C waits until this chunk is recorded
         writer.flush()  # only now are the chunk's files "written"
     except BaseException:
         writer.abort()
+        _DEFER.stop()
         raise
     events = [e for e in _WORKER.audit.events if e["action"] == "dicom.read"]
     _WORKER.audit.events.clear()
@@ -118,6 +204,9 @@ def _process_chunk(chunk: list[tuple[str, str, str | None]]) -> tuple[list[dict[
 
 
 # ----------------------------------------------------------------------------- caller side
+NAMINGS = ("uid", "path")
+
+
 def plan_tree(src: Path, dst: Path, *, dry_run: bool) -> list[tuple[str, str, str | None]]:
     """(source, relative name, target or None) for every file below ``src`` (or ``src`` itself)."""
     if not src.exists():
@@ -138,6 +227,17 @@ def _chunks(tasks: list, workers: int) -> Iterator[list]:
         yield tasks[i : i + size]
 
 
+def _refusal_event(r: FileResult) -> dict[str, Any]:
+    return {"action": "deid.reject" if r.outcome == FileOutcome.REJECTED else "deid.quarantine",
+            "resource": f"input:#{r.index}", "outcome": "refused",
+            "details": {"index": r.index, "sha256": r.sha256, "reason": (r.reason or "")[:200]}}
+
+
+def _write_event(r: FileResult) -> dict[str, Any]:
+    return {"action": "deid.write", "resource": f"file:{r.output}", "outcome": "success",
+            "details": {"index": r.index, "input_sha256": r.sha256, "output": r.output}}
+
+
 def deidentify_tree(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -148,53 +248,83 @@ def deidentify_tree(
     audit: Any = None,
     dry_run: bool = False,
     progress: Callable[[FileResult], None] | None = None,
+    naming: str = "uid",
 ) -> TreeReport:
-    """De-identify every file under ``src`` into ``dst`` (same relative paths); see module doc."""
+    """De-identify every file under ``src`` into ``dst``; see module doc.
+
+    ``audit``: a recorder, or a zero-argument callable returning one -- called once the worker
+    processes exist, so they never inherit its database handle. Events are recorded per chunk."""
     from securetrain.masking.dicom.keys import DeidKeys
 
+    if naming not in NAMINGS:
+        raise ConfigError(f"unknown output naming {naming!r}", hint=f"use one of {', '.join(NAMINGS)}")
     keys = DeidKeys.from_secret(key)  # validate before any work
-    tasks = plan_tree(Path(src), Path(dst), dry_run=dry_run)
+    src_path, dst_path = Path(src), Path(dst)
+    plan = plan_tree(src_path, dst_path, dry_run=dry_run)
+    single = not src_path.is_dir()
+    tasks = [(i, source, rel) for i, (source, rel, _) in enumerate(plan, start=1)]
+    target = None if dry_run else str(dst_path)
+    mode = "file" if single else naming
     report = TreeReport()
-    chunks = list(_chunks(tasks, workers))
-    if workers <= 1 or len(chunks) <= 1:
+    jobs = [(chunk, target, mode) for chunk in _chunks(tasks, workers)]
+    if workers <= 1 or len(jobs) <= 1:
         _init_worker(policy, key, dry_run)
-        outputs: Iterator = map(_process_chunk, chunks)
+        outputs: Iterator = map(_process_chunk, jobs)
         pool = None
     else:
         import securetrain.masking.dicom.engine  # noqa: F401  -- imported once here, inherited by forked workers
 
         pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker, initargs=(policy, key, dry_run))
-        outputs = pool.map(_process_chunk, chunks)
+        outputs = pool.map(_process_chunk, jobs)  # forks every worker now, before the audit log opens
+    recorder = None
     try:
+        if audit is not None:  # workers (if any) exist now: pool.map has submitted every chunk
+            recorder = audit() if callable(audit) and not hasattr(audit, "record") else audit
+            _record(recorder, [_policy_event(policy, keys.key_id, dry_run)])
         for results, pseudonyms, events in outputs:
             report.pseudonyms.update(pseudonyms)
-            report.events.extend(events)
+            chunk_events = list(events)
             for r in results:
                 item = FileResult(r["source"], FileOutcome(r["outcome"]), r.get("reason"), r.get("tags_changed", 0),
-                                  [tuple(c) for c in r.get("changes", [])])
+                                  [tuple(c) for c in r.get("changes", [])], r["index"], r.get("sha256"), r.get("output"))
                 report.results.append(item)
+                if item.outcome == FileOutcome.WRITTEN:
+                    chunk_events.append(_write_event(item))
+                elif item.outcome in (FileOutcome.REJECTED, FileOutcome.QUARANTINED):
+                    chunk_events.append(_refusal_event(item))
+            report.events.extend(chunk_events)
+            try:
+                if recorder is not None:
+                    _record(recorder, chunk_events)  # as the work happens: an interrupted run keeps these
+            finally:
+                _DEFER.stop()
+            for item in report.results[-len(results):] if results else []:
                 if progress is not None:
                     progress(item)
     finally:
+        with contextlib.suppress(KeyboardInterrupt):  # an exception in flight wins; the handler is restored
+            _DEFER.stop()
         if pool is not None:
-            pool.shutdown()
-    for r in report.results:
-        if r.outcome in (FileOutcome.REJECTED, FileOutcome.QUARANTINED):
-            report.events.append({"action": "deid.reject" if r.outcome == FileOutcome.REJECTED else "deid.quarantine",
-                                  "resource": "input", "outcome": "refused",
-                                  "details": {"reason": (r.reason or "")[:200]}})
-    if audit is not None:
-        record_tree_audit(audit, report, policy, keys.key_id, dry_run=dry_run)
+            pool.shutdown(cancel_futures=True)
     return report
 
 
-def record_tree_audit(audit: Any, report: TreeReport, policy: DicomPolicy, key_id: str, *, dry_run: bool) -> None:
-    """Append a run's audit trail: the policy applied, then every read and refusal in one batch."""
-    audit.record("deid.policy_applied", f"policy:{policy.name}", details={
+def _policy_event(policy: DicomPolicy, key_id: str, dry_run: bool) -> dict[str, Any]:
+    return {"action": "deid.policy_applied", "resource": f"policy:{policy.name}", "outcome": "success", "details": {
         "policy_name": policy.name, "policy_version": policy.policy_version, "policy_digest": policy.digest,
-        "options": sorted(policy.option_values), "key_id": key_id, "dry_run": dry_run})
+        "options": sorted(policy.option_values), "key_id": key_id, "dry_run": dry_run}}
+
+
+def _record(audit: Any, events: list[dict[str, Any]]) -> None:
+    if not events:
+        return
     if hasattr(audit, "append_many"):
-        audit.append_many(report.events)  # one transaction for the whole run
+        audit.append_many(events)  # one transaction per chunk
     else:
-        for e in report.events:
+        for e in events:
             audit.record(e["action"], e["resource"], outcome=e["outcome"], details=e["details"])
+
+
+def record_tree_audit(audit: Any, report: TreeReport, policy: DicomPolicy, key_id: str, *, dry_run: bool) -> None:
+    """Append a finished run's audit trail in one go (for callers that did not pass ``audit``)."""
+    _record(audit, [_policy_event(policy, key_id, dry_run), *report.events])

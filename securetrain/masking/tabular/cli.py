@@ -14,6 +14,7 @@ KEY_ENV = "SECURETRAIN_MASK_KEY"
 
 
 def _load_key(key_file: Path | None) -> bytes:
+    from securetrain.keytext import decode_key
     from securetrain.masking.tabular.errors import MaskKeyError
 
     if key_file is not None:
@@ -25,27 +26,19 @@ def _load_key(key_file: Path | None) -> bytes:
         if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise MaskKeyError(f"key file {key_file} is readable by group/others",
                                hint=f"chmod 600 {key_file}")
-        text = raw.strip()
-        try:
-            # A key file holds hex (>= 32 hex chars) or raw bytes.
-            return bytes.fromhex(text.decode("ascii")) if len(text) >= 32 else raw
-        except (UnicodeDecodeError, ValueError):
-            return raw
+        return decode_key(raw, what=f"key file {key_file}", error=MaskKeyError, allow_raw=True)
     env = os.environ.get(KEY_ENV)
     if env is None:
         raise MaskKeyError("no masking key given",
                            hint=f"pass --key-file F or set {KEY_ENV} to a hex key (64 hex chars)")
-    try:
-        return bytes.fromhex(env.strip())
-    except ValueError:
-        raise MaskKeyError(f"{KEY_ENV} is not valid hex", hint="use e.g. python -c 'import secrets; print(secrets.token_hex(32))'") from None
+    return decode_key(env, what=KEY_ENV, error=MaskKeyError)
 
 
 def mask_command(
     src: Path = typer.Argument(..., help="input table (.csv, .parquet, .pq)"),
     dst: Path = typer.Argument(..., help="output table (.csv, .parquet, .pq); replaced atomically"),
     policy: Path = typer.Option(Path("policies/finance-pii.yaml"), "--policy", "-p", help="masking policy YAML"),
-    key_file: Path | None = typer.Option(None, "--key-file", help=f"file holding the key (hex or raw); else ${KEY_ENV}"),
+    key_file: Path | None = typer.Option(None, "--key-file", help=f"key file, mode 0600 (64 hex chars, hex:..., base64:... or 32 raw bytes); else ${KEY_ENV}"),
     report_json: Path | None = typer.Option(None, "--report-json", help="also write the report (counts only) as JSON"),
     audit_db: str | None = AUDIT_DB_OPTION,
 ) -> None:

@@ -46,12 +46,10 @@ _CUSTOMER_COLUMNS = ("customer_name", "customer_id", "iban", "card_number", "ssn
 def masking_key(secrets: RunSecrets) -> bytes:
     env = os.environ.get(MASK_KEY_ENV)
     if env:
+        from securetrain.keytext import decode_key
         from securetrain.masking.tabular.errors import MaskKeyError
 
-        try:
-            return bytes.fromhex(env.strip())
-        except ValueError:
-            raise MaskKeyError(f"{MASK_KEY_ENV} is not valid hex", hint="use 64 hex characters") from None
+        return decode_key(env, what=MASK_KEY_ENV, error=MaskKeyError)
     return hmac.new(secrets.deid_secret, b"securetrain/pipeline/tabular-mask-key", hashlib.sha256).digest()
 
 

@@ -1,0 +1,123 @@
+"""Prefect overhead: the same small pipeline with ``--no-prefect`` and through the ``secure_training``
+flow, against an already running Prefect server (and, without ``--quick``, the temporary server).
+
+Every run is a fresh ``securetrain run CONFIG`` process on a fresh run folder (same config, same
+seed), interleaved (plain, flow, plain, flow, ...) so drifting load hits both sides equally. We
+report medians, the ratio and the difference. Goal (issue 17): the flow's own overhead against a
+running server stays under +2 s; the temporary server adds its start-up (and is not a target).
+
+    python benchmarks/prefect_overhead.py [--quick] [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET_S = 2.0
+
+
+def _config(folder: Path, name: str, epochs: int) -> Path:
+    cfg = folder / f"{name}.yaml"
+    cfg.write_text(f"""
+name: {name}
+output_dir: {folder / 'runs'}
+data:
+  policy: {ROOT / 'policies' / 'dicom-basic.yaml'}
+  image_size: 16
+  synthetic: {{n_patients: 6, studies_per_patient: 2, images_per_series: 4, seed: 0}}
+model: {{channels: 4, hidden: 8}}
+training: {{epochs: {epochs}, batch_size: 8, checkpoint_every: 50, keep_last: 1, device: cpu}}
+he: {{enabled: false}}
+secrets: {{create_demo_secrets: true}}
+""")
+    return cfg
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_server(home: Path) -> tuple[subprocess.Popen, str]:
+    import httpx
+
+    prefect = shutil.which("prefect", path=str(Path(sys.executable).parent)) or "prefect"
+    port = _free_port()
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
+    proc = subprocess.Popen([prefect, "server", "start", "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/api"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.terminate()
+    raise SystemExit("the Prefect server did not start within 180 s")
+
+
+def _run(cfg: Path, *, prefect: str | None, home: Path) -> float:
+    """Wall seconds of one ``securetrain run`` (``prefect``: None = --no-prefect, "" = temporary server)."""
+    shutil.rmtree(cfg.parent / "runs", ignore_errors=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SECURETRAIN_") and k != "PREFECT_API_URL"}
+    env.update(PYTHONPATH=str(ROOT), PREFECT_HOME=str(home), OMP_NUM_THREADS="1", DO_NOT_TRACK="1",
+               PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    args = [sys.executable, "-m", "securetrain", "run", str(cfg)]
+    if prefect is None:
+        args.append("--no-prefect")
+    elif prefect:
+        env["PREFECT_API_URL"] = prefect
+    t = time.perf_counter()
+    proc = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    took = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise SystemExit(f"run failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return took
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="1 epoch, 2 pairs, no temporary-server run")
+    ap.add_argument("--repeat", type=int, default=None, help="pairs of runs (default 5, quick 2)")
+    args = ap.parse_args()
+    repeat = args.repeat or (2 if args.quick else 5)
+    epochs = 1 if args.quick else 3
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        cfg = _config(folder, "bench", epochs)
+        server, url = _start_server(folder / "server-home")
+        try:
+            plain, flow = [], []
+            for _ in range(repeat):
+                plain.append(_run(cfg, prefect=None, home=folder / "client-home"))
+                flow.append(_run(cfg, prefect=url, home=folder / "client-home"))
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+        p, f = statistics.median(plain), statistics.median(flow)
+        print(f"pipeline, {epochs} epoch(s), {repeat} interleaved pairs (medians of whole `securetrain run` processes)")
+        print(f"  --no-prefect                 {p:7.2f} s")
+        print(f"  flow, running server         {f:7.2f} s   ratio {f / p:.2f}x   overhead {f - p:+.2f} s "
+              f"(target < +{TARGET_S:.0f} s: {'met' if f - p < TARGET_S else 'NOT met'})")
+        if not args.quick:
+            temp = _run(cfg, prefect="", home=folder / "temp-home")
+            print(f"  flow, temporary server       {temp:7.2f} s   ratio {temp / p:.2f}x   overhead {temp - p:+.2f} s "
+                  "(includes the server's start-up and shutdown)")
+
+
+if __name__ == "__main__":
+    main()
