@@ -41,7 +41,7 @@ from securetrain.crypto.safetensors_codec import (
     refuse,
     split_header,
 )
-from securetrain.crypto.stream import DEFAULT_SEGMENT_SIZE, DecryptingReader, EncryptingWriter, _readinto_full
+from securetrain.crypto.stream import DEFAULT_SEGMENT_SIZE, DecryptingReader, EncryptingWriter, readinto_full
 from securetrain.errors import IntegrityError, SecureTrainError
 from securetrain.training.checkpoint_store import CheckpointInfo, LoadedCheckpoint
 
@@ -149,11 +149,11 @@ def read_checkpoint(src: BinaryIO, provider: KeyProvider, *, verify_digest: bool
                       accept_unbound=accept_unbound)
     length = reader.header.plaintext_length
     first = bytearray(8)
-    if _readinto_full(reader, memoryview(first)) != 8:  # type: ignore[arg-type]
+    if readinto_full(reader, memoryview(first)) != 8:  # type: ignore[arg-type]
         raise UnsafePayloadError("payload is too short to be a safetensors checkpoint")
     hlen = split_header(bytes(first), length)
     hbytes = bytearray(hlen)
-    _readinto_full(reader, memoryview(hbytes))  # type: ignore[arg-type]
+    readinto_full(reader, memoryview(hbytes))  # type: ignore[arg-type]
     if hbytes[:1] != b"{":
         raise refuse(bytes(first), "header is not a JSON object")
     entries, meta = parse_header(bytes(hbytes), length - 8 - hlen)
@@ -163,12 +163,12 @@ def read_checkpoint(src: BinaryIO, provider: KeyProvider, *, verify_digest: bool
         t = torch.empty(shape, dtype=dtype)
         if nbytes:
             view = _byte_view(t)
-            if _readinto_full(reader, view) != nbytes:  # type: ignore[arg-type]
+            if readinto_full(reader, view) != nbytes:  # type: ignore[arg-type]
                 raise UnsafePayloadError("payload ended inside tensor data")
             if h is not None:
                 h.update(view)
         tensors[name] = t if str(device) == "cpu" else t.to(device)
-    if _readinto_full(reader, memoryview(bytearray(1))) != 0 or not reader.finished:  # type: ignore[arg-type]
+    if readinto_full(reader, memoryview(bytearray(1))) != 0 or not reader.finished:  # type: ignore[arg-type]
         raise UnsafePayloadError("payload has bytes beyond the tensors its header lists")
     if h is not None and meta.get(META_DIGEST) and h.hexdigest() != meta[META_DIGEST]:
         raise DigestMismatchError("tensor digest does not match the checkpoint metadata")

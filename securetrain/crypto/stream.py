@@ -228,14 +228,14 @@ def _assemble(fixed: bytes, stanzas: tuple[Stanza, ...], keys: _Keys) -> bytes:
 
 def _read_exact(src: BinaryIO, n: int, what: str) -> bytes:
     buf = bytearray(n)
-    got = _readinto_full(src, memoryview(buf))
+    got = readinto_full(src, memoryview(buf))
     if got != n:
         raise TruncatedError(f"input ends inside the {what} ({got} of {n} bytes)",
                              hint="the file was cut short (interrupted copy or write)")
     return bytes(buf)
 
 
-def _readinto_full(src: BinaryIO, view: memoryview) -> int:
+def readinto_full(src: BinaryIO, view: memoryview) -> int:
     """Fill ``view`` from ``src``, tolerating short reads (pipes, sockets); return bytes read."""
     total = 0
     size = len(view)
@@ -496,7 +496,7 @@ class EncryptingWriter:
     def _fill_from(self, src: BinaryIO) -> None:
         while self._index < self._n:
             need = self._need()
-            got = _readinto_full(src, self._ptv[self._fill:need])
+            got = readinto_full(src, self._ptv[self._fill:need])
             self._fill += got
             self._written += got
             if self._fill < need:
@@ -605,7 +605,7 @@ class DecryptingReader(io.RawIOBase):
         last = i == self._n - 1
         pt_len = self._segment_length(i)
         ct = self._ctv[: pt_len + TAG_BYTES]
-        got = _readinto_full(self._src, ct)
+        got = readinto_full(self._src, ct)
         if got != len(ct):
             raise TruncatedError(f"input ends inside segment {i} of {self._n} ({got} of {len(ct)} bytes)")
         nonce = self.header.nonce_prefix + _SEG_NONCE.pack(i, 1 if last else 0)
@@ -844,7 +844,7 @@ def _copy_range(fin: BinaryIO, fout: BinaryIO, count: int) -> None:
     view = memoryview(buf)
     remaining = count
     while remaining:
-        n = _readinto_full(fin, view[: min(len(buf), remaining)])
+        n = readinto_full(fin, view[: min(len(buf), remaining)])
         if not n:
             raise TruncatedError("file shrank while re-wrapping")
         fout.write(view[:n])

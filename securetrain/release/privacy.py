@@ -47,7 +47,7 @@ from securetrain.training.config import PrivacyConfig, TrainingConfig
 from securetrain.training.errors import ResumeMismatchError
 from securetrain.training.seeding import epoch_seed
 from securetrain.training.stop import StopReason
-from securetrain.training.trainer import Trainer, TrainResult, _batch_len, _to_device
+from securetrain.training.trainer import Trainer, TrainResult, batch_len, to_device
 
 BUDGET_REASON = StopReason.PRIVACY_BUDGET
 _SAMPLER_MIX = 0xD9_5A_3C
@@ -96,7 +96,7 @@ def _model_errors() -> Iterator[None]:
 
 def _split(batch: Any, size: int) -> list[Any]:
     """Physical micro-batches of at most ``size`` samples from one logical batch (tensors along dim 0)."""
-    n = _batch_len(batch)
+    n = batch_len(batch)
     if n <= size:
         return [batch]
     return [_slice(batch, i, i + size) for i in range(0, n, size)]
@@ -337,11 +337,11 @@ class DPTrainer(Trainer):
         """One Poisson batch: clip-and-accumulate each physical chunk; noise comes in ``_optimizer_step``."""
         assert self.device is not None and self.optimizer is not None and self.backend is not None
         if self.device.type != "cpu":
-            batch = _to_device(batch, self.device, self.backend.pin_memory)
+            batch = to_device(batch, self.device, self.backend.pin_memory)
         chunks = _split(batch, self.config.batch_size)
         w = self._window
         for i, chunk in enumerate(chunks):
-            n = _batch_len(chunk)
+            n = batch_len(chunk)
             loss = self.loss_fn(self.model, chunk)
             # An empty Poisson batch still takes a (pure-noise) step; its loss (NaN) is not logged.
             (loss if n else torch.nan_to_num(loss) * 0.0).backward()

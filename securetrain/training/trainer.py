@@ -108,23 +108,25 @@ def default_predict(model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.T
     return model(x), y
 
 
-def _to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
+def to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
+    """Move a batch (a tensor, or nested tuples/lists/dicts of tensors) to ``device``."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=non_blocking)
     if isinstance(batch, Mapping):
-        return {k: _to_device(v, device, non_blocking) for k, v in batch.items()}
+        return {k: to_device(v, device, non_blocking) for k, v in batch.items()}
     if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(v, device, non_blocking) for v in batch)
+        return type(batch)(to_device(v, device, non_blocking) for v in batch)
     return batch
 
 
-def _batch_len(batch: Any) -> int:
+def batch_len(batch: Any) -> int:
+    """Number of samples in a batch (the leading dimension of its first tensor)."""
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else 1
     if isinstance(batch, Mapping):
-        return next((_batch_len(v) for v in batch.values() if isinstance(v, torch.Tensor)), 0)
+        return next((batch_len(v) for v in batch.values() if isinstance(v, torch.Tensor)), 0)
     if isinstance(batch, (list, tuple)) and batch:
-        return _batch_len(batch[0])
+        return batch_len(batch[0])
     return 0
 
 
@@ -749,7 +751,7 @@ class Trainer:
         assert self.device is not None and self.scaler is not None and self.backend is not None
         model, scaler = self.model, self.scaler
         if self.device.type != "cpu":
-            batch = _to_device(batch, self.device, self.backend.pin_memory)
+            batch = to_device(batch, self.device, self.backend.pin_memory)
         ddp = model if isinstance(model, nn.parallel.DistributedDataParallel) else None
         sync = contextlib.nullcontext() if (ddp is None or last or self._per_epoch is None) else ddp.no_sync()
         if self._sharded:  # FSDP2: reduce-scatter gradients only on the window's last micro-batch
@@ -766,7 +768,7 @@ class Trainer:
         w = self._window
         w.loss_sum += loss.detach().float()
         w.micro_batches += 1
-        n = _batch_len(batch)
+        n = batch_len(batch)
         w.samples += n
         self.progress.samples += n
 
@@ -905,7 +907,7 @@ class Trainer:
 
     def _eval_to_device(self, batch: Any) -> Any:
         assert self.device is not None
-        return _to_device(batch, self.device, False) if self.device.type != "cpu" else batch
+        return to_device(batch, self.device, False) if self.device.type != "cpu" else batch
 
     def _eval_loader(self) -> Any:
         from torch.utils.data import DataLoader
