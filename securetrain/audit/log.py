@@ -158,6 +158,7 @@ class AuditLog:
         self.backend = self.url.split(":", 1)[0].split("+", 1)[0]
         self._busy_timeout_s = busy_timeout_s
         self._engines: tuple[Engine, Engine, Engine | None] | None = None
+        self._closed = False
         self._pid = os.getpid()
         self._init_group_commit()
         if self.backend == "sqlite":
@@ -202,6 +203,7 @@ class AuditLog:
                 engines = self._engines
                 if engines is None:
                     engines = self._engines = self._build_engines()
+                    self._closed = False  # used again after close(): flushed at exit again
         return engines
 
     @property
@@ -763,11 +765,19 @@ class AuditLog:
     # -- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:
         """Flush queued asynchronous entries (raising if they cannot be stored), then release connections."""
-        if not self.durable and self._pid == os.getpid():
-            with self._gc_cond:
-                self._gc_closing = True
-                self._gc_cond.notify_all()
-            self.flush()
+        try:
+            if not self.durable and self._pid == os.getpid():
+                with self._gc_cond:
+                    self._gc_closing = True
+                    self._gc_cond.notify_all()
+                self.flush()
+        finally:
+            # Closed even when the flush failed (the caller got the error): the exit hook must not
+            # retry it into a closed console, and the connections are released either way.
+            self._closed = True
+            self._release_engines()
+
+    def _release_engines(self) -> None:
         engines, self._engines = self._engines, None
         if engines is None:
             return
@@ -807,7 +817,7 @@ _EXIT_HOOKS_PID: int | None = None
 
 def _flush_all_async() -> None:
     for audit_log in list(_LIVE_LOGS):
-        if not audit_log.durable and audit_log._pid == os.getpid():
+        if not audit_log.durable and not audit_log._closed and audit_log._pid == os.getpid():
             try:
                 audit_log.flush()
             except Exception as exc:  # noqa: BLE001 - at exit there is no caller left to raise to

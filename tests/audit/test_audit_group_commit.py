@@ -135,3 +135,5 @@ def test_async_failure_is_raised_on_the_next_call(tmp_path: Path, monkeypatch: p
         log.flush()
     with pytest.raises(AuditError, match="database gone"):  # fail closed: no silent loss afterwards
         log.record("async.test", "r1")
+    with pytest.raises(AuditError, match="database gone"):  # close reports it too, and stays closed
+        log.close()

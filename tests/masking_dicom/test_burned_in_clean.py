@@ -7,6 +7,7 @@ as valid DICOM with BurnedInAnnotation=NO and the masked regions recorded."""
 from __future__ import annotations
 
 import io
+import os
 import re
 import shutil
 
@@ -171,3 +172,14 @@ def test_real_ultrasound_annotations_are_removed(name: str, words: list[str]) ->
         after = read(out)
     assert report.burned_in == "cleaned" and out.BurnedInAnnotation == "NO"
     assert [w for w in words if w in after] == []
+
+
+def test_ocr_limits_threads_of_tesseract_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # OMP_THREAD_LIMIT=1 in our own environment reached torch and every child process: a later
+    # backward pass hung in OpenMP (the packaged demo timed out after OCR tests ran in the same session).
+    from securetrain.masking.dicom.burned_in.ocr import TesseractEngine
+
+    monkeypatch.delenv("OMP_THREAD_LIMIT", raising=False)
+    engine = TesseractEngine()
+    assert engine.read([np.full((64, 256), 255, np.uint8)]) == [[]]
+    assert "OMP_THREAD_LIMIT" not in os.environ

@@ -69,8 +69,6 @@ class TesseractEngine:
         self.language = language
         self.psm = psm
         self.name = f"tesseract {self.version}"
-        # Tesseract's OpenMP threads fight over the same cores as our worker processes.
-        os.environ.setdefault("OMP_THREAD_LIMIT", "1")
 
     def read(self, images: list[np.ndarray]) -> list[list[Word]]:
         results: list[list[Word]] = [[] for _ in images]
@@ -92,6 +90,10 @@ class TesseractEngine:
             sheet[y : y + h, _SHEET_GAP : _SHEET_GAP + w] = images[i]
             spans.append((y, y + h, i))
             y += h + _SHEET_GAP
+        # Tesseract's OpenMP threads fight over the same cores as our worker processes, so its
+        # process runs with OMP_THREAD_LIMIT=1. Only its process: set in our own environment, the
+        # limit would reach torch (and every child) and hang a later backward pass.
+        pytesseract.pytesseract.environ = {**os.environ, "OMP_THREAD_LIMIT": "1"}
         data = pytesseract.image_to_data(
             Image.fromarray(sheet), lang=self.language, config=f"--psm {self.psm}", output_type=pytesseract.Output.DICT
         )
