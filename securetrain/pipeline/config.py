@@ -175,6 +175,9 @@ class SecretsConfig(BaseModel):
 class AuditConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     url: str | None = Field(None, description="SQLAlchemy URL or SQLite path; default $SECURETRAIN_AUDIT_URL, else <run_dir>/audit.db.")
+    schema_name: str | None = Field(None, alias="schema", pattern=r"^[A-Za-z0-9_]{1,63}$",
+                                    description="PostgreSQL schema holding the log (default securetrain_audit); "
+                                    "ignored for SQLite.")
     anchor_file: Path | None = Field(None, description="Append-only file receiving signed checkpoints.")
     signing_key: Path | None = Field(None, description="Ed25519 PEM key (0600); default $SECURETRAIN_AUDIT_KEY, else <keys dir>/audit-signing.pem.")
 

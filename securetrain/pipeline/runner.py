@@ -34,7 +34,9 @@ def open_run_audit(config: PipelineConfig):
     signing_key = (
         config.audit.signing_key or os.environ.get("SECURETRAIN_AUDIT_KEY") or (keys_dir(config) / "audit-signing.pem")
     )
-    return AuditLog(url, signing_key=signing_key, origin=f"securetrain/{config.name}", anchors=[FileAnchor(anchor)])
+    schema = config.audit.schema_name if "://" in url and not url.startswith("sqlite") else None
+    return AuditLog(url, signing_key=signing_key, origin=f"securetrain/{config.name}", anchors=[FileAnchor(anchor)],
+                    schema=schema)
 
 
 def finish_report(result: PipelineResult, config: PipelineConfig | None = None, *, clock=None) -> PipelineResult:  # noqa: ANN001
