@@ -133,14 +133,16 @@ class ExecutionConfig(BaseModel):
     """Where de-identification runs: shards of the manifest as Prefect tasks on an existing engine.
 
     ``serial`` runs the shards one after another in the pipeline's process (also what ``--no-prefect``
-    does for every runner); ``thread`` uses Prefect's ThreadPoolTaskRunner; ``dask`` and ``ray`` use
+    does for every runner); ``thread`` uses Prefect's ThreadPoolTaskRunner, ``process`` its
+    ProcessPoolTaskRunner (``n_workers`` local processes: de-identification is CPU-bound Python, so
+    threads share one core through the GIL); ``dask`` and ``ray`` use
     ``prefect-dask`` / ``prefect-ray`` (extras ``[dask]`` / ``[ray]``): a local cluster of
     ``n_workers`` processes, or the existing cluster at ``address``. Outputs are byte-identical
     whichever runner is used, and a rerun skips shards whose outputs exist and verify.
     """
 
     model_config = ConfigDict(extra="forbid")
-    task_runner: Literal["serial", "thread", "dask", "ray"] = "serial"
+    task_runner: Literal["serial", "thread", "process", "dask", "ray"] = "serial"
     address: str | None = Field(None, description="scheduler/cluster address (dask: tcp://host:8786, ray: ray://host:10001)")
     n_workers: PositiveInt = 2
     shard_size: PositiveInt = Field(256, description="files per shard (one retriable task each)")

@@ -1,4 +1,4 @@
-"""Prefect task runners from ``execution:`` (threads, Dask, Ray): existing engines, never a home-made one."""
+"""Prefect task runners from ``execution:`` (threads, processes, Dask, Ray): existing engines, never a home-made one."""
 
 from __future__ import annotations
 
@@ -17,6 +17,10 @@ def build_task_runner(execution: ExecutionConfig) -> Any:
         from prefect.task_runners import ThreadPoolTaskRunner
 
         return ThreadPoolTaskRunner(max_workers=n)
+    if kind == "process":
+        from prefect.task_runners import ProcessPoolTaskRunner
+
+        return ProcessPoolTaskRunner(max_workers=n)
     if kind == "dask":
         try:
             from prefect_dask import DaskTaskRunner

@@ -115,18 +115,21 @@ def test_execution_config_is_validated() -> None:
         ExecutionConfig(task_runner="dask", bogus=1)
     assert build_task_runner(ExecutionConfig()) is None
     assert type(build_task_runner(ExecutionConfig(task_runner="thread"))).__name__ == "ThreadPoolTaskRunner"
+    assert type(build_task_runner(ExecutionConfig(task_runner="process"))).__name__ == "ProcessPoolTaskRunner"
 
 
 @pytest.mark.slow
-def test_flow_on_a_local_dask_cluster_matches_the_serial_run(tmp_path: Path) -> None:
-    pytest.importorskip("prefect_dask")
+@pytest.mark.parametrize("runner", ["dask", "process"])
+def test_flow_on_a_cluster_runner_matches_the_serial_run(tmp_path: Path, runner: str) -> None:
+    if runner == "dask":
+        pytest.importorskip("prefect_dask")
     pytest.importorskip("tenseal")
     import yaml
 
     env_home = tmp_path / "prefect-home"
     outputs = {}
     for name, extra, execution in (("serial", ["--no-prefect"], {}),
-                                   ("dask", [], {"task_runner": "dask", "n_workers": 2, "shard_size": 5})):
+                                   (runner, [], {"task_runner": runner, "n_workers": 2, "shard_size": 5})):
         data = small_config_data(tmp_path, name=name, execution=execution, secrets={"dir": str(tmp_path / "keys")})
         data["he"] = {"enabled": False}
         cfg = tmp_path / f"{name}.yaml"
@@ -138,7 +141,7 @@ def test_flow_on_a_local_dask_cluster_matches_the_serial_run(tmp_path: Path) -> 
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         run_dir = tmp_path / "runs" / name
         outputs[name] = (_tree(run_dir / "deid"), json.loads((run_dir / "result.json").read_text()))
-    assert outputs["serial"][0] and outputs["serial"][0] == outputs["dask"][0]
-    assert outputs["dask"][1]["execution"]["task_runner"] == "dask"
+    assert outputs["serial"][0] and outputs["serial"][0] == outputs[runner][0]
+    assert outputs[runner][1]["execution"]["task_runner"] == runner
     assert outputs["serial"][1]["execution"]["task_runner"] == "serial"
-    assert outputs["dask"][1]["audit"]["verified"] is True
+    assert outputs[runner][1]["audit"]["verified"] is True
