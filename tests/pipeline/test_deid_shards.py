@@ -119,10 +119,10 @@ def test_execution_config_is_validated() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runner", ["dask", "process"])
+@pytest.mark.parametrize("runner", ["dask", "process", "ray"])
 def test_flow_on_a_cluster_runner_matches_the_serial_run(tmp_path: Path, runner: str) -> None:
-    if runner == "dask":
-        pytest.importorskip("prefect_dask")
+    if runner in ("dask", "ray"):  # optional extras: securetrain[dask] (in dev), securetrain[ray]
+        pytest.importorskip(f"prefect_{runner}")
     pytest.importorskip("tenseal")
     import yaml
 
