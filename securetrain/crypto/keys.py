@@ -26,7 +26,7 @@ import stat
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import NoReturn, Protocol, runtime_checkable
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -104,7 +104,7 @@ class SecretKey:
 
     __str__ = __repr__
 
-    def __reduce__(self) -> object:
+    def __reduce__(self) -> NoReturn:
         raise TypeError("SecretKey objects cannot be pickled (key material must not leave the process)")
 
     def __eq__(self, other: object) -> bool:

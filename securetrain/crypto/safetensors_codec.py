@@ -34,7 +34,7 @@ def _byte_view(tensor: torch.Tensor) -> memoryview:
     flat = tensor.reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+    return flat.view(torch.uint8).numpy().data.cast("B")
 
 
 def _prepare(tensors: Mapping[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:

@@ -37,7 +37,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from cryptography.exceptions import InvalidTag
@@ -156,7 +156,7 @@ class TransportIdentity:
 
     __str__ = __repr__
 
-    def __reduce__(self) -> object:
+    def __reduce__(self) -> NoReturn:
         raise TypeError("TransportIdentity cannot be pickled (it holds a private key)")
 
 

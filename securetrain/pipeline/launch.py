@@ -153,8 +153,8 @@ def launch_training(config: Any, prepared: Any, *, log_line: Callable[[str], Non
                 os.killpg(proc.pid, signal.SIGKILL)
         raise
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
         request.unlink(missing_ok=True)
     status = _read_status(status_path)
     if status.get("outcome") == "preempted" or (not status and (rc in PREEMPT_CODES or forwarded)):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -89,7 +89,8 @@ def local_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dic
     """This rank's shards as flat tensors ``model/<fqn>``, ``optim/<fqn>/<key>``; the layout; optimizer meta."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    msd, osd = get_state_dict(model, optimizer)
+    # torch types both as unions of every state value kind; ours are module/optimizer state dicts.
+    msd, osd = cast(tuple[dict[str, Any], dict[str, Any]], get_state_dict(model, optimizer))
     tensors: dict[str, torch.Tensor] = {}
     layout: dict[str, Any] = {}
     for fqn, value in msd.items():
@@ -113,7 +114,8 @@ def load_local_state(model: nn.Module, optimizer: torch.optim.Optimizer, tensors
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.tensor import DTensor
 
-    msd, osd = get_state_dict(model, optimizer)  # templates (initialises empty optimizer state)
+    # templates (initialises empty optimizer state); typed as in local_state()
+    msd, osd = cast(tuple[dict[str, Any], dict[str, Any]], get_state_dict(model, optimizer))
 
     def fill(name: str, template: torch.Tensor) -> torch.Tensor:
         if name not in tensors:
@@ -139,7 +141,8 @@ def load_local_state(model: nn.Module, optimizer: torch.optim.Optimizer, tensors
             else:
                 state[fqn][key] = scalars.get(fqn, {}).get(key, value)
     groups = optim_meta.get("param_groups") or osd.get("param_groups", [])
-    set_state_dict(model, optimizer, model_state_dict=new_msd, optim_state_dict={"state": state, "param_groups": groups})
+    set_state_dict(model, optimizer, model_state_dict=cast(Any, new_msd),
+                   optim_state_dict=cast(Any, {"state": state, "param_groups": groups}))
 
 
 def manifest_metadata(shards: list[CheckpointInfo], base: Path, world_size: int, layout: Mapping[str, Any]) -> dict[str, str]:
