@@ -139,7 +139,7 @@ def demo(
 
 def _embedded_demo_defaults() -> dict:
     """The demo config when examples/demo.yaml is not around (e.g. an installed wheel)."""
-    return {"name": "demo", "secrets": {"create_demo_secrets": True},
+    return {"name": "demo", "secrets": {"create_demo_secrets": True, "demo_deid_key": "fixed"},
             "training": {"epochs": 6, "batch_size": 16, "lr": 0.01, "checkpoint_every": 10}}
 
 

@@ -172,6 +172,18 @@ class SecretsConfig(BaseModel):
         description="Create a keyring, its passphrase file and a de-identification secret when missing. "
         "For demos only: production supplies SECURETRAIN_KEYRING_PASSPHRASE and SECURETRAIN_DEID_KEY.",
     )
+    demo_deid_key: Literal["random", "fixed"] = Field(
+        "random",
+        description="With create_demo_secrets: 'fixed' uses the public demo de-identification key, so a demo's "
+        "pseudonyms, patient split and metrics repeat run to run. Anyone can recompute pseudonyms made with "
+        "it: synthetic data only.",
+    )
+
+    @model_validator(mode="after")
+    def _fixed_key_is_for_demos(self) -> SecretsConfig:
+        if self.demo_deid_key == "fixed" and not self.create_demo_secrets:
+            raise ValueError("secrets.demo_deid_key 'fixed' is for demos (create_demo_secrets: true) only")
+        return self
 
 
 class AuditConfig(BaseModel):

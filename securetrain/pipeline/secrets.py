@@ -11,6 +11,7 @@ Secrets never leave this object as text: ``repr`` shows only ids.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -34,6 +35,9 @@ from securetrain.pipeline.config import PipelineConfig
 KEYRING_FILE = "keyring.json"
 PASSPHRASE_FILE = "keyring.passphrase"
 DEID_KEY_FILE = "deid.key"
+#: The public demo de-identification key (``secrets.demo_deid_key: fixed``): published here, so it
+#: protects nothing; it only makes a demo's pseudonyms and patient split repeat run to run.
+DEMO_DEID_KEY_HEX = hashlib.sha256(b"securetrain public demo de-identification key: synthetic data only").hexdigest()
 
 
 @dataclass
@@ -102,7 +106,8 @@ def load_run_secrets(config: PipelineConfig) -> RunSecrets:
         deid_secret = parse_key_text(os.environ[ENV_DEID_KEY].encode(), what=ENV_DEID_KEY, hex_only=True)
     elif demo:
         if not deid_file.exists():
-            atomic_write_bytes(deid_file, secrets.token_hex(32).encode())
+            fixed = config.secrets.demo_deid_key == "fixed"
+            atomic_write_bytes(deid_file, (DEMO_DEID_KEY_HEX if fixed else secrets.token_hex(32)).encode())
         deid_secret = parse_key_text(_read_private(deid_file), what=str(deid_file))
     else:
         raise DeidKeyError(
