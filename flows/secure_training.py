@@ -202,8 +202,12 @@ def publish_artifacts(result: PipelineResult) -> None:
 
 
 @flow(name="secure_training", result_serializer="json", log_prints=False)
-def secure_training(config_path: str | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """ingest → prepare (de-identify / mask, split) → train → (HE evaluation) → seal audit log → report."""
+def secure_training(config_path: str | None = None, overrides: dict[str, Any] | None = None,
+                    new_run: bool = False) -> dict[str, Any]:
+    """ingest → prepare (de-identify / mask, split) → train → (HE evaluation) → seal audit log → report.
+
+    ``new_run`` (schedules set it): this run gets its own folder ``<name>-<UTC time>-<flow run id>``
+    instead of resuming the config's folder, and its report lists inputs new since the previous run."""
     from securetrain.pipeline.runinfo import StageClock
 
     clock = StageClock()
@@ -211,6 +215,12 @@ def secure_training(config_path: str | None = None, overrides: dict[str, Any] | 
     install_redaction()
     logger = get_run_logger()
     config = load_pipeline_config(config_path, data=overrides)
+    if new_run:
+        from securetrain.pipeline.runinfo import flow_run_id
+        from securetrain.pipeline.schedule import scheduled_run_config
+
+        config = scheduled_run_config(config, flow_run_id=flow_run_id())
+        logger.info("scheduled run %s (series %s)", config.name, config.series)
     from securetrain.pipeline.runlock import run_folder_lock
 
     with run_folder_lock(config.run_dir):  # one run at a time per folder, whatever the schedule does

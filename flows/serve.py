@@ -29,7 +29,9 @@ def main(argv: list[str] | None = None) -> None:
         cron=args.cron,
         limit=1,  # this process runs one flow run at a time ...
         global_limit=1,  # ... and the deployment allows one at a time anywhere (runs share GPUs and keys)
-        parameters={"config_path": str(Path(args.config).resolve())},
+        # new_run: every scheduled run trains in its own folder on the data present then (not a
+        # resume of the finished previous run), and reports the inputs new since that run.
+        parameters={"config_path": str(Path(args.config).resolve()), "new_run": True},
         tags=["securetrain"],
         description="De-identify, train with encrypted checkpoints, HE-evaluate, seal the audit log.",
     )

@@ -73,7 +73,7 @@ def _print_result(result) -> None:  # noqa: ANN001 - PipelineResult
     console.print(table)
 
 
-def _run(config_path: Path | None, *, use_prefect: bool, overrides: dict | None = None) -> None:
+def _run(config_path: Path | None, *, use_prefect: bool, overrides: dict | None = None, new_run: bool = False) -> None:
     from securetrain.pipeline.config import load_pipeline_config
     from securetrain.pipeline.results import PipelineResult
     from securetrain.pipeline.runner import run_pipeline
@@ -95,9 +95,13 @@ def _run(config_path: Path | None, *, use_prefect: bool, overrides: dict | None 
             if uses_temporary_server():
                 start_temporary_server()  # own session: Ctrl-C stops the pipeline, not its server
             result = PipelineResult.model_validate(
-                flow(config_path=str(config_path) if config_path else None, overrides=overrides)
+                flow(config_path=str(config_path) if config_path else None, overrides=overrides, new_run=new_run)
             )
         else:
+            if new_run:
+                from securetrain.pipeline.schedule import scheduled_run_config
+
+                config = scheduled_run_config(config)
             result = run_pipeline(config, show_progress=True)
     except PipelinePreempted as exc:
         from securetrain.cli.console import err_console
@@ -112,9 +116,11 @@ def _run(config_path: Path | None, *, use_prefect: bool, overrides: dict | None 
 def run(
     config: Path = typer.Argument(..., exists=True, dir_okay=False, help="Pipeline config (YAML/TOML)."),
     no_prefect: bool = typer.Option(False, "--no-prefect", help="Run as a plain library call, without Prefect."),
+    new_run: bool = typer.Option(False, "--new-run", help="A run of a series (as schedules do): its own folder "
+                                 "<name>-<UTC time>, and the report lists inputs new since the previous one."),
 ) -> None:
     """Run the secure training pipeline (through Prefect by default)."""
-    _run(config, use_prefect=not no_prefect)
+    _run(config, use_prefect=not no_prefect, new_run=new_run)
 
 
 def demo(

@@ -224,6 +224,8 @@ class PipelineConfig(BaseModel):
     release: ReleaseConfig = Field(default_factory=ReleaseConfig)
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
     base_dir: Path | None = Field(None, description="Set by the loader: the config file's folder (imports start there).")
+    series: str | None = Field(None, description="Set for scheduled runs (securetrain.pipeline.schedule): the "
+                               "config's own name; each run of the series has its own run folder.")
 
     @property
     def run_dir(self) -> Path:

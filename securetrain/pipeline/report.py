@@ -105,6 +105,15 @@ def _run_rows(result: PipelineResult) -> list[tuple[str, object]]:
     if r.stage_seconds:
         rows.append(("stage timings", ", ".join(f"{k} {v:.1f} s" for k, v in r.stage_seconds.items())
                      + f" (total {sum(r.stage_seconds.values()):.1f} s)"))
+    changes = r.input_changes
+    if changes:
+        since = changes["previous_run"] or "- (first run of the series)"
+        listed = " ".join(changes["new_sha256"])
+        more = changes["new"] - len(changes["new_sha256"])
+        rows.append(("scheduled run", f"series {changes['series']}; previous run {since}"))
+        rows.append(("inputs new since the previous run (SHA-256)",
+                     f"{changes['new']} new of {changes['inputs']}, {changes['removed']} no longer present"
+                     + (f": {listed}" if listed else "") + (f" … and {more} more (result.json)" if more > 0 else "")))
     rows.append(("config sha256", result.config_sha256 or "-"))
     keys = sorted({c.key_id for c in result.training.checkpoints if c.key_id})
     rows.append(("checkpoint key ids (KEK, never the key)", ", ".join(keys) or "-"))

@@ -152,6 +152,8 @@ class RunInfo(BaseModel):
     started_at: str | None = None  # ISO 8601, UTC
     finished_at: str | None = None
     stage_seconds: dict[str, float] = Field(default_factory=dict)  # stage -> wall seconds, in order
+    # Scheduled runs (pipeline.schedule): series, previous run, counts and digests of new inputs.
+    input_changes: dict[str, Any] | None = None
 
 
 class PipelineResult(BaseModel):

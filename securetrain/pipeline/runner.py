@@ -46,6 +46,10 @@ def finish_report(result: PipelineResult, config: PipelineConfig | None = None, 
     Prefect flow run id, start/end time and per-stage timings."""
     if clock is not None:
         result.run = clock.info()
+    if config is not None and config.series:
+        from securetrain.pipeline.schedule import input_changes
+
+        result.run.input_changes = input_changes(config)
     result.curve_png = plot_training_curve(result.training, result.run_dir / "training-curve.png")
     result.report_html = write_html_report(result, result.run_dir / "report.html")
     result.result_json = result.run_dir / "result.json"

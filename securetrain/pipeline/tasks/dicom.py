@@ -114,10 +114,13 @@ def deidentify(
     # Workers return their audit events; recording them here, in shard order, gives every runner the
     # same log (each shard's de-identifier states the policy it applied: recorded once).
     policy_events: set[str] = set()
+    input_digests: set[str] = set()  # every file read (for a scheduled run's "new inputs")
     for result in results:
         if result.resumed:
             recorder.record("deid.shard_resumed", f"shard:{result.index}", details={"files": len(result.rows)})
         for event in result.events:
+            if event["action"] == "dicom.read" and isinstance(event.get("details"), dict):
+                input_digests.add(str(event["details"].get("sha256")))
             if event["action"] == "deid.policy_applied":
                 fingerprint = json.dumps(event, sort_keys=True, default=str)
                 if fingerprint in policy_events:
@@ -140,6 +143,9 @@ def deidentify(
     eval_patients = holdout((p for _, _, p in kept), config.data.eval_fraction)
     train_rows = [(n, lab) for n, lab, p in kept if p not in eval_patients]
     eval_rows = [(n, lab) for n, lab, p in kept if p in eval_patients]
+    from securetrain.pipeline.schedule import write_inputs
+
+    write_inputs(config.run_dir, input_digests)
     _write_manifest(out_dir / "train.csv", train_rows)
     _write_manifest(out_dir / "eval.csv", eval_rows)
     atomic_write_bytes(out_dir / LABELS_FILE, json.dumps({"classes": names}).encode(), mode=0o600)
