@@ -133,6 +133,20 @@ HE_EXPLAINED = (
 )
 
 
+def resumed_notice(training: TrainingSummary) -> str:
+    """A visible notice when training continued from a checkpoint; louder when nothing was left to train."""
+    if training.resumed_from is None:
+        return ""
+    if training.resumed_from >= training.steps:
+        text = (f"This run resumed a finished run (checkpoint at step {training.resumed_from}) and trained no new "
+                "steps: its metrics are those of the earlier run. For a new run use a new run name, "
+                "`securetrain run --new-run`, or a schedule (each scheduled run has its own folder).")
+    else:
+        text = (f"Training resumed from the checkpoint at step {training.resumed_from} and continued to step "
+                f"{training.steps}.")
+    return f'<p class="notice"><b>Resumed.</b> {html.escape(text)}</p>'
+
+
 def best_validation(training: TrainingSummary) -> dict[str, Any] | None:
     """The validation entry of the best epoch (else the last one)."""
     if not training.validation:
@@ -231,6 +245,7 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
                 ("tags changed", d.tags_changed),
                 ("rejected (burned-in annotation)", d.rejected),
                 ("quarantined (unreadable)", d.quarantined),
+                *((f"refused — {reason}", count) for reason, count in d.refused_by_reason.items()),
                 ("split (patients train / eval)", f"{d.train_patients} / {d.eval_patients}"),
                 ("files train / eval", f"{d.train_files} / {d.eval_files}"),
             ]),
@@ -260,6 +275,7 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
             *_data_rows(result),
         ]),
         "<h2>Training</h2>",
+        resumed_notice(t),
         _table([
             ("device", t.device),
             ("steps / epochs", f"{t.steps} / {t.epochs_completed}"),

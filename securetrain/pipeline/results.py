@@ -30,6 +30,7 @@ class DeidSummary(BaseModel):
     train_class_counts: list[int] = Field(default_factory=list)
     eval_class_counts: list[int] = Field(default_factory=list)
     digests: dict[str, str] = Field(default_factory=dict)  # sha256 of manifests, policy digest
+    refused_by_reason: dict[str, int] = Field(default_factory=dict)  # rejected + quarantined files per reason
 
 
 class MaskingSummary(BaseModel):
@@ -91,6 +92,7 @@ class TrainingSummary(BaseModel):
     profile_trace: Path | None = None  # torch.profiler Chrome trace (training.profile)
     memory: dict[str, Any] = Field(default_factory=dict)  # device memory summary at the end (main rank)
     privacy: dict[str, Any] | None = None  # DP-SGD runs: epsilon (spent), delta, target_epsilon, noise_multiplier, ...
+    resumed_from: int | None = None  # the checkpoint step training continued from (None: a fresh start)
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -269,6 +269,7 @@ def train(
         profile_trace=result.profile_trace,
         memory=_json_safe(result.memory),
         privacy=_json_safe(result.privacy) if result.privacy else None,
+        resumed_from=result.resumed_from,
     )
 
 

@@ -115,12 +115,14 @@ def deidentify(
     # same log (each shard's de-identifier states the policy it applied: recorded once).
     policy_events: set[str] = set()
     input_digests: set[str] = set()  # every file read (for a scheduled run's "new inputs")
+    refused: dict[str, int] = {}  # reason -> files rejected or quarantined
     for result in results:
         if result.resumed:
             recorder.record("deid.shard_resumed", f"shard:{result.index}", details={"files": len(result.rows)})
         for event in result.events:
-            if event["action"] == "dicom.read" and isinstance(event.get("details"), dict):
-                input_digests.add(str(event["details"].get("sha256")))
+            details = event.get("details")
+            if event["action"] == "dicom.read" and isinstance(details, dict):
+                input_digests.add(str(details.get("sha256")))
             if event["action"] == "deid.policy_applied":
                 fingerprint = json.dumps(event, sort_keys=True, default=str)
                 if fingerprint in policy_events:
@@ -128,6 +130,9 @@ def deidentify(
                 policy_events.add(fingerprint)
             recorder.record(event["action"], event["resource"], outcome=event["outcome"], details=event["details"])
         for row in result.rows:
+            if row.outcome in ("rejected", "quarantined"):
+                reason = f"{row.outcome}: {row.reason or 'unspecified'}"
+                refused[reason] = refused.get(reason, 0) + 1
             if row.outcome == "rejected":
                 rejected += 1
             elif row.outcome == "quarantined":
@@ -171,6 +176,7 @@ def deidentify(
         eval_class_counts=_counts(eval_rows, len(names)),
         digests={"train_manifest": file_sha256(out_dir / "train.csv"), "eval_manifest": file_sha256(out_dir / "eval.csv"),
                  "policy": policy.digest, "input_manifest": file_sha256(raw_manifest)},
+        refused_by_reason=dict(sorted(refused.items())),
     )
 
 
