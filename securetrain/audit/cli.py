@@ -5,6 +5,7 @@ Only typer/rich/stdlib at import time; the log and SQLAlchemy load inside the co
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Optional
@@ -245,7 +246,29 @@ def pubkey(
         typer.echo(log.public_key_pem().decode() if pem else log.verifier_key())
 
 
-for _fn in (verify, show, export, prove, checkpoint, pubkey):
+def keygen(
+    out: Optional[Path] = typer.Option(
+        None, "--out", envvar="SECURETRAIN_AUDIT_KEY",
+        help="Where to write the new Ed25519 private key (PEM, 0600); must not exist "
+        "(default: $SECURETRAIN_AUDIT_KEY or <data dir>/audit_signing_key.pem)."),
+) -> None:
+    """Create the audit log's signing key (the only way one is created), and its public key next to it."""
+    from securetrain.audit.keys import create_signing_key, public_key_pem
+    from securetrain.audit.log import data_dir
+    from securetrain.audit.note import verifier_key
+    from securetrain.io.atomic import atomic_write_bytes
+
+    path = out or data_dir() / "audit_signing_key.pem"
+    key = create_signing_key(path)
+    pem = public_key_pem(key.public_key())
+    public = path.with_name(path.name.removesuffix(".pem") + ".pub.pem")
+    atomic_write_bytes(public, pem, mode=0o644)
+    origin = f"securetrain.local/audit/{hashlib.sha256(pem).hexdigest()[:16]}"
+    typer.echo(f"wrote {path} (private, 0600: keep it on the writer hosts only) and {public}")
+    typer.echo(f"verifier key (give it to your auditors): {verifier_key(origin, key.public_key())}")
+
+
+for _fn in (verify, show, export, prove, checkpoint, pubkey, keygen):
     audit_app.command(_fn.__name__)(_fn)
 
 

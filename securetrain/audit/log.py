@@ -33,7 +33,7 @@ from securetrain.audit import canonical as canon
 from securetrain.audit.anchors import Anchor
 from securetrain.audit.dberrors import classify
 from securetrain.audit.errors import AuditConfigError, AuditError, AuditEventError, AuditIntegrityError
-from securetrain.audit.keys import load_or_create_signing_key, public_key_pem
+from securetrain.audit.keys import load_signing_key, public_key_pem
 from securetrain.audit.merkle import CompactRange, consistency_proof, inclusion_proof, leaf_hash, root_hash
 from securetrain.audit.models import TABLES, AuditCheckpointRow, AuditEntryRow
 from securetrain.audit.note import (
@@ -179,6 +179,10 @@ class AuditLog:
         else:
             raise AuditConfigError(f"unsupported audit database URL scheme {self.backend!r}", hint="use a path, sqlite:/// or postgresql+psycopg://")
         _LIVE_LOGS.add(self)
+        if create and checkpoint_every is not None:
+            # A writer that will sign checkpoints finds out now, before committing any entry,
+            # that it has no key (not after, at the first checkpoint).
+            _ = self.signing_key
         if create:
             self._ensure_schema()
         else:
@@ -287,7 +291,8 @@ class AuditLog:
     def signing_key(self) -> Ed25519PrivateKey:
         if self._signing_key is None:
             path = self._signing_key_src or os.environ.get("SECURETRAIN_AUDIT_KEY") or data_dir() / "audit_signing_key.pem"
-            self._signing_key = load_or_create_signing_key(path)  # type: ignore[arg-type]
+            # Never created here (see audit.keys): a missing key is a configuration error.
+            self._signing_key = load_signing_key(path)  # type: ignore[arg-type]
         return self._signing_key
 
     @property

@@ -8,7 +8,7 @@ from securetrain.pipeline import stages
 from securetrain.pipeline.config import PipelineConfig
 from securetrain.pipeline.report import plot_training_curve, write_html_report
 from securetrain.pipeline.results import PipelineResult
-from securetrain.pipeline.secrets import keys_dir, load_run_secrets
+from securetrain.pipeline.secrets import keys_dir, load_run_secrets, run_audit_key_path
 
 
 def _stderr_line(line: str) -> None:
@@ -31,9 +31,7 @@ def open_run_audit(config: PipelineConfig):
     run_dir.mkdir(parents=True, exist_ok=True)
     url = config.audit.url or os.environ.get("SECURETRAIN_AUDIT_URL") or str(run_dir / "audit.db")
     anchor = config.audit.anchor_file or (run_dir / "audit-anchors.notes")
-    signing_key = (
-        config.audit.signing_key or os.environ.get("SECURETRAIN_AUDIT_KEY") or (keys_dir(config) / "audit-signing.pem")
-    )
+    signing_key = run_audit_key_path(config)
     schema = config.audit.schema_name if "://" in url and not url.startswith("sqlite") else None
     return AuditLog(url, signing_key=signing_key, origin=f"securetrain/{config.name}", anchors=[FileAnchor(anchor)],
                     schema=schema)

@@ -32,6 +32,7 @@ from securetrain.masking.dicom.keys import ENV_KEY as ENV_DEID_KEY
 from securetrain.masking.dicom.keys import DeidKeys, parse_key_text
 from securetrain.pipeline.config import PipelineConfig
 
+AUDIT_KEY_FILE = "audit-signing.pem"
 KEYRING_FILE = "keyring.json"
 PASSPHRASE_FILE = "keyring.passphrase"
 DEID_KEY_FILE = "deid.key"
@@ -62,6 +63,31 @@ def _read_private(path: Path) -> bytes:
 
         raise KeyringError(f"{path} is readable by group/others", hint=f"chmod 600 {path}")
     return path.read_bytes()
+
+
+def run_audit_key_path(config: PipelineConfig) -> Path:
+    """The run's audit signing key: ``audit.signing_key``, else ``$SECURETRAIN_AUDIT_KEY``, else
+    ``<keys dir>/audit-signing.pem``."""
+    explicit = config.audit.signing_key or os.environ.get("SECURETRAIN_AUDIT_KEY")
+    return Path(explicit) if explicit else keys_dir(config) / AUDIT_KEY_FILE
+
+
+def _create_demo_signing_keys(config: PipelineConfig) -> None:
+    """Demo set-up: the audit and provenance signing keys under the run's keys folder, if missing.
+
+    The only place a run creates signing keys, and only at the default paths: a key the operator
+    named (config or environment) that does not exist is an error, never replaced by a new one.
+    """
+    import logging
+
+    from securetrain.audit.keys import load_or_create_signing_key
+    from securetrain.release.provenance import signing_key_path
+
+    for path, default in ((run_audit_key_path(config), keys_dir(config) / AUDIT_KEY_FILE),
+                          (signing_key_path(config), keys_dir(config) / "provenance-signing.pem")):
+        if path == default and not path.exists():
+            load_or_create_signing_key(path)  # race-free: ranks starting together load one key
+            logging.getLogger(__name__).info("demo secrets: created signing key %s", path.name)
 
 
 def run_keyring_path(config: PipelineConfig) -> Path | None:
@@ -114,6 +140,8 @@ def load_run_secrets(config: PipelineConfig) -> RunSecrets:
             f"no de-identification secret: set {ENV_DEID_KEY} (64 hex chars)",
             hint="or set secrets.create_demo_secrets: true for a throw-away demo",
         )
+    if demo:
+        _create_demo_signing_keys(config)
     return RunSecrets(keyring, keyring_path, DeidKeys.from_secret(deid_secret), deid_secret)
 
 

@@ -183,7 +183,7 @@ def _model_checkpoint(config: Any, secrets: Any) -> tuple[str, Any]:
 def sign_run_provenance(config: Any, audit_log: Any, prepared: Any, training: Any, secrets: Any) -> dict[str, Any]:
     """Build, sign and write the run's provenance (see the module docstring); returns a summary."""
     import securetrain
-    from securetrain.audit.keys import load_or_create_signing_key
+    from securetrain.audit.keys import load_signing_key
     from securetrain.pipeline.runner import config_digest
 
     out = release_dir(config.run_dir)
@@ -204,7 +204,7 @@ def sign_run_provenance(config: Any, audit_log: Any, prepared: Any, training: An
         raise ProvenanceError("config digest does not match the serialised config")
     policy = Path(config.data.policy) if getattr(config.data, "policy", None) else None
     cp = audit_log.checkpoint()  # signs the head that covers every event of the run so far
-    key = load_or_create_signing_key(signing_key_path(config))
+    key = load_signing_key(signing_key_path(config))  # created by `release keygen` or the demo's set-up
     validation = list(training.validation or [])
     statement = {
         "_type": STATEMENT_TYPE,

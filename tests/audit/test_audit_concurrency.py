@@ -52,9 +52,16 @@ def _check(log: AuditLog) -> None:
     assert sizes == sorted(set(sizes)) and len(sizes) >= 5 and report.checkpoints_verified == len(sizes)
 
 
+def _keygen(tmp_path: Path) -> str:
+    from securetrain.audit.keys import create_signing_key
+
+    create_signing_key(tmp_path / "key.pem")
+    return str(tmp_path / "key.pem")
+
+
 @pytest.mark.slow
 def test_sixteen_processes_sqlite(tmp_path: Path) -> None:
-    log = _hammer(str(tmp_path / "audit.db"), None, str(tmp_path / "key.pem"))
+    log = _hammer(str(tmp_path / "audit.db"), None, _keygen(tmp_path))
     _check(log)
     log.close()
 
@@ -70,7 +77,7 @@ def test_sixteen_processes_postgres(tmp_path: Path) -> None:
         pytest.skip(f"PostgreSQL not reachable at {libpq}")
     schema = f"st_audit_conc_{uuid.uuid4().hex[:10]}"
     try:
-        log = _hammer(POSTGRES_URL, schema, str(tmp_path / "key.pem"))
+        log = _hammer(POSTGRES_URL, schema, _keygen(tmp_path))
         _check(log)
         log.close()
     finally:

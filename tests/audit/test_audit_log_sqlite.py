@@ -29,7 +29,11 @@ VERIFIER = REPO / "audit" / "verify_audit.py"
 
 @pytest.fixture
 def log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AuditLog:
+    from securetrain.audit.keys import create_signing_key
+
     monkeypatch.setenv("SECURETRAIN_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("SECURETRAIN_AUDIT_KEY")
+    create_signing_key(tmp_path / "data" / "audit_signing_key.pem")  # what `securetrain audit keygen` does
     lg = AuditLog(tmp_path / "audit.db", actor="alice", checkpoint_every=4)
     for i in range(10):
         lg.record("dataset.read", f"dataset:{i}", details={"rows": i, "sha256": "ab" * 32, "tags": ["x", None, True]})
@@ -124,6 +128,47 @@ def test_signing_key_created_owner_only(log: AuditLog, tmp_path: Path) -> None:
     path.chmod(0o644)
     with pytest.raises(Exception, match="readable by others"):
         AuditLog(log.url, checkpoint_every=None).checkpoint()
+
+
+def test_library_never_creates_a_signing_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A writer started from another directory once created a fresh key there, committed its
+    # entries, then failed at the first checkpoint blaming "tampering". Now: no key, no entries.
+    from securetrain.audit.errors import AuditConfigError
+    from securetrain.audit.keys import create_signing_key
+
+    monkeypatch.delenv("SECURETRAIN_AUDIT_KEY")
+    monkeypatch.setenv("SECURETRAIN_DATA_DIR", str(tmp_path / "elsewhere"))
+    with pytest.raises(AuditConfigError, match="audit signing key not found") as err:
+        AuditLog(tmp_path / "audit.db")
+    assert "securetrain audit keygen" in str(err.value)
+    assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "audit.db").exists()
+    reader = AuditLog(tmp_path / "r.db", checkpoint_every=None)  # no checkpoints: no key needed to append
+    reader.record("a.b", "r")
+    with pytest.raises(AuditConfigError, match="not found"):
+        reader.checkpoint()
+    reader.close()
+    assert not (tmp_path / "elsewhere").exists()
+    create_signing_key(tmp_path / "k.pem")
+    with pytest.raises(AuditConfigError, match="already exists"):  # keygen never replaces a key
+        create_signing_key(tmp_path / "k.pem")
+
+
+def test_keygen_command_creates_the_key_once(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from securetrain.audit.keys import load_signing_key
+    from securetrain.cli.main import app
+
+    out = tmp_path / "keys" / "audit.pem"
+    r = CliRunner().invoke(app, ["audit", "keygen", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600 and (tmp_path / "keys" / "audit.pub.pem").is_file()
+    assert "verifier key" in r.output and "PRIVATE" not in r.output
+    first = out.read_bytes()
+    load_signing_key(out)
+    r = CliRunner().invoke(app, ["audit", "keygen", "--out", str(out)])
+    assert r.exit_code != 0 and "already exists" in f"{r.exception} {r.output}"
+    assert out.read_bytes() == first
 
 
 def test_open_audit_log_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
