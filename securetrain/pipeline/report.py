@@ -117,6 +117,12 @@ def _run_rows(result: PipelineResult) -> list[tuple[str, object]]:
     rows.append(("config sha256", result.config_sha256 or "-"))
     keys = sorted({c.key_id for c in result.training.checkpoints if c.key_id})
     rows.append(("checkpoint key ids (KEK, never the key)", ", ".join(keys) or "-"))
+    for name, label in (("kek_fingerprint", "KEK fingerprint"), ("deid_key_id", "de-identification key id"),
+                        ("audit_public_key_sha256", "audit public key SHA-256")):
+        if result.keys.get(name):
+            rows.append((label, result.keys[name]))
+    if result.provenance and result.provenance.get("keyid"):
+        rows.append(("provenance key id", result.provenance["keyid"]))
     if result.masking:
         rows.append(("masking key id", result.masking.key_id))
     return rows

@@ -176,6 +176,8 @@ class PipelineResult(BaseModel):
     run: RunInfo = Field(default_factory=RunInfo)
     # De-identification engine: {"task_runner" (the one used), "configured", "n_workers", "shard_size", "cluster"}
     execution: dict[str, Any] = Field(default_factory=dict)
+    # Which keys the run used: ids and fingerprints (hashes that identify a key), never key material.
+    keys: dict[str, str] = Field(default_factory=dict)
     provenance: dict[str, Any] | None = None  # path, statement_sha256, model_sha256, container_sha256, audit_tree_size, keyid
 
     # Shortcuts into ``training`` so result.json answers the common questions at the top level.

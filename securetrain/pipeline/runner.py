@@ -132,8 +132,37 @@ def assemble_result(config: PipelineConfig, prepared, training, he, sealed, prov
     return PipelineResult(
         run_dir=config.run_dir, task=prepared.task, deid=prepared.deid, masking=prepared.masking,
         data_details=prepared.details, training=training, he=he, audit=sealed, config_sha256=config_digest(config),
-        provenance=provenance, execution=execution,
+        provenance=provenance, execution=execution, keys=key_fingerprints(config),
     )
+
+
+def key_fingerprints(config: PipelineConfig) -> dict[str, str]:
+    """Ids and fingerprints of the run's keys for the report: an auditor can tell which keys were
+    used (and match them against a key inventory) without seeing any key. Best effort: the run has
+    finished its work when this is called, so an unreadable key only leaves its entry out."""
+    import hashlib
+
+    from securetrain.audit.keys import load_signing_key, public_key_pem
+    from securetrain.errors import SecureTrainError
+
+    out: dict[str, str] = {}
+    try:
+        secrets = load_run_secrets(config)
+        kek = secrets.keyring.current_key_id()
+        out["kek_id"] = kek
+        fingerprint_of = getattr(secrets.keyring, "fingerprint_of", None)
+        fp = fingerprint_of(kek) if fingerprint_of else None
+        if fp:
+            out["kek_fingerprint"] = fp.hex()
+        out["deid_key_id"] = secrets.deid_keys.key_id
+    except (SecureTrainError, OSError):
+        pass
+    try:
+        pem = public_key_pem(load_signing_key(run_audit_key_path(config)).public_key())
+        out["audit_public_key_sha256"] = hashlib.sha256(pem).hexdigest()
+    except (SecureTrainError, OSError):
+        pass
+    return out
 
 
 def config_digest(config: PipelineConfig) -> str:

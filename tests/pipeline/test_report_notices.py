@@ -26,6 +26,12 @@ def test_refusals_by_reason_and_the_resumed_notice(tmp_path: Path) -> None:
     page = first.report_html.read_text()
     assert "refused — rejected: burned_in_annotation" in page
     assert first.training.resumed_from is None and "resumed a finished run" not in page
+    # Which keys were used, by id and fingerprint; no key material anywhere in the report.
+    keys = first.keys
+    assert {"kek_id", "kek_fingerprint", "deid_key_id", "audit_public_key_sha256"} <= set(keys)
+    assert keys["kek_fingerprint"] in page and keys["deid_key_id"] in page and keys["audit_public_key_sha256"] in page
+    deid_secret = (config.run_dir / "keys" / "deid.key").read_text().strip()
+    assert deid_secret not in page and deid_secret not in (config.run_dir / "result.json").read_text()
 
     second = run_pipeline(config)  # the same folder: the finished run is resumed, nothing left to train
     assert second.training.resumed_from == second.training.steps == first.training.steps
