@@ -9,6 +9,7 @@ package.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from securetrain.errors import ConfigError
@@ -34,7 +35,7 @@ def find_project_file(relative: str, *, required: bool = True) -> Path | None:
     return None
 
 
-def resolve_policy(name_or_path: str | Path) -> Path:
+def resolve_policy(name_or_path: str | os.PathLike[str]) -> Path:
     """A policy given by path, or by name (``"dicom-basic"`` → ``policies/dicom-basic.yaml``)."""
     path = Path(name_or_path)
     if path.exists():

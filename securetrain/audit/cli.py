@@ -54,7 +54,7 @@ def _open(db: Optional[str], signing_key: Optional[Path] = None, *, need_key: bo
 
     key = _signing_key_path(signing_key) if need_key else signing_key
     # Reading commands never create an (empty, "valid") log.
-    return AuditLog(db, create=False, signing_key=key, **({"schema": schema} if schema else {}))
+    return AuditLog(db, create=False, signing_key=key, schema=schema)
 
 
 def _read_key(public_key: Optional[Path]):  # noqa: ANN202

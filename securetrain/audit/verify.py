@@ -9,6 +9,7 @@ first ``tree_size`` entries. A checkpoint larger than the log means the tail was
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import json.encoder
@@ -16,7 +17,7 @@ import json.scanner
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -150,15 +151,18 @@ _DETAILS_DECODER = json.JSONDecoder(parse_float=_refuse, parse_int=_safe_int, pa
 _DETAILS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False)
 # The C scanner/encoder called directly: JSONDecoder.decode and JSONEncoder.encode add Python-level
 # wrapper work per call that costs more than the parsing itself for a small details object.
-_scan_details = (json.scanner.c_make_scanner(_DETAILS_DECODER) if json.scanner.c_make_scanner
-                 else _DETAILS_DECODER.scan_once)
+# (Private CPython helpers, absent from typeshed: reached through getattr, typed Any.)
+_c_make_scanner: Any = getattr(json.scanner, "c_make_scanner", None)
+_c_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
+_scan_details = (_c_make_scanner(_DETAILS_DECODER) if _c_make_scanner
+                 else cast(Any, _DETAILS_DECODER).scan_once)
 # Without a Python parse_int hook the C scanner parses integers itself; it is used when no run of
 # 16 digits (the only integers that can exceed 2^53-1) occurs in the text.
 _PLAIN_DECODER = json.JSONDecoder(parse_float=_refuse, parse_constant=_refuse)
-_scan_plain = json.scanner.c_make_scanner(_PLAIN_DECODER) if json.scanner.c_make_scanner else _PLAIN_DECODER.scan_once
+_scan_plain = _c_make_scanner(_PLAIN_DECODER) if _c_make_scanner else cast(Any, _PLAIN_DECODER).scan_once
 _LONG_DIGITS = re.compile("[0-9]{16}").search
-_c_encode = (json.encoder.c_make_encoder(None, None, json.encoder.encode_basestring, None, ":", ",", True, False, False)
-             if json.encoder.c_make_encoder else None)
+_c_encode = (_c_make_encoder(None, None, json.encoder.encode_basestring, None, ":", ",", True, False, False)
+             if _c_make_encoder else None)
 
 
 def _details_canonical(text: str) -> bool:
@@ -271,7 +275,7 @@ class _Walk:
             head = head_match(text)
             end = text.rfind('},"hostname":"')
             tail = tail_match(text, end + 1) if head is not None and end >= head.end() - 1 else None
-            if not (tail is not None and tail[1] == prev and tail[2] == str(seq)
+            if not (head is not None and tail is not None and tail[1] == prev and tail[2] == str(seq)
                     and (text.isascii() or astral(text) is None) and details_ok(text[head.end() - 1 : end + 1])):
                 try:
                     check_entry(raw, _parse_line(raw, seq), seq, prev)
@@ -352,8 +356,11 @@ def verify_records(
     newest checkpoint; otherwise (a live database) they are reported as a warning. Each of
     ``trusted_notes`` may hold several concatenated notes (an anchor file).
     """
-    return _run(public_key, checkpoint_notes, trusted_notes, on_entry, require_signed,
-                lambda walk: [walk.record(rec) for rec in records], records)
+    def walk_all(walk: _Walk) -> None:
+        for rec in records:
+            walk.record(rec)
+
+    return _run(public_key, checkpoint_notes, trusted_notes, on_entry, require_signed, walk_all, records)
 
 
 def verify_lines(
@@ -409,7 +416,7 @@ def verify_file_parallel(
         ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold threads and locks
         with ctx.Pool(workers) as pool:
             for rng, result in zip(ranges, pool.imap(_verify_chunk_args, ranges), strict=True):
-                walk.chunk(result, lambda rng=rng: read_chunk_lines(*rng))
+                walk.chunk(result, functools.partial(read_chunk_lines, *rng))
 
     return _run(public_key, checkpoint_notes, trusted_notes, on_entry, True, run, None)
 

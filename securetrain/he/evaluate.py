@@ -149,7 +149,7 @@ def _auto_ranges(plan: HEPlan, paths: list[str], x: np.ndarray, approx: dict[str
         if path.startswith("<") or fixed:
             continue  # the output sigmoid / a caller-chosen R: measured and refused, never widened
         current = plan.steps[idx].input_range  # type: ignore[union-attr]
-        if pow2_ceil(pre) > current:
+        if current is not None and pow2_ceil(pre) > current:
             approx[path] = (None, pow2_ceil(pre))
             changed = True
     return approx if changed else None
@@ -208,6 +208,7 @@ def evaluate_encrypted(
     y = None if labels is None else _class_ids(_array(labels, None).reshape(-1))
     resource = "he-model:unknown"
     model_sha: str | None = None
+    paths: list[str]
     try:
         if isinstance(model, HEPlan):
             plan, final, paths = model, None, []

@@ -15,7 +15,7 @@ import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -136,13 +136,13 @@ def normalise(steps: list[Step]) -> list[Step]:
             if s.degree == 1:
                 a0, a1 = s.coeffs
                 if out and isinstance(out[-1], LinearStep):
-                    prev = out.pop()
+                    prev = cast(LinearStep, out.pop())  # checked on the line above
                     s = LinearStep(a1 * prev.weight, a1 * prev.bias + a0)
                 else:
                     out.append(s)  # affine on the raw input: evaluated as a degree-1 poly
                     continue
         if isinstance(s, LinearStep) and out and isinstance(out[-1], LinearStep):
-            prev = out.pop()
+            prev = cast(LinearStep, out.pop())
             s = LinearStep(s.weight @ prev.weight, s.weight @ prev.bias + s.bias)
         out.append(s)
     return out

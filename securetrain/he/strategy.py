@@ -46,10 +46,11 @@ class Node:
 
 
 class RawBackend(Protocol):
-    def mul_plain(self, x: Any, c: float) -> Any: ...
+    # c: a scalar, or (packed evaluation on TenSEAL) one plain value per slot
+    def mul_plain(self, x: Any, c: Any) -> Any: ...
     def mul(self, x: Any, y: Any) -> Any: ...
     def add(self, x: Any, y: Any) -> Any: ...
-    def add_plain(self, x: Any, c: float) -> Any: ...
+    def add_plain(self, x: Any, c: Any) -> Any: ...
 
 
 class Ops:
@@ -72,7 +73,7 @@ class Ops:
             self.on_node(node)
         return node
 
-    def mul_plain(self, x: Node, c: float, out_factor: float = 1.0) -> Node:
+    def mul_plain(self, x: Node, c: float | np.ndarray, out_factor: float = 1.0) -> Node:
         k = c * out_factor / (x.factor * self.ratio(x.level))
         return self._emit(Node(self.b.mul_plain(x.payload, k), x.level + 1, out_factor))
 
@@ -85,7 +86,7 @@ class Ops:
             raise AssertionError(f"internal: adding nodes with factors {x.factor} and {y.factor}")
         return self._emit(Node(self.b.add(x.payload, y.payload), max(x.level, y.level), x.factor))
 
-    def add_plain(self, x: Node, c: float) -> Node:
+    def add_plain(self, x: Node, c: float | np.ndarray) -> Node:
         return self._emit(Node(self.b.add_plain(x.payload, c * x.factor), x.level, x.factor))
 
     def total(self, nodes: Sequence[Node]) -> Node:

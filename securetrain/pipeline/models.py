@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from securetrain.errors import SecureTrainError
 from securetrain.pipeline.errors import ModelOutputError, ModelTargetError
 
 ENTRY_POINT_GROUP = "securetrain.models"
@@ -113,7 +114,7 @@ def importable_from(folder: Path | None):
 
 
 def import_target(target: str, *, base_dir: Path | None, what: str = "model.target",
-                  error: type[Exception] = ModelTargetError) -> Any:
+                  error: type[SecureTrainError] = ModelTargetError) -> Any:
     """The object named ``"package.module:attr.path"`` (config folder first on the import path)."""
     module_name, sep, attr_path = target.partition(":")
     if not sep or not module_name or not attr_path:

@@ -111,6 +111,7 @@ def load_run_secrets(config: PipelineConfig) -> RunSecrets:
 
     # Key-encryption keys: env / Vault via provider_from_env, or the run's keyring file.
     passphrase_file = folder / PASSPHRASE_FILE
+    passphrase: str | None
     if demo and not os.environ.get(ENV_PASSPHRASE):
         if not passphrase_file.exists():
             atomic_write_bytes(passphrase_file, secrets.token_urlsafe(32).encode())

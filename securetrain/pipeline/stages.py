@@ -17,7 +17,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -477,8 +477,9 @@ def _he_model_from_chain(features: dict[str, torch.Tensor]) -> torch.nn.Sequenti
 
     layers = list(_chain_from_tensors(features))
     last = max(i for i, m in enumerate(layers) if isinstance(m, nn.Linear))
-    if layers[last].out_features == 2:
-        layers[last] = he_head(layers[last].weight.detach(), layers[last].bias.detach())[0]
+    head = cast(nn.Linear, layers[last])  # the isinstance check above picked it
+    if head.out_features == 2:
+        layers[last] = he_head(head.weight.detach(), head.bias.detach())[0]
     return nn.Sequential(*layers).eval()
 
 

@@ -20,6 +20,8 @@ def log_to_mlflow(config: PipelineConfig, result: PipelineResult) -> str:
         raise PipelineError("tracking.mlflow_uri is set but mlflow is not installed",
                             hint="pip install 'securetrain[mlflow]' or remove tracking.mlflow_uri") from None
     t = result.training
+    if not config.tracking.mlflow_uri:
+        raise PipelineError("tracking.mlflow_uri is not set", hint="set it, or do not call log_to_mlflow")
     mlflow.set_tracking_uri(config.tracking.mlflow_uri)
     client = mlflow.tracking.MlflowClient()
     experiment = client.get_experiment_by_name(config.tracking.experiment)

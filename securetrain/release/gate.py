@@ -340,7 +340,7 @@ def release(run_dir: str | Path, out: str | Path, *, policy_path: str | Path | N
             statement, digest = None, None
         approvers: list[str] = []
         plain = None
-        if statement is not None:
+        if statement is not None and digest is not None:
             _check_audit_and_statement(run_dir, config, policy, base, log, failures)
             plain = _model_bytes(run_dir, config, statement, failures)
             _check_privacy(policy, statement, failures)

@@ -37,7 +37,7 @@ import math
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -183,7 +183,8 @@ class DPTrainer(Trainer):
     def _dataset(self) -> tuple[Any, Any]:
         from torch.utils.data import DataLoader, IterableDataset
 
-        data, collate = self.train_data, None
+        data: Any = self.train_data  # a Dataset or a DataLoader (unwrapped below)
+        collate = None
         if isinstance(data, DataLoader):
             if data.batch_size is None:
                 raise PrivacyError("DP-SGD cannot use a DataLoader with a custom batch sampler",
@@ -346,7 +347,7 @@ class DPTrainer(Trainer):
             # An empty Poisson batch still takes a (pure-noise) step; its loss (NaN) is not logged.
             (loss if n else torch.nan_to_num(loss) * 0.0).backward()
             if i < len(chunks) - 1:
-                self.optimizer.signal_skip_step(do_skip=True)
+                cast(Any, self.optimizer).signal_skip_step(do_skip=True)  # Opacus' DPOptimizer
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
             if n:

@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +108,7 @@ def digest_tree(folder: Path) -> list[dict[str, str]]:
     return [{"path": p.relative_to(folder).as_posix(), "sha256": sha256_file(p)} for p in files]
 
 
-def files_root(files: list[Mapping[str, str]]) -> str:
+def files_root(files: Sequence[Mapping[str, str]]) -> str:
     return root_hash([leaf_hash(file_leaf(f["path"], f["sha256"])) for f in files]).hex()
 
 
@@ -206,7 +206,7 @@ def sign_run_provenance(config: Any, audit_log: Any, prepared: Any, training: An
     cp = audit_log.checkpoint()  # signs the head that covers every event of the run so far
     key = load_signing_key(signing_key_path(config))  # created by `release keygen` or the demo's set-up
     validation = list(training.validation or [])
-    statement = {
+    statement: dict[str, Any] = {
         "_type": STATEMENT_TYPE,
         "subject": [
             {"name": MODEL_NAME, "digest": {"sha256": hashlib.sha256(plain).hexdigest()}},

@@ -35,13 +35,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
+from securetrain.errors import ConfigError
 from securetrain.devices.backend import DeviceBackend
 from securetrain.devices.registry import resolve_backend
 from securetrain.training import sharded
@@ -450,7 +451,7 @@ class Trainer:
         info: CheckpointInfo | None = None
         if self.is_main:
             meta = {TRAIN_FORMAT_KEY: sharded.MANIFEST_FORMAT, TRAIN_STATE_KEY: st.dumps(self._train_state()),
-                    **sharded.manifest_metadata(shard_infos, Path(self.store.directory), world, layout)}
+                    **sharded.manifest_metadata(shard_infos, self._store_directory(), world, layout)}
             info = self.store.save(p.step, {"manifest/world_size": torch.tensor([world], dtype=torch.int64)}, meta)
             for cb in self.callbacks:
                 cb.on_checkpoint(self, info)
@@ -503,7 +504,7 @@ class Trainer:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-            tensors = {f"model/{k}": st.detach_for_save(v) for k, v in full.items()}
+            tensors = {f"model/{k}": st.detach_for_save(cast(torch.Tensor, v)) for k, v in full.items()}
         if not self.is_main:
             return
         p = self.progress
@@ -568,10 +569,18 @@ class Trainer:
         self._last_loss = saved["last_loss"]
         return int(saved["step"])
 
+    def _store_directory(self) -> Path:
+        """Sharded (FSDP) checkpoints name their per-rank files relative to the store's folder."""
+        directory = getattr(self.store, "directory", None)
+        if directory is None:
+            raise ConfigError("sharded (FSDP) checkpoints need a checkpoint store with a directory",
+                              hint="use EncryptedCheckpointStore or SafetensorsCheckpointStore")
+        return Path(directory)
+
     def _resume_shard(self, manifest: Any) -> None:
         """FSDP: this rank's shard, verified against the manifest's digest, back into model and optimizer."""
         assert self.optimizer is not None and self.backend is not None
-        world, infos = sharded.shard_infos(manifest.metadata, Path(self.store.directory))
+        world, infos = sharded.shard_infos(manifest.metadata, self._store_directory())
         if world != self.dist.world_size:
             raise ResumeMismatchError(
                 f"{manifest.info.path.name} was written by {world} ranks; this run has {self.dist.world_size}",
@@ -669,8 +678,8 @@ class Trainer:
                         cb.on_error(self, exc)
             raise
         finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+            for number, handler in previous.items():
+                signal.signal(number, handler)
         self.model = self.unwrapped_model
         t = self.tracker
         best = None

@@ -79,18 +79,18 @@ def deid(
         agg: dict[tuple[int, str, str], list[int]] = {}
         for r in report.results:
             seen: set[tuple[int, str, str]] = set()
-            for tag, keyword, action, nested in r.changes:
+            for tag, keyword, action, in_sequence in r.changes:
                 k = (tag, keyword, action)
                 entry = agg.setdefault(k, [0, 0])
                 if k not in seen:
                     entry[0] += 1
                     seen.add(k)
-                entry[1] += int(nested)
+                entry[1] += int(in_sequence)
         table = Table(title="would change (per tag; values never shown)")
         for col in ("tag", "keyword", "action", "files", "nested occurrences"):
             table.add_column(col, overflow="fold")
-        for (tag, keyword, action), (files, nested) in sorted(agg.items()):
-            table.add_row(f"({tag >> 16:04X},{tag & 0xFFFF:04X})", keyword, action, str(files), str(nested))
+        for (tag, keyword, action), (n_files, n_nested) in sorted(agg.items()):
+            table.add_row(f"({tag >> 16:04X},{tag & 0xFFFF:04X})", keyword, action, str(n_files), str(n_nested))
         console.print(table)
 
     for r in report.results:  # by index and digest: input file names may carry PHI

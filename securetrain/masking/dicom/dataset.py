@@ -153,7 +153,7 @@ class DicomDataset(Dataset):
         src = Path(source)
         if src.is_dir():
             self.root = src
-            candidates = [(p, None) for p in sorted(q for q in src.rglob("*") if q.is_file())]
+            candidates: list[tuple[Path, int | None]] = [(p, None) for p in sorted(q for q in src.rglob("*") if q.is_file())]
             self.has_labels = False
         elif src.is_file():
             self.root = src.parent

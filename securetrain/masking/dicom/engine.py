@@ -22,15 +22,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import pydicom
 from pydicom.datadict import dictionary_VR, keyword_for_tag
+from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.errors import InvalidDicomError
 from pydicom.filebase import DicomBytesIO
 from pydicom.filewriter import write_dataset, write_file_meta_info
 from pydicom.sequence import Sequence
+from pydicom.tag import BaseTag
 from pydicom.uid import (
     PYDICOM_IMPLEMENTATION_UID,
     ExplicitVRBigEndian,
@@ -809,7 +811,7 @@ def check_complete(ds: Dataset, label: str, size: int | None = None) -> None:
     if not ds._dict:
         raise UnreadableDicomError(f"{label}: no data elements (empty or truncated file)")
     for tag in reversed(sorted(ds._dict)):  # a cut file ends inside its last element
-        raw = ds.get_item(tag)
+        raw: Any = ds.get_item(tag)  # raw (has .length) unless something already parsed it
         if getattr(raw, "is_raw", False) and raw.value is not None and raw.length != 0xFFFFFFFF:
             if len(raw.value) < raw.length:
                 raise UnreadableDicomError(
@@ -899,17 +901,18 @@ def encode_dataset(ds: Dataset) -> bytes:
         fast = tsyntax is not None and (tsyntax in _FAST_SYNTAXES or (tsyntax.is_compressed and not tsyntax.is_deflated))
     except ValueError:
         fast = False
-    if fast and "SOPClassUID" in ds and "MediaStorageSOPInstanceUID" in meta:
+    if fast and meta is not None and tsyntax is not None and "SOPClassUID" in ds \
+            and "MediaStorageSOPInstanceUID" in meta:
         try:
             fp = DicomBytesIO()
             fp.write(b"\x00" * 128 + b"DICM")
             write_file_meta_info(fp, meta, enforce_standard=True)
             implicit = tsyntax == ImplicitVRLittleEndian
             fp.is_implicit_VR, fp.is_little_endian = implicit, tsyntax != ExplicitVRBigEndian
-            pixels = ds._dict.get(TAG_PIXEL_DATA)
+            pixels = ds._dict.get(BaseTag(TAG_PIXEL_DATA))
             if pixels is not None and not pixels.is_raw:
                 # re-encoded pixels (masking/cleaning): the length form follows the transfer syntax
-                pixels.is_undefined_length = tsyntax.is_compressed
+                cast(DataElement, pixels).is_undefined_length = tsyntax.is_compressed
             if ds.original_encoding == (implicit, True) and fp.is_little_endian:
                 write_dataset_le(fp, ds, implicit)
             else:

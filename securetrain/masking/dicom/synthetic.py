@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 from pydicom.dataset import Dataset, FileMetaDataset
@@ -228,10 +229,10 @@ def _build(
     who = _display(patient.name)
 
     meta = FileMetaDataset()
-    meta.MediaStorageSOPClassUID = sop_class
+    meta.MediaStorageSOPClassUID = UID(sop_class)
     meta.MediaStorageSOPInstanceUID = sop_uid
     meta.TransferSyntaxUID = ExplicitVRLittleEndian
-    meta.ImplementationClassUID = _IMPLEMENTATION_UID
+    meta.ImplementationClassUID = UID(_IMPLEMENTATION_UID)
     meta.ImplementationVersionName = "SECURETRAIN_SYN1"
     meta.SourceApplicationEntityTitle = patient.station[:16]
 
@@ -397,7 +398,7 @@ def _strings(value: object) -> list[str]:
         return []
     if isinstance(value, (list, tuple)) or type(value).__name__ == "MultiValue":
         out: list[str] = []
-        for v in value:  # type: ignore[union-attr]
+        for v in cast(Iterable[Any], value):
             out.extend(_strings(v))
         return out
     text = str(value).strip()

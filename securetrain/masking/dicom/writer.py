@@ -12,8 +12,10 @@ encoding changes are left to pydicom (the caller falls back).
 from __future__ import annotations
 
 import struct
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
+from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.filebase import DicomBytesIO
 from pydicom.filewriter import write_data_element
@@ -40,14 +42,15 @@ def write_dataset_le(fp: DicomBytesIO, ds: Dataset, implicit: bool, parent_encod
         elem = d[tag]
         group, element = tag >> 16, tag & 0xFFFF
         if elem.is_raw:
-            value = elem.value
-            undefined = elem.length == 0xFFFFFFFF
-            vr = elem.VR
+            raw = cast(RawDataElement, elem)  # is_raw: cheaper than isinstance on this hot path
+            value = raw.value
+            undefined = raw.length == 0xFFFFFFFF
+            vr = raw.VR
             if (
                 value is None
                 or undefined
-                or elem.is_implicit_VR != implicit
-                or not elem.is_little_endian
+                or raw.is_implicit_VR != implicit
+                or not raw.is_little_endian
                 or len(value) % 2
                 or (not implicit and (vr is None or len(vr) != 2 or (vr not in _LONG and len(value) > 0xFFFF)))
             ):
@@ -58,14 +61,14 @@ def write_dataset_le(fp: DicomBytesIO, ds: Dataset, implicit: bool, parent_encod
             elif vr in _LONG:
                 write(_EXPLICIT_LONG.pack(group, element, vr.encode(), 0, len(value)))
             else:
-                write(_EXPLICIT_SHORT.pack(group, element, vr.encode(), len(value)))
+                write(_EXPLICIT_SHORT.pack(group, element, cast(str, vr).encode(), len(value)))
             write(value)
         elif elem.VR == "SQ":
             if implicit:
                 write(_IMPLICIT.pack(group, element, 0xFFFFFFFF))
             else:
                 write(_EXPLICIT_LONG.pack(group, element, b"SQ", 0, 0xFFFFFFFF))
-            for item in elem.value or ():
+            for item in cast(Sequence[Dataset], elem.value or ()):
                 write(_ITEM)
                 write_dataset_le(fp, item, implicit, encodings)
                 write(_ITEM_DELIM)

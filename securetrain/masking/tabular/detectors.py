@@ -442,7 +442,7 @@ def _replace_words(text: str, needles: list[tuple[str, str]]) -> str:
     if len(folded) != len(text):  # a case mapping changed the length: positions would not line up
         for needle, marker in sorted(set(needles), key=lambda nm: -len(nm[0])):
             pattern = re.compile(r"(?<!\w)" + re.escape(needle) + r"(?!\w)", re.IGNORECASE)
-            text = pattern.sub(lambda _m, mk=marker: mk, text)
+            text = pattern.sub(marker.replace("\\", "\\\\"), text)  # a literal replacement (backslashes escaped)
         return text
     spans: list[tuple[int, int, str]] = []
     end = len(folded)

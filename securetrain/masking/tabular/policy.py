@@ -13,7 +13,7 @@ import hashlib
 import os
 import re
 from functools import cached_property
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 import rfc8785
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -148,7 +148,7 @@ class DetectorConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     enabled: bool = True
     detectors: list[DetectorName] = Field(
-        default_factory=lambda: ["pan", "email", "phone", "ssn", "iban", "person"])
+        default_factory=lambda: list(get_args(DetectorName)))
     # refuse: raise PIIDetectedError; redact_values: replace each match with [PAN] etc.;
     # redact_column: replace the whole column.
     on_detect: Literal["refuse", "redact_values", "redact_column"] = "refuse"

@@ -78,8 +78,9 @@ def _b32_prefix(macs: bytes, n: int, length: int, prefix: bytes = b"") -> pa.Arr
     raw = np.zeros((n, 5 * groups), dtype=np.uint64)
     used = min(5 * groups, _MAC_BYTES)
     raw[:, :used] = np.frombuffer(macs, dtype=np.uint8).reshape(n, _MAC_BYTES)[:, :used]
-    raw = raw.reshape(n, groups, 5)
-    value = (raw[..., 0] << 32) | (raw[..., 1] << 24) | (raw[..., 2] << 16) | (raw[..., 3] << 8) | raw[..., 4]
+    grouped = raw.reshape(n, groups, 5)
+    value = ((grouped[..., 0] << 32) | (grouped[..., 1] << 24) | (grouped[..., 2] << 16) | (grouped[..., 3] << 8)
+             | grouped[..., 4])
     idx = (value[..., None] >> _B32_SHIFTS) & np.uint64(31)
     width = len(prefix) + length
     chars = np.empty((n, width), dtype=np.uint8)

@@ -196,7 +196,7 @@ class BurnedInCleaner:
 
     def _legacy_masks(self, ds: Dataset, report: Any, outcome: BurnedInOutcome, masks: list) -> None:
         apply_pixel_masks(ds, masks)
-        outcome.regions = [Region(*rect, source="pixel_mask") for m in masks for rect in m.rects]
+        outcome.regions = [Region(x0, y0, x1, y1, source="pixel_mask") for m in masks for x0, y0, x1, y1 in m.rects]
         outcome.action = "masked"
         outcome.transfer_syntax = str(transfer_syntax(ds))
         self.counts.masked += 1
@@ -211,12 +211,12 @@ class BurnedInCleaner:
         model = str(ds.get("ManufacturerModelName", "") or "")
         rows, cols = int(ds.get("Rows", 0) or 0), int(ds.get("Columns", 0) or 0)
         out = [
-            Region(*rect, source="known", label=k.label)
+            Region(x0, y0, x1, y1, source="known", label=k.label)
             for k in self.policy.known_regions
             if k.matches(manufacturer, model, rows, cols)
-            for rect in k.rects
+            for x0, y0, x1, y1 in k.rects
         ]
-        out += [Region(*rect, source="pixel_mask") for m in masks for rect in m.rects]
+        out += [Region(x0, y0, x1, y1, source="pixel_mask") for m in masks for x0, y0, x1, y1 in m.rects]
         return [c for r in out if (c := r.clipped(rows, cols)) is not None]
 
     def _mask_only(self, ds: Dataset, report: Any, outcome: BurnedInOutcome, regions: list[Region]) -> None:
@@ -231,6 +231,9 @@ class BurnedInCleaner:
 
     def _clean(self, ds: Dataset, report: Any, outcome: BurnedInOutcome, known: list[Region]) -> None:
         s = self.settings
+        engine = self.engine
+        if engine is None:  # only a policy with burned_in: clean cleans, and it built its engine
+            raise OcrUnavailable("burned-in text cleaning needs an OCR engine", hint="use burned_in: clean")
         frames = decode_frames(ds)
         n_frames, rows, cols, _ = frames.shape
         unique = _unique_frames(frames)
@@ -246,7 +249,7 @@ class BurnedInCleaner:
         while True:
             shown = displayed(ds, current[unique])
             views = [window_to_uint8(to_gray(frame)) for frame in shown]
-            found = find_text(views, self.engine, self.rule, full_frame=s.full_frame, min_contrast=s.min_contrast)
+            found = find_text(views, engine, self.rule, full_frame=s.full_frame, min_contrast=s.min_contrast)
             passes += 1
             if not found:
                 break

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pydicom
 from pydicom.dataset import Dataset, FileMetaDataset
-from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+from pydicom.uid import UID, ExplicitVRLittleEndian, generate_uid
 
 US_CLASS = "1.2.840.10008.5.1.4.1.1.6.1"
 US_MULTIFRAME_CLASS = "1.2.840.10008.5.1.4.1.1.3.1"
@@ -112,7 +112,7 @@ def make_image(
     ds = Dataset()
     ds.file_meta = FileMetaDataset()
     sop_class = SC_CLASS if modality == "SC" else (US_MULTIFRAME_CLASS if frames > 1 else US_CLASS)
-    ds.file_meta.MediaStorageSOPClassUID = sop_class
+    ds.file_meta.MediaStorageSOPClassUID = UID(sop_class)
     ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
     ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
     ds.SOPClassUID = sop_class
