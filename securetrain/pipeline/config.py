@@ -187,7 +187,8 @@ class SecretsConfig(BaseModel):
 
 
 class AuditConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # populate_by_name: a dumped config (run-config.json: field names) loads back as well as YAML (alias).
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
     url: str | None = Field(None, description="SQLAlchemy URL or SQLite path; default $SECURETRAIN_AUDIT_URL, else <run_dir>/audit.db.")
     schema_name: str | None = Field(None, alias="schema", pattern=r"^[A-Za-z0-9_]{1,63}$",
                                     description="PostgreSQL schema holding the log (default securetrain_audit); "
