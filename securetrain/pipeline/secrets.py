@@ -99,6 +99,25 @@ def run_keyring_path(config: PipelineConfig) -> Path | None:
     return keys_dir(config) / KEYRING_FILE
 
 
+#: Keyrings this process already opened: every stage (and Prefect task) resolves the run's secrets
+#: itself, and each open is a deliberately slow scrypt (~0.1 s). Keyed by the file's identity and
+#: a hash of the passphrase, so a replaced or rotated keyring file, or another passphrase, opens anew.
+_KEYRINGS: dict[tuple[str, int, int, int, bytes], LocalKeyring] = {}
+
+
+def _load_keyring_once(path: Path, passphrase: str | None) -> LocalKeyring:
+    try:
+        st = path.stat()
+    except OSError:
+        return LocalKeyring.load(path, passphrase=passphrase)  # reports the missing file its own way
+    key = (str(path.resolve()), st.st_ino, st.st_mtime_ns, st.st_size,
+           hashlib.sha256((passphrase or "").encode()).digest())
+    if key not in _KEYRINGS:
+        _KEYRINGS.clear()  # one run's keyring at a time: nothing piles up in a long-lived worker
+        _KEYRINGS[key] = LocalKeyring.load(path, passphrase=passphrase)
+    return _KEYRINGS[key]
+
+
 def load_run_secrets(config: PipelineConfig) -> RunSecrets:
     """Resolve (or, in demo mode, create) the run's KEK keyring and de-identification secret."""
     from securetrain.secretenv import resolve_secret_files
@@ -125,7 +144,7 @@ def load_run_secrets(config: PipelineConfig) -> RunSecrets:
     else:
         if demo and not keyring_path.exists():
             LocalKeyring.create().save(keyring_path, passphrase=passphrase)
-        keyring = LocalKeyring.load(keyring_path, passphrase=passphrase)
+        keyring = _load_keyring_once(keyring_path, passphrase)
 
     # De-identification secret (HMAC keys for UIDs, dates, pseudonyms derive from it).
     deid_file = folder / DEID_KEY_FILE
