@@ -125,4 +125,5 @@ def test_serve_entry_point_schedules_the_flow_with_cron(monkeypatch: pytest.Monk
     serve.main(["examples/demo.yaml", "--cron", "30 1 * * *"])
     assert calls["cron"] == "30 1 * * *" and calls["name"] == "secure-training-nightly"
     assert Path(calls["parameters"]["config_path"]).is_absolute()
-    assert set(calls["parameters"]) == {"config_path"}  # no secrets as deployment parameters
+    assert set(calls["parameters"]) == {"config_path", "new_run"}  # no secrets as deployment parameters
+    assert calls["parameters"]["new_run"] is True  # each scheduled run in its own folder

@@ -188,6 +188,9 @@ def test_secure_defaults_follow_the_configured_key_source_and_audit_url(tmp_path
     monkeypatch.setenv("SECURETRAIN_KEK", os.urandom(32).hex())
     monkeypatch.setenv("SECURETRAIN_KEK_ID", "ops-kek")
     monkeypatch.setenv("SECURETRAIN_AUDIT_URL", str(tmp_path / "audit.db"))
+    from securetrain.audit.keys import create_signing_key
+
+    create_signing_key(tmp_path / "audit-signing.pem")  # the operator's `securetrain audit keygen`
     monkeypatch.setenv("SECURETRAIN_AUDIT_KEY", str(tmp_path / "audit-signing.pem"))
     trainer = Trainer(make_mlp(8, 3, seed=1), _train(), _cfg(tmp_path / "secure", max_steps=2))
     assert isinstance(trainer.store, EncryptedCheckpointStore)
