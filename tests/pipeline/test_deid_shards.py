@@ -130,7 +130,10 @@ def test_flow_on_a_cluster_runner_matches_the_serial_run(tmp_path: Path, runner:
     outputs = {}
     for name, extra, execution in (("serial", ["--no-prefect"], {}),
                                    (runner, [], {"task_runner": runner, "n_workers": 2, "shard_size": 5})):
-        data = small_config_data(tmp_path, name=name, execution=execution, secrets={"dir": str(tmp_path / "keys")})
+        # Issue 14's "done when": through Prefect, Dask de-identification and training on 2 torchrun ranks.
+        training = {"nproc_per_node": 2} if name == "dask" else {}
+        data = small_config_data(tmp_path, name=name, execution=execution, secrets={"dir": str(tmp_path / "keys")},
+                                 training=training)
         data["he"] = {"enabled": False}
         cfg = tmp_path / f"{name}.yaml"
         cfg.write_text(yaml.safe_dump(data))
@@ -145,3 +148,7 @@ def test_flow_on_a_cluster_runner_matches_the_serial_run(tmp_path: Path, runner:
     assert outputs[runner][1]["execution"]["task_runner"] == runner
     assert outputs["serial"][1]["execution"]["task_runner"] == "serial"
     assert outputs[runner][1]["audit"]["verified"] is True
+    if runner == "dask":
+        trained = outputs[runner][1]["training"]
+        assert trained["world_size"] == 2 and trained["strategy"] == "ddp" and trained["steps"] > 0
+        assert trained["checkpoints"] and all(c["path"].endswith(".stenc") and c["key_id"] for c in trained["checkpoints"])
