@@ -43,11 +43,9 @@ class VaultTransitSigner:
     def __init__(self, key_name: str, *, client: Any = None, mount_point: str = "transit",
                  url: str | None = None, token: str | None = None) -> None:
         if client is None:
-            try:
-                import hvac
-            except ImportError:
-                raise AuditConfigError("Vault transit signing needs hvac", hint="pip install 'securetrain[vault]'") from None
-            client = hvac.Client(url=url, token=token)
+            from securetrain.crypto.vault import vault_client
+
+            client = vault_client(url, token, error=AuditConfigError)
         self._client = client
         self.key_name = key_name
         self.mount_point = mount_point
