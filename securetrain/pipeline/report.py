@@ -80,6 +80,16 @@ def _table(rows: list[tuple[str, object]]) -> str:
     return f"<table>{body}</table>"
 
 
+def _refused_table(by_reason: dict[str, int]) -> str:
+    """Refused files (rejected + quarantined) counted per reason; reasons name checks, never files."""
+    if not by_reason:
+        return "<p>No files refused.</p>"
+    rows = "".join(f"<tr><td>{html.escape(reason)}</td><td>{count}</td></tr>"
+                   for reason, count in sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0])))
+    return ("<h3>Refused files by reason</h3><table class='refused'><tr><th>reason</th><th>files</th></tr>"
+            f"{rows}<tr><th>total</th><th>{sum(by_reason.values())}</th></tr></table>")
+
+
 def smoothed_loss(training: TrainingSummary) -> float | None:
     """Exponential moving average of the logged training losses (span 20 logged steps).
 
@@ -121,6 +131,8 @@ def _run_rows(result: PipelineResult) -> list[tuple[str, object]]:
                         ("audit_public_key_sha256", "audit public key SHA-256")):
         if result.keys.get(name):
             rows.append((label, result.keys[name]))
+    if result.keys.get("deid_key_note"):
+        rows.append(("DEMO KEY", result.keys["deid_key_note"]))
     if result.provenance and result.provenance.get("keyid"):
         rows.append(("provenance key id", result.provenance["keyid"]))
     if result.masking:
@@ -251,10 +263,10 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
                 ("tags changed", d.tags_changed),
                 ("rejected (burned-in annotation)", d.rejected),
                 ("quarantined (unreadable)", d.quarantined),
-                *((f"refused — {reason}", count) for reason, count in d.refused_by_reason.items()),
                 ("split (patients train / eval)", f"{d.train_patients} / {d.eval_patients}"),
                 ("files train / eval", f"{d.train_files} / {d.eval_files}"),
             ]),
+            _refused_table(d.refused_by_reason),
         ]
     if result.masking:
         m = result.masking

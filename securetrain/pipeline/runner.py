@@ -8,7 +8,7 @@ from securetrain.pipeline import stages
 from securetrain.pipeline.config import PipelineConfig
 from securetrain.pipeline.report import plot_training_curve, write_html_report
 from securetrain.pipeline.results import PipelineResult
-from securetrain.pipeline.secrets import keys_dir, load_run_secrets, run_audit_key_path
+from securetrain.pipeline.secrets import DEMO_DEID_KEY_HEX, keys_dir, load_run_secrets, run_audit_key_path
 
 
 def _stderr_line(line: str) -> None:
@@ -155,6 +155,9 @@ def key_fingerprints(config: PipelineConfig) -> dict[str, str]:
         if fp:
             out["kek_fingerprint"] = fp.hex()
         out["deid_key_id"] = secrets.deid_keys.key_id
+        if secrets.deid_secret == bytes.fromhex(DEMO_DEID_KEY_HEX):
+            # The published demo key protects nothing: say so wherever its id is shown.
+            out["deid_key_note"] = "public demo key (demo only: synthetic data, protects nothing)"
     except (SecureTrainError, OSError):
         pass
     try:

@@ -25,7 +25,8 @@ def _run(tmp_path: Path, name: str, key: str):  # noqa: ANN202
     result = run_pipeline(config)
     metrics = [{k: v for k, v in val.items() if k not in ("seconds", "wall_s")} for val in result.training.validation]
     deid_key = (keys_dir(config) / DEID_KEY_FILE).read_text().strip()
-    return result.training.curve, metrics, deid_key
+    labelled = "DEMO KEY" in result.report_html.read_text() and "demo only" in result.keys["deid_key_note"]
+    return result.training.curve, metrics, deid_key, labelled
 
 
 def test_fixed_demo_key_makes_two_runs_identical(tmp_path: Path) -> None:
@@ -34,6 +35,7 @@ def test_fixed_demo_key_makes_two_runs_identical(tmp_path: Path) -> None:
     assert first[2] == second[2] == DEMO_DEID_KEY_HEX
     assert first[0] and first[0] == second[0]  # the same loss at every step
     assert first[1] == second[1]  # the same validation metrics
+    assert first[3] and second[3]  # the report says the public demo key protects nothing
 
 
 def test_random_demo_key_differs_and_fixed_needs_demo_mode(tmp_path: Path) -> None:
@@ -44,6 +46,9 @@ def test_random_demo_key_differs_and_fixed_needs_demo_mode(tmp_path: Path) -> No
     from securetrain.pipeline.secrets import load_run_secrets
 
     load_run_secrets(config)
+    from securetrain.pipeline.runner import key_fingerprints
+
+    assert "deid_key_note" not in key_fingerprints(config)  # a random key is not labelled as the demo key
     assert (keys_dir(config) / DEID_KEY_FILE).read_text().strip() != DEMO_DEID_KEY_HEX
     bad = small_config_data(tmp_path / "p", name="p", secrets={"create_demo_secrets": False, "demo_deid_key": "fixed"})
     with pytest.raises(ConfigError, match="demo_deid_key"):

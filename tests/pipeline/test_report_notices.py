@@ -24,7 +24,7 @@ def test_refusals_by_reason_and_the_resumed_notice(tmp_path: Path) -> None:
     assert d.refused_by_reason.get("rejected: burned_in_annotation") == d.rejected
     assert sum(d.refused_by_reason.values()) == d.rejected + d.quarantined
     page = first.report_html.read_text()
-    assert "refused — rejected: burned_in_annotation" in page
+    assert "<tr><td>rejected: burned_in_annotation</td>" in page
     assert first.training.resumed_from is None and "resumed a finished run" not in page
     # Which keys were used, by id and fingerprint; no key material anywhere in the report.
     keys = first.keys
