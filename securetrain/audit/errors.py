@@ -68,3 +68,8 @@ class AuditRefusedError(AuditDatabaseError):
 
 class AuditExportError(AuditError):
     """An export directory is incomplete or unreadable (a file missing, not a directory)."""
+
+
+class AuditSigningError(AuditError):
+    """The checkpoint signer could not produce a valid signature (Vault unreachable or refusing, or
+    a signature that does not verify with the signer's public key)."""

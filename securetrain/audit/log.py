@@ -34,6 +34,7 @@ from securetrain.audit.anchors import Anchor
 from securetrain.audit.dberrors import classify
 from securetrain.audit.errors import AuditConfigError, AuditError, AuditEventError, AuditIntegrityError
 from securetrain.audit.keys import load_signing_key, public_key_pem
+from securetrain.audit.signers import CheckpointSigner, VaultTransitSigner
 from securetrain.audit.merkle import CompactRange, consistency_proof, inclusion_proof, leaf_hash, root_hash
 from securetrain.audit.models import TABLES, AuditCheckpointRow, AuditEntryRow
 from securetrain.audit.note import (
@@ -120,7 +121,7 @@ class AuditLog:
         url: str | os.PathLike[str] | None = None,
         *,
         actor: str | None = None,
-        signing_key: Ed25519PrivateKey | str | os.PathLike[str] | None = None,
+        signing_key: Ed25519PrivateKey | CheckpointSigner | str | os.PathLike[str] | None = None,
         origin: str | None = None,
         checkpoint_every: int | None = 1000,
         anchors: Sequence[Anchor] = (),
@@ -148,7 +149,8 @@ class AuditLog:
         self.checkpoint_every = checkpoint_every
         self.anchors = list(anchors)
         self._signing_key_src = signing_key
-        self._signing_key: Ed25519PrivateKey | None = signing_key if isinstance(signing_key, Ed25519PrivateKey) else None
+        self._signing_key: Ed25519PrivateKey | CheckpointSigner | None = (
+            signing_key if isinstance(signing_key, (Ed25519PrivateKey, CheckpointSigner)) else None)
         self._origin = origin
         self._lock = threading.RLock()
         self._engine_lock = threading.Lock()
@@ -288,7 +290,11 @@ class AuditLog:
 
     # -- key and identity -----------------------------------------------------------------
     @property
-    def signing_key(self) -> Ed25519PrivateKey:
+    def signing_key(self) -> Ed25519PrivateKey | CheckpointSigner:
+        if self._signing_key is None and not self._signing_key_src and not os.environ.get("SECURETRAIN_AUDIT_KEY"):
+            # Vault transit (SECURETRAIN_AUDIT_VAULT_KEY): each process builds its own client from
+            # the environment, so a log sent to worker processes signs the same way there.
+            self._signing_key = VaultTransitSigner.from_env()
         if self._signing_key is None:
             path = self._signing_key_src or os.environ.get("SECURETRAIN_AUDIT_KEY") or data_dir() / "audit_signing_key.pem"
             # Never created here (see audit.keys): a missing key is a configuration error.
@@ -755,7 +761,7 @@ class AuditLog:
 
     # -- pickling: DataLoader workers and process pools reopen the log by URL -------------
     def __getstate__(self) -> dict[str, Any]:
-        if isinstance(self._reopen_args["signing_key"], Ed25519PrivateKey):
+        if isinstance(self._reopen_args["signing_key"], (Ed25519PrivateKey, CheckpointSigner)):
             raise AuditConfigError(
                 "an AuditLog holding an in-memory signing key cannot be sent to another process",
                 hint="open the log with signing_key=<path to the PEM file> instead",

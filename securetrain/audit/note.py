@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from securetrain.audit.errors import AuditIntegrityError
+from securetrain.audit.signers import CheckpointSigner
 
 ALG_ED25519 = 0x01
 EM_DASH = "\u2014"
@@ -76,7 +77,7 @@ class Signature:
     signature: bytes
 
 
-def sign_note(text: str, name: str, private_key: Ed25519PrivateKey) -> str:
+def sign_note(text: str, name: str, private_key: Ed25519PrivateKey | CheckpointSigner) -> str:
     if not text.endswith("\n"):
         raise ValueError("note text must end with a newline")
     check_key_name(name)
@@ -168,7 +169,8 @@ def parse_checkpoint_text(text: str) -> tuple[str, int, bytes]:
     return origin, int(size_s), root
 
 
-def sign_checkpoint(origin: str, tree_size: int, root: bytes, name: str, key: Ed25519PrivateKey) -> Checkpoint:
+def sign_checkpoint(origin: str, tree_size: int, root: bytes, name: str,
+                    key: Ed25519PrivateKey | CheckpointSigner) -> Checkpoint:
     body = checkpoint_body(origin, tree_size, root)
     return Checkpoint(origin, tree_size, root, sign_note(body, name, key))
 

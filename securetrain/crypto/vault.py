@@ -13,6 +13,17 @@ from typing import Any
 
 from securetrain.crypto.errors import KeyNotFoundError, KeyringError, WrongKeyError
 from securetrain.crypto.wrap_algs import WRAP_OPAQUE
+from securetrain.errors import SecureTrainError
+
+
+def vault_client(url: str | None = None, token: str | None = None, *,
+                 error: type[SecureTrainError] = KeyringError) -> Any:
+    """An ``hvac.Client`` (``VAULT_ADDR``/``VAULT_TOKEN`` when not given); ``error`` if hvac is missing."""
+    try:
+        import hvac
+    except ImportError:
+        raise error("Vault needs hvac", hint="pip install 'securetrain[vault]'") from None
+    return hvac.Client(url=url, token=token)
 
 
 class VaultTransitProvider:
@@ -20,13 +31,7 @@ class VaultTransitProvider:
 
     def __init__(self, key_name: str, *, client: Any = None, mount_point: str = "transit",
                  url: str | None = None, token: str | None = None) -> None:
-        if client is None:
-            try:
-                import hvac
-            except ImportError:
-                raise KeyringError("hvac is not installed", hint="pip install 'securetrain[vault]'") from None
-            client = hvac.Client(url=url, token=token)
-        self._client = client
+        self._client = client if client is not None else vault_client(url, token)
         self.key_name = key_name
         self.mount_point = mount_point
 
