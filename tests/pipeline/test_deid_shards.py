@@ -118,32 +118,43 @@ def test_execution_config_is_validated() -> None:
     assert type(build_task_runner(ExecutionConfig(task_runner="process"))).__name__ == "ProcessPoolTaskRunner"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("runner", ["dask", "process", "ray"])
-def test_flow_on_a_cluster_runner_matches_the_serial_run(tmp_path: Path, runner: str) -> None:
-    if runner in ("dask", "ray"):  # optional extras: securetrain[dask] (in dev), securetrain[ray]
-        pytest.importorskip(f"prefect_{runner}")
-    pytest.importorskip("tenseal")
+def _run_flow(base: Path, name: str, extra: list[str], execution: dict, training: dict) -> tuple[dict, dict]:
+    import os
+
     import yaml
 
-    env_home = tmp_path / "prefect-home"
-    outputs = {}
-    for name, extra, execution in (("serial", ["--no-prefect"], {}),
-                                   (runner, [], {"task_runner": runner, "n_workers": 2, "shard_size": 5})):
-        # Issue 14's "done when": through Prefect, Dask de-identification and training on 2 torchrun ranks.
-        training = {"nproc_per_node": 2} if name == "dask" else {}
-        data = small_config_data(tmp_path, name=name, execution=execution, secrets={"dir": str(tmp_path / "keys")},
-                                 training=training)
-        data["he"] = {"enabled": False}
-        cfg = tmp_path / f"{name}.yaml"
-        cfg.write_text(yaml.safe_dump(data))
-        env = {k: v for k, v in __import__("os").environ.items() if k != "PREFECT_API_URL"}
-        env.update(PREFECT_HOME=str(env_home), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-        proc = subprocess.run([sys.executable, "-m", "securetrain", "run", str(cfg), *extra], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=420, stdin=subprocess.DEVNULL)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-        run_dir = tmp_path / "runs" / name
-        outputs[name] = (_tree(run_dir / "deid"), json.loads((run_dir / "result.json").read_text()))
+    data = small_config_data(base, name=name, execution=execution, secrets={"dir": str(base / "keys")},
+                             training=training)  # one key for every run in ``base``
+    data["he"] = {"enabled": False}
+    cfg = base / f"{name}.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PREFECT_HOME=str(base / "prefect-home"), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "securetrain", "run", str(cfg), *extra], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=420, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    run_dir = base / "runs" / name
+    return _tree(run_dir / "deid"), json.loads((run_dir / "result.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def serial_flow(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[dict, dict]]:
+    """The serial run (no Prefect) once per module: every runner's output is compared with it."""
+    pytest.importorskip("tenseal")
+    base = tmp_path_factory.mktemp("flows")
+    return base, _run_flow(base, "serial", ["--no-prefect"], {}, {})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runner", ["dask", "process", "ray"])
+def test_flow_on_a_cluster_runner_matches_the_serial_run(request: pytest.FixtureRequest, runner: str) -> None:
+    if runner in ("dask", "ray"):  # optional extras: securetrain[dask] (in dev), securetrain[ray]
+        pytest.importorskip(f"prefect_{runner}")
+    base, serial = request.getfixturevalue("serial_flow")  # after the skip: no serial run for nothing
+    # Issue 14's "done when": through Prefect, Dask de-identification and training on 2 torchrun ranks.
+    training = {"nproc_per_node": 2} if runner == "dask" else {}
+    outputs = {"serial": serial, runner: _run_flow(base, runner, [], {"task_runner": runner, "n_workers": 2,
+                                                                      "shard_size": 5}, training)}
     assert outputs["serial"][0] and outputs["serial"][0] == outputs[runner][0]
     assert outputs[runner][1]["execution"]["task_runner"] == runner
     assert outputs["serial"][1]["execution"]["task_runner"] == "serial"
