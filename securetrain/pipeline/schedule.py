@@ -47,18 +47,31 @@ def _read_inputs(run_dir: Path) -> set[str] | None:
     return {v for v in values if isinstance(v, str)} if isinstance(values, list) else None
 
 
+_SUFFIX = re.compile(r"-(\d{8}T\d{6}Z(?:-[A-Za-z0-9]{1,8})?)$")
+
+
+def _series_suffix(name: str, series: str) -> str | None:
+    """The ``<UTC time>[-<id>]`` suffix when ``name`` is a run of exactly ``series`` (not of a longer
+    series that shares its prefix, such as ``nightly-eu`` for ``nightly``), else None."""
+    match = _SUFFIX.search(name)
+    if match is None:
+        return None
+    suffix = match.group(1)
+    return suffix if name == f"{series[: 63 - len(suffix)]}-{suffix}" else None
+
+
 def previous_run(config: PipelineConfig) -> Path | None:
     """The latest earlier run folder of this run's series that recorded its inputs."""
     if not config.series or not config.output_dir.is_dir():
         return None
-    pattern = re.compile(re.escape(config.series[:48]) + r".*-\d{8}T\d{6}Z(-[A-Za-z0-9]+)?$")
-    earlier = sorted(
-        (p for p in config.output_dir.iterdir()
-         if p.is_dir() and p.name != config.name and pattern.match(p.name) and p.name < config.name
-         and (p / INPUTS_FILE).is_file()),
-        key=lambda p: p.name,
-    )
-    return earlier[-1] if earlier else None
+    own = _series_suffix(config.name, config.series) or ""
+    earlier = []
+    for p in config.output_dir.iterdir():
+        suffix = _series_suffix(p.name, config.series)
+        # Ordered by the time stamp, not the name: a long series is cut to fit the stamp and id.
+        if suffix is not None and p.name != config.name and suffix < own and (p / INPUTS_FILE).is_file():
+            earlier.append((suffix, p))
+    return max(earlier)[1] if earlier else None
 
 
 def input_changes(config: PipelineConfig, *, listed: int = 50) -> dict[str, Any] | None:

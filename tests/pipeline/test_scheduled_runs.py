@@ -77,3 +77,26 @@ def test_run_names_stay_valid_and_distinct() -> None:
     again = scheduled_run_config(one, now=datetime(2026, 1, 2, tzinfo=UTC))
     assert again.series == one.series and again.name != one.name
     load_pipeline_config(data={"name": one.name})  # passes the config's own name pattern
+
+
+def test_previous_run_is_of_the_same_series_only(tmp_path: Path) -> None:
+    from securetrain.pipeline.schedule import INPUTS_FILE, previous_run, write_inputs
+
+    def run_of(series: str, day: int, flow_run_id: str | None = None):  # noqa: ANN202
+        base = load_pipeline_config(data={"name": series, "output_dir": str(tmp_path)})
+        return scheduled_run_config(base, now=datetime(2026, 12, day, 2, 0, tzinfo=UTC), flow_run_id=flow_run_id)
+
+    nightly_1, eu_2, nightly_3 = run_of("nightly", 1), run_of("nightly-1a", 2), run_of("nightly", 3, "ab12")
+    for cfg in (nightly_1, eu_2):
+        cfg.run_dir.mkdir(parents=True)
+        write_inputs(cfg.run_dir, {"0" * 64})
+    # The other series' later run ("nightly-1a-...", which starts with "nightly") is not this series' previous run.
+    assert previous_run(nightly_3) == nightly_1.run_dir
+    assert previous_run(eu_2) is None and previous_run(nightly_1) is None  # nothing earlier of their own
+    (nightly_1.run_dir / INPUTS_FILE).unlink()  # a run that never recorded its inputs does not count
+    assert previous_run(nightly_3) is None
+    # A long series is cut to fit the stamp: still found, and ordered by time, not by name.
+    long_a, long_b = run_of("s" * 64, 4, "ffffffff"), run_of("s" * 64, 5)
+    long_a.run_dir.mkdir(parents=True)
+    write_inputs(long_a.run_dir, {"1" * 64})
+    assert previous_run(long_b) == long_a.run_dir
