@@ -19,14 +19,15 @@ pytestmark = pytest.mark.slow
 def _run(tmp_path: Path, name: str, key: str):  # noqa: ANN202
     data = small_config_data(tmp_path / name, name=name, secrets={"demo_deid_key": key},
                              training={"epochs": 2})
-    data["he"] = {"enabled": False}
     data["data"]["synthetic"].update(n_patients=12)  # enough patients for the split to depend on the key
     config = load_pipeline_config(data=data)
     result = run_pipeline(config)
     metrics = [{k: v for k, v in val.items() if k not in ("seconds", "wall_s")} for val in result.training.validation]
     deid_key = (keys_dir(config) / DEID_KEY_FILE).read_text().strip()
     labelled = "DEMO KEY" in result.report_html.read_text() and "demo only" in result.keys["deid_key_note"]
-    return result.training.curve, metrics, deid_key, labelled
+    assert result.he is not None  # the demo's HE metrics are in the report too: they must repeat as well
+    he = (result.he.plaintext_auc, result.he.encrypted_auc, result.he.plaintext_accuracy, result.he.encrypted_accuracy)
+    return result.training.curve, metrics, deid_key, labelled, he
 
 
 def test_fixed_demo_key_makes_two_runs_identical(tmp_path: Path) -> None:
@@ -35,6 +36,7 @@ def test_fixed_demo_key_makes_two_runs_identical(tmp_path: Path) -> None:
     assert first[2] == second[2] == DEMO_DEID_KEY_HEX
     assert first[0] and first[0] == second[0]  # the same loss at every step
     assert first[1] == second[1]  # the same validation metrics
+    assert first[4] == second[4]  # HE AUC and accuracy, plaintext and encrypted
     assert first[3] and second[3]  # the report says the public demo key protects nothing
 
 
