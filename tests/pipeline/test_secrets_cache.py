@@ -14,6 +14,9 @@ from .pipeline_fixtures import small_config_data
 
 
 def test_keyring_opens_once_and_reopens_when_replaced(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    for name in ("SECURETRAIN_KEYRING_PASSPHRASE", "SECURETRAIN_KEYRING", "SECURETRAIN_KEK",
+                 "SECURETRAIN_VAULT_TRANSIT_KEY"):  # other tests' runs may have exported these
+        monkeypatch.delenv(name, raising=False)
     config = load_pipeline_config(data=small_config_data(tmp_path, name="s"))
     calls = []
     real = LocalKeyring.load.__func__  # type: ignore[attr-defined]
