@@ -364,8 +364,12 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
     if result.audit:
         a = result.audit
         verdict = "verified" if a.verified else "VERIFICATION FAILED"
+        failed = ("" if a.verified else '<p class="notice"><b>Audit verification failed.</b> The standalone '
+                  "verifier rejected this run's exported audit log (its output is below); do not rely on this "
+                  "run's records until that is explained.</p>")
         sections += [
             "<h2>Audit log</h2>",
+            failed,
             _table([
                 ("database", a.url),
                 ("entries", a.entries),

@@ -124,7 +124,9 @@ def test_report_tables_and_verdict(tmp_path: Path, verified: bool) -> None:
     audit = _kv(_table(page, "Audit log"))
     assert audit["standalone verifier"] == ("verified" if verified else "VERIFICATION FAILED")
     assert "***" in audit["database"] and "hunter2" not in audit["database"]
-    assert not [c for c, _ in page.paragraphs if c == "notice"]  # not resumed: no notice
+    notices = [t for c, t in page.paragraphs if c == "notice"]  # not resumed: only a failed verification
+    assert len(notices) == (0 if verified else 1) and all("verification failed" in n for n in notices)
+    assert ("entry 7 hash mismatch" in text) is not verified  # the verifier's own words are shown
 
 
 def test_resumed_notices_parse(tmp_path: Path) -> None:
