@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,9 @@ def scheduled_run_config(config: PipelineConfig, *, now: datetime | None = None,
     suffix = (now or datetime.now(UTC)).astimezone(UTC).strftime(_STAMP)
     if flow_run_id:
         suffix += "-" + re.sub(r"[^A-Za-z0-9]", "", flow_run_id)[:8]
+    elif (config.output_dir / f"{series[: 63 - len(suffix)]}-{suffix}").exists():
+        # Two runs started in the same second without a flow run id (by hand): never share a folder.
+        suffix += "-" + secrets.token_hex(4)
     name = f"{series[: 63 - len(suffix)]}-{suffix}"
     return config.model_copy(update={"name": name, "series": series})
 

@@ -100,3 +100,13 @@ def test_previous_run_is_of_the_same_series_only(tmp_path: Path) -> None:
     long_a.run_dir.mkdir(parents=True)
     write_inputs(long_a.run_dir, {"1" * 64})
     assert previous_run(long_b) == long_a.run_dir
+
+
+def test_two_runs_in_the_same_second_get_two_folders(tmp_path: Path) -> None:
+    config = load_pipeline_config(data={"name": "byhand", "output_dir": str(tmp_path)})
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    first = scheduled_run_config(config, now=now)
+    first.run_dir.mkdir(parents=True)
+    second = scheduled_run_config(config, now=now)
+    assert second.run_dir != first.run_dir and second.name.startswith(first.name + "-")
+    load_pipeline_config(data={"name": second.name})
