@@ -194,7 +194,8 @@ def export(
 
     with _open(db, signing_key, need_key=True, schema=schema) as log:
         out = log.export(outdir)
-        size = log.latest_checkpoint().tree_size  # type: ignore[union-attr]
+        latest = log.latest_checkpoint()  # export() signs a checkpoint first, so there is one
+        size = latest.tree_size if latest is not None else 0
     console.print(f"exported {size} entries to {out}; verify with: python audit/verify_audit.py {out} "
                   "--vkey '<the verifier key you hold>'")
 

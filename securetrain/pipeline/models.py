@@ -99,16 +99,16 @@ BUILTIN_MODELS: dict[str, Callable[..., nn.Module]] = {
 @contextmanager
 def importable_from(folder: Path | None):
     """Put ``folder`` first on ``sys.path`` for the duration (user code next to the config wins)."""
-    entry = str(folder) if folder is not None else None
-    added = entry is not None and entry not in sys.path
+    entry = str(folder) if folder is not None else ""
+    added = bool(entry) and entry not in sys.path
     if added:
-        sys.path.insert(0, entry)  # type: ignore[arg-type]
+        sys.path.insert(0, entry)
     try:
         yield
     finally:
         if added:
             try:
-                sys.path.remove(entry)  # type: ignore[arg-type]
+                sys.path.remove(entry)
             except ValueError:
                 pass
 
