@@ -322,14 +322,14 @@ class AuditLog:
     # -- writing --------------------------------------------------------------------------
     def record(
         self, action: str, resource: str, *, outcome: str = "success", details: Mapping[str, Any] | None = None
-    ) -> AuditEntry:
+    ) -> AuditEntry | None:
         """Append one event (the ``AuditRecorder`` protocol).
 
         Returns the stored entry once it is durable (committed). In asynchronous mode
         (``durable=False``) it returns ``None`` as soon as the event is queued.
         """
         entries = self.append_many([(action, resource, outcome, details)])
-        return entries[0] if entries else None  # type: ignore[return-value]
+        return entries[0] if entries else None
 
     def append_many(
         self, events: Sequence[tuple[str, str, str, Mapping[str, Any] | None] | Mapping[str, Any]]
