@@ -23,7 +23,9 @@ PHI = "SMITH^JOHN_MRN123"
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SECURETRAIN_")}
+    # Nothing of the test session's settings, except the audit signing key its operator made with
+    # `securetrain audit keygen` (tests/conftest.py): --audit-db never creates one.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SECURETRAIN_") or k == "SECURETRAIN_AUDIT_KEY"}
     env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", COLUMNS="200")
     return env
 
