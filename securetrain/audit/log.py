@@ -406,6 +406,12 @@ class AuditLog:
             with cond:
                 for r in batch:
                     r.done = True
+                if not self.durable:
+                    # Asynchronous callers are gone: keep the first failure for the next call. Set
+                    # before leadership is released, so a flush() that waited for this batch sees it.
+                    failed = next((r.error for r in batch if r.error is not None), None)
+                    if failed is not None and self._gc_async_error is None:
+                        self._gc_async_error = failed
                 self._gc_leader = False
                 cond.notify_all()
         if crossed:
