@@ -5,7 +5,6 @@ Only typer/rich/stdlib at import time; the log and SQLAlchemy load inside the co
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Optional
@@ -254,7 +253,7 @@ def keygen(
         "(default: $SECURETRAIN_AUDIT_KEY or <data dir>/audit_signing_key.pem)."),
 ) -> None:
     """Create the audit log's signing key (the only way one is created), and its public key next to it."""
-    from securetrain.audit.keys import create_signing_key, public_key_pem
+    from securetrain.audit.keys import create_signing_key, default_origin, public_key_pem
     from securetrain.audit.log import data_dir
     from securetrain.audit.note import verifier_key
     from securetrain.io.atomic import atomic_write_bytes
@@ -264,9 +263,8 @@ def keygen(
     pem = public_key_pem(key.public_key())
     public = path.with_name(path.name.removesuffix(".pem") + ".pub.pem")
     atomic_write_bytes(public, pem, mode=0o644)
-    origin = f"securetrain.local/audit/{hashlib.sha256(pem).hexdigest()[:16]}"
     typer.echo(f"wrote {path} (private, 0600: keep it on the writer hosts only) and {public}")
-    typer.echo(f"verifier key (give it to your auditors): {verifier_key(origin, key.public_key())}")
+    typer.echo(f"verifier key (give it to your auditors): {verifier_key(default_origin(key.public_key()), key.public_key())}")
 
 
 for _fn in (verify, show, export, prove, checkpoint, pubkey, keygen):

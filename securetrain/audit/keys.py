@@ -9,6 +9,7 @@ holds the public key for, and a later run would blame "tampering" for the mismat
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import stat
 import tempfile
@@ -83,6 +84,11 @@ def load_signing_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
     if not isinstance(key, Ed25519PrivateKey):
         raise AuditConfigError(f"audit signing key {file} is not an Ed25519 key")
     return key
+
+
+def default_origin(key: Ed25519PublicKey) -> str:
+    """A log's checkpoint origin (and note key name) when none is configured: tied to its public key."""
+    return f"securetrain.local/audit/{hashlib.sha256(public_key_pem(key)).hexdigest()[:16]}"
 
 
 def public_key_pem(key: Ed25519PublicKey) -> bytes:

@@ -33,7 +33,7 @@ from securetrain.audit import canonical as canon
 from securetrain.audit.anchors import Anchor
 from securetrain.audit.dberrors import classify
 from securetrain.audit.errors import AuditConfigError, AuditError, AuditEventError, AuditIntegrityError
-from securetrain.audit.keys import load_signing_key, public_key_pem
+from securetrain.audit.keys import default_origin, load_signing_key, public_key_pem
 from securetrain.audit.signers import CheckpointSigner, VaultTransitSigner
 from securetrain.audit.merkle import CompactRange, consistency_proof, inclusion_proof, leaf_hash, root_hash
 from securetrain.audit.models import TABLES, AuditCheckpointRow, AuditEntryRow
@@ -309,8 +309,7 @@ class AuditLog:
     def origin(self) -> str:
         """Checkpoint origin and note key name; by default tied to the public key."""
         if self._origin is None:
-            raw = public_key_pem(self.public_key)
-            self._origin = f"securetrain.local/audit/{hashlib.sha256(raw).hexdigest()[:16]}"
+            self._origin = default_origin(self.public_key)
         return self._origin
 
     def verifier_key(self) -> str:
@@ -494,10 +493,8 @@ class AuditLog:
                     f"asynchronous audit flush failed: {type(exc).__name__}")
             raise
         failed = next((r.error for r in batch if r.error is not None), None)
-        if failed is not None:  # a failed batch fails every later call: never drop entries silently
+        if failed is not None:  # kept by _lead: it fails every later call, never dropped silently
             log.error("asynchronous audit append failed: %s", failed)
-            with self._gc_cond:
-                self._gc_async_error = self._gc_async_error or failed
 
     def flush(self) -> None:
         """Commit everything queued (asynchronous mode) and raise the first asynchronous failure."""

@@ -32,9 +32,8 @@ def open_run_audit(config: PipelineConfig):
     url = config.audit.url or os.environ.get("SECURETRAIN_AUDIT_URL") or str(run_dir / "audit.db")
     anchor = config.audit.anchor_file or (run_dir / "audit-anchors.notes")
     signing_key = run_audit_key_path(config)
-    schema = config.audit.schema_name if "://" in url and not url.startswith("sqlite") else None
     return AuditLog(url, signing_key=signing_key, origin=f"securetrain/{config.name}", anchors=[FileAnchor(anchor)],
-                    schema=schema)
+                    schema=config.audit.schema_name)  # AuditLog ignores it for SQLite
 
 
 def finish_report(result: PipelineResult, config: PipelineConfig | None = None, *, clock=None) -> PipelineResult:  # noqa: ANN001

@@ -31,11 +31,15 @@ def scheduled_run_config(config: PipelineConfig, *, now: datetime | None = None,
     suffix = (now or datetime.now(UTC)).astimezone(UTC).strftime(_STAMP)
     if flow_run_id:
         suffix += "-" + re.sub(r"[^A-Za-z0-9]", "", flow_run_id)[:8]
-    elif (config.output_dir / f"{series[: 63 - len(suffix)]}-{suffix}").exists():
+    elif (config.output_dir / _run_name(series, suffix)).exists():
         # Two runs started in the same second without a flow run id (by hand): never share a folder.
         suffix += "-" + secrets.token_hex(4)
-    name = f"{series[: 63 - len(suffix)]}-{suffix}"
-    return config.model_copy(update={"name": name, "series": series})
+    return config.model_copy(update={"name": _run_name(series, suffix), "series": series})
+
+
+def _run_name(series: str, suffix: str) -> str:
+    """``<series>-<suffix>``, the series cut so the name fits the config's 64-character pattern."""
+    return f"{series[: 63 - len(suffix)]}-{suffix}"
 
 
 def write_inputs(run_dir: Path, digests: set[str]) -> None:
@@ -61,7 +65,7 @@ def _series_suffix(name: str, series: str) -> str | None:
     if match is None:
         return None
     suffix = match.group(1)
-    return suffix if name == f"{series[: 63 - len(suffix)]}-{suffix}" else None
+    return suffix if name == _run_name(series, suffix) else None
 
 
 def previous_run(config: PipelineConfig) -> Path | None:

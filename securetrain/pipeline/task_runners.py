@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from securetrain.errors import ConfigError
@@ -22,11 +23,7 @@ def build_task_runner(execution: ExecutionConfig) -> Any:
 
         return ProcessPoolTaskRunner(max_workers=n)
     if kind == "dask":
-        try:
-            from prefect_dask import DaskTaskRunner
-        except ImportError:
-            raise ConfigError("execution.task_runner 'dask' needs prefect-dask",
-                              hint="pip install 'securetrain[dask]'") from None
+        DaskTaskRunner = _extra_runner("dask", "DaskTaskRunner")
         if execution.address:
             return DaskTaskRunner(address=execution.address)
         # Processes, one thread each: de-identification is CPU-bound Python (the GIL), and a
@@ -34,12 +31,17 @@ def build_task_runner(execution: ExecutionConfig) -> Any:
         return DaskTaskRunner(cluster_kwargs={"n_workers": n, "threads_per_worker": 1, "processes": True,
                                               "dashboard_address": None})
     if kind == "ray":
-        try:
-            from prefect_ray import RayTaskRunner
-        except ImportError:
-            raise ConfigError("execution.task_runner 'ray' needs prefect-ray",
-                              hint="pip install 'securetrain[ray]'") from None
+        RayTaskRunner = _extra_runner("ray", "RayTaskRunner")
         if execution.address:
             return RayTaskRunner(address=execution.address)
         return RayTaskRunner(init_kwargs={"num_cpus": n, "include_dashboard": False})
     raise ConfigError(f"unknown execution.task_runner {kind!r}")
+
+
+def _extra_runner(kind: str, name: str) -> Any:
+    """``prefect_<kind>.<name>`` from the optional extra ``securetrain[<kind>]``, or a ConfigError."""
+    try:
+        return getattr(importlib.import_module(f"prefect_{kind}"), name)
+    except ImportError:
+        raise ConfigError(f"execution.task_runner {kind!r} needs prefect-{kind}",
+                          hint=f"pip install 'securetrain[{kind}]'") from None

@@ -27,6 +27,22 @@ def small_config_data(tmp_path: Path, name: str = "t", **sections: Any) -> dict[
     return data
 
 
+def add_studies(manifest: Path, folder: Path, *, n_patients: int = 2, seed: int = 7) -> list[tuple[str, str]]:
+    """New studies arrive (another site): generated under ``folder`` and appended to ``manifest``
+    with absolute paths; returns the added (path, label) rows."""
+    import csv
+
+    from securetrain.masking.dicom.synthetic import generate_study_set
+
+    extra = generate_study_set(folder, n_patients=n_patients, studies_per_patient=1, images_per_series=3,
+                               image_size=16, seed=seed)
+    with open(extra, newline="") as handle:
+        added = [(str((extra.parent / row["path"]).resolve()), row["label"]) for row in csv.DictReader(handle)]
+    with open(manifest, "a", newline="") as handle:
+        csv.writer(handle, lineterminator="\n").writerows(added)
+    return added
+
+
 def planted_phi(run_dir: Path) -> set[str]:
     """Every PHI string the synthetic generator planted (dates/UIDs too), length >= 6."""
     phi = json.loads((run_dir / "raw" / "phi.json").read_text())

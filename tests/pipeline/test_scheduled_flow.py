@@ -4,7 +4,6 @@ trains >0 steps and reports the inputs that arrived in between (by digest) (issu
 
 from __future__ import annotations
 
-import csv
 import sys
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 
 from securetrain.masking.dicom.synthetic import generate_study_set
 
-from .pipeline_fixtures import ROOT, small_config_data
+from .pipeline_fixtures import ROOT, add_studies, small_config_data
 
 pytestmark = pytest.mark.slow
 
@@ -38,12 +37,7 @@ def test_two_scheduled_flow_runs(tmp_path: Path) -> None:
     with temporary_settings({PREFECT_LOCAL_STORAGE_PATH: tmp_path / "prefect-storage"}), \
             prefect_test_harness(server_startup_timeout=240):
         first = secure_training(config_path=str(config_file), new_run=True)
-        extra = generate_study_set(tmp_path / "more", n_patients=2, studies_per_patient=1, images_per_series=3,
-                                   image_size=16, seed=7)
-        with open(extra, newline="") as handle:
-            added = [(str((extra.parent / r["path"]).resolve()), r["label"]) for r in csv.DictReader(handle)]
-        with open(manifest, "a", newline="") as handle:
-            csv.writer(handle, lineterminator="\n").writerows(added)
+        added = add_studies(manifest, tmp_path / "more")
         second = secure_training(config_path=str(config_file), new_run=True)
 
     dirs = [Path(first["run_dir"]), Path(second["run_dir"])]

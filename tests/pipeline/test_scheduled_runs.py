@@ -4,7 +4,6 @@ Before: every scheduled run after the first resumed the finished run folder and 
 
 from __future__ import annotations
 
-import csv
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,7 +15,7 @@ from securetrain.pipeline.config import load_pipeline_config
 from securetrain.pipeline.runner import run_pipeline
 from securetrain.pipeline.schedule import scheduled_run_config
 
-from .pipeline_fixtures import ROOT, small_config_data
+from .pipeline_fixtures import ROOT, add_studies, small_config_data
 
 pytestmark = pytest.mark.slow
 
@@ -41,12 +40,7 @@ def test_each_scheduled_run_trains_in_its_own_folder_and_reports_new_inputs(tmp_
     assert changes is not None and changes["previous_run"] is None and changes["new"] == changes["inputs"] == 12
 
     # New studies arrive during the day (a second site); the manifest grows.
-    extra = generate_study_set(tmp_path / "more", n_patients=2, studies_per_patient=1, images_per_series=3,
-                               image_size=16, seed=7)
-    with open(extra, newline="") as handle:
-        added = [(str((extra.parent / row["path"]).resolve()), row["label"]) for row in csv.DictReader(handle)]
-    with open(manifest, "a", newline="") as handle:
-        csv.writer(handle, lineterminator="\n").writerows(added)
+    added = add_studies(manifest, tmp_path / "more")
 
     second = run_pipeline(scheduled_run_config(config, now=datetime(2026, 12, 2, 2, 0, tzinfo=UTC)))
     assert second.run_dir.name == "nightly-20261202T020000Z" and second.run_dir != first.run_dir
