@@ -6,6 +6,12 @@ seed), interleaved (plain, flow, plain, flow, ...) so drifting load hits both si
 report medians, the ratio and the difference. Goal (issue 17): the flow's own overhead against a
 running server stays under +2 s; the temporary server adds its start-up (and is not a target).
 
+Prefect's own floor is measured in the same run: a process that imports what the pipeline imports anyway
+(torch, pydantic, httpx, SQLAlchemy, rich) and then runs an *empty* flow with as many no-op tasks as the
+pipeline has, against the same server, minus the same process without Prefect. It is the cost of using
+Prefect at all (import, flow-run creation, the heartbeat thread's join, draining logs and events at exit),
+which no flow can go below; the rest of the difference is securetrain's.
+
     python benchmarks/prefect_overhead.py [--quick] [--repeat N]
 """
 
@@ -89,6 +95,35 @@ def _run(cfg: Path, *, prefect: str | None, home: Path) -> float:
     return took
 
 
+_FLOOR_SCRIPT = """
+import sys
+import torch, pydantic, httpx, sqlalchemy, rich  # noqa: F401 - imported by the pipeline either way
+if sys.argv[1] == "prefect":
+    from prefect import flow, task
+    from prefect.cache_policies import NO_CACHE
+
+    @task(cache_policy=NO_CACHE, result_serializer="json")
+    def step(i: int) -> int:
+        return i
+
+    @flow(result_serializer="json")
+    def empty() -> list:
+        return [step(i) for i in range(int(sys.argv[2]))]
+
+    empty()
+"""
+PIPELINE_TASKS = 5  # ingest, prepare-data, train, sign-provenance, seal-audit (HE off)
+
+
+def _floor_run(kind: str, *, url: str, home: Path) -> float:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SECURETRAIN_")}
+    env.update(PREFECT_API_URL=url, PREFECT_HOME=str(home), OMP_NUM_THREADS="1", DO_NOT_TRACK="1")
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", _FLOOR_SCRIPT, kind, str(PIPELINE_TASKS)], env=env, check=True,
+                   capture_output=True, timeout=300)
+    return time.perf_counter() - t
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1 epoch, 2 pairs, no temporary-server run")
@@ -101,18 +136,24 @@ def main() -> None:
         cfg = _config(folder, "bench", epochs)
         server, url = _start_server(folder / "server-home")
         try:
-            plain, flow = [], []
+            plain, flow, bare, empty = [], [], [], []
             for _ in range(repeat):
                 plain.append(_run(cfg, prefect=None, home=folder / "client-home"))
                 flow.append(_run(cfg, prefect=url, home=folder / "client-home"))
+                bare.append(_floor_run("bare", url=url, home=folder / "client-home"))
+                empty.append(_floor_run("prefect", url=url, home=folder / "client-home"))
         finally:
             server.terminate()
             server.wait(timeout=60)
         p, f = statistics.median(plain), statistics.median(flow)
+        floor = statistics.median(empty) - statistics.median(bare)
         print(f"pipeline, {epochs} epoch(s), {repeat} interleaved pairs (medians of whole `securetrain run` processes)")
         print(f"  --no-prefect                 {p:7.2f} s")
         print(f"  flow, running server         {f:7.2f} s   ratio {f / p:.2f}x   overhead {f - p:+.2f} s "
               f"(target < +{TARGET_S:.0f} s: {'met' if f - p < TARGET_S else 'NOT met'})")
+        print(f"  Prefect's floor               {floor:+7.2f} s   (an empty flow with {PIPELINE_TASKS} no-op tasks, same "
+              "server: import, flow-run set-up, heartbeat join, drain at exit)")
+        print(f"  securetrain beyond the floor  {f - p - floor:+7.2f} s")
         if not args.quick:
             temp = _run(cfg, prefect="", home=folder / "temp-home")
             print(f"  flow, temporary server       {temp:7.2f} s   ratio {temp / p:.2f}x   overhead {temp - p:+.2f} s "
