@@ -24,8 +24,11 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def source_commit() -> str | None:
-    """``$SECURETRAIN_SOURCE_COMMIT`` (set it in images built without .git), else the checkout's HEAD."""
+def source_commit(*, mark_dirty: bool = True) -> str | None:
+    """``$SECURETRAIN_SOURCE_COMMIT`` (set it in images built without .git), else the checkout's HEAD.
+
+    ``mark_dirty``: append ``-dirty`` when tracked files differ from HEAD (the run report says so);
+    signed provenance asks for the bare 40-hex commit instead."""
     if os.environ.get(ENV_SOURCE_COMMIT):
         return os.environ[ENV_SOURCE_COMMIT].strip()[:64] or None
     root = Path(__file__).resolve().parents[2]
@@ -33,13 +36,15 @@ def source_commit() -> str | None:
         return None
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        head = out.stdout.strip()
+        if out.returncode != 0 or len(head) != 40:
+            return None
+        if not mark_dirty:
+            return head
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
-    head = out.stdout.strip()
-    if out.returncode != 0 or not head:
-        return None
-    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, timeout=5).stdout.strip()
     return head + ("-dirty" if dirty else "")
 
 

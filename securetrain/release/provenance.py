@@ -23,7 +23,6 @@ import base64
 import hashlib
 import json
 import os
-import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -136,18 +135,11 @@ def model_safetensors(tensors: Mapping[str, Any]) -> bytes:
 
 
 def source_commit() -> str | None:
-    """``$SECURETRAIN_SOURCE_COMMIT``, else ``git rev-parse HEAD`` of the source tree, else None."""
-    if os.environ.get("SECURETRAIN_SOURCE_COMMIT"):
-        return os.environ["SECURETRAIN_SOURCE_COMMIT"]
-    here = Path(__file__).resolve().parents[2]
-    if not (here / ".git").exists():
-        return None
-    try:
-        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    value = out.stdout.strip()
-    return value if out.returncode == 0 and len(value) == 40 else None
+    """``$SECURETRAIN_SOURCE_COMMIT``, else ``git rev-parse HEAD`` of the source tree, else None (one rule
+    with the run report, without its ``-dirty`` marker)."""
+    from securetrain.pipeline.runinfo import source_commit as run_source_commit
+
+    return run_source_commit(mark_dirty=False)
 
 
 # --- the run's statement -----------------------------------------------------------------
