@@ -35,6 +35,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 GENESIS = "0" * 64
 FIELDS = {"v", "seq", "ts", "actor", "hostname", "mac", "action", "resource", "outcome", "details", "prev_hash"}
+# Optional: the database server's view of the writer (PostgreSQL logs), hashed like every other field.
+SERVER_VIEW_FIELDS = {"role", "addr", "time"}
 STR_FIELDS = ("ts", "actor", "hostname", "mac", "action", "resource", "outcome", "prev_hash")
 EM_DASH = "\u2014"
 
@@ -202,8 +204,8 @@ def verify_consistency(size1: int, size2: int, proof: list, root1: bytes, root2:
 
 # ---- fast acceptance of canonical entry lines --------------------------------------------
 # A line is accepted here only when it is provably the canonical entry `seq` chained onto `prev`:
-# strict UTF-8, one regular expression for the eleven top-level members in JCS order with JCS
-# string escaping, and the details object re-encoded by the C json encoder (sorted keys, floats
+# strict UTF-8, one regular expression for the eleven top-level members (twelve with a server_view of
+# exactly addr/role/time) in JCS order with JCS string escaping, and the details object re-encoded by the C json encoder (sorted keys, floats
 # and out-of-range integers refused) - identical to JCS when no character lies beyond U+FFFF.
 # Everything else goes through exact_check() below, which decides and names the problem.
 JCS_STRING = r'"[^"\\\x00-\x1f]*(?:\\(?:["\\bfnrt]|u00(?:0[0-7bef]|1[0-9a-f]))[^"\\\x00-\x1f]*)*"'
@@ -211,8 +213,9 @@ ENTRY_HEAD = re.compile(r'\{"action":' + JCS_STRING + r',"actor":' + JCS_STRING 
 # No canonical string can hold '},"hostname":"' (its quotes would be escaped): the last one ends details.
 ENTRY_TAIL = re.compile(
     r',"hostname":' + JCS_STRING + r',"mac":' + JCS_STRING + r',"outcome":' + JCS_STRING
-    + r',"prev_hash":"([0-9a-f]{64})","resource":' + JCS_STRING + r',"seq":(0|[1-9][0-9]{0,15}),"ts":'
-    + JCS_STRING + r',"v":1\}').fullmatch
+    + r',"prev_hash":"([0-9a-f]{64})","resource":' + JCS_STRING + r',"seq":(0|[1-9][0-9]{0,15})'
+    + r'(?:,"server_view":\{"addr":(?:null|' + JCS_STRING + r'),"role":' + JCS_STRING + r',"time":' + JCS_STRING
+    + r'\})?,"ts":' + JCS_STRING + r',"v":1\}').fullmatch
 ASTRAL = re.compile("[\U00010000-\U0010ffff]").search
 
 
@@ -272,14 +275,18 @@ def exact_check(raw: bytes, seq: int, prev: str) -> None:
         obj = json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError):
         raise Failure("not valid JSON", seq) from None
-    if not isinstance(obj, dict) or set(obj) != FIELDS:
-        raise Failure(f"fields must be exactly {sorted(FIELDS)}", seq)
+    if not isinstance(obj, dict) or (set(obj) != FIELDS and set(obj) != FIELDS | {"server_view"}):
+        raise Failure(f"fields must be exactly {sorted(FIELDS)}, optionally with server_view", seq)
     if obj["v"] != 1 or type(obj["v"]) is not int:
         raise Failure(f"unknown format version {obj['v']!r}", seq)
     if type(obj["seq"]) is not int or obj["seq"] != seq:
         raise Failure(f"seq is {obj['seq']!r}, expected {seq} (entry deleted, inserted or reordered)", seq)
     if any(not isinstance(obj[f], str) for f in STR_FIELDS) or not isinstance(obj["details"], dict):
         raise Failure("a field has the wrong type", seq)
+    view = obj.get("server_view", {"role": "", "addr": None, "time": ""})
+    if (not isinstance(view, dict) or set(view) != SERVER_VIEW_FIELDS or not isinstance(view["role"], str)
+            or not isinstance(view["time"], str) or not (view["addr"] is None or isinstance(view["addr"], str))):
+        raise Failure("server_view must hold exactly role (string), addr (string or null) and time (string)", seq)
     try:
         canonical = jcs(obj).encode()
     except Failure as exc:

@@ -28,6 +28,12 @@ GENESIS_HASH = "0" * 64
 
 #: Fields of the hashed object, in the order the documentation lists them (JCS sorts them anyway).
 HASHED_FIELDS = ("v", "seq", "ts", "actor", "hostname", "mac", "action", "resource", "outcome", "details", "prev_hash")
+#: Optional member of the hashed object: the database server's view of the writer (PostgreSQL only;
+#: absent on SQLite and in entries written before it existed, so those hash exactly as before).
+SERVER_VIEW = "server_view"
+#: Members of ``server_view``: ``role`` (current_user), ``addr`` (inet_client_addr(), null for a
+#: Unix-socket connection), ``time`` (clock_timestamp(), UTC, same format as ``ts``).
+SERVER_VIEW_FIELDS = ("addr", "role", "time")
 
 MAX_DETAILS_BYTES = 16 * 1024
 MAX_DEPTH = 8
@@ -144,13 +150,20 @@ def validate_event(action: str, resource: str, outcome: str) -> tuple[str, str, 
 
 def entry_object(
     *, seq: int, ts: str, actor: str, hostname: str, mac: str, action: str, resource: str, outcome: str,
-    details: Mapping[str, Any], prev_hash: str,
+    details: Mapping[str, Any], prev_hash: str, server_view: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The object whose canonical JSON is hashed (all fields but ``entry_hash``)."""
-    return {
+    """The object whose canonical JSON is hashed (all fields but ``entry_hash``).
+
+    ``server_view`` is a member only when it is not None, so entries without it (SQLite, logs
+    written before it existed) hash exactly as they always did.
+    """
+    obj = {
         "v": FORMAT_VERSION, "seq": seq, "ts": ts, "actor": actor, "hostname": hostname, "mac": mac,
         "action": action, "resource": resource, "outcome": outcome, "details": dict(details), "prev_hash": prev_hash,
     }
+    if server_view is not None:
+        obj[SERVER_VIEW] = dict(server_view)
+    return obj
 
 
 def canonical_bytes(obj: Mapping[str, Any]) -> bytes:

@@ -32,11 +32,17 @@ from sqlalchemy.exc import DBAPIError
 from securetrain.audit import canonical as canon
 from securetrain.audit.anchors import Anchor
 from securetrain.audit.dberrors import classify
-from securetrain.audit.errors import AuditConfigError, AuditError, AuditEventError, AuditIntegrityError
+from securetrain.audit.errors import (
+    AuditConfigError,
+    AuditError,
+    AuditEventError,
+    AuditIntegrityError,
+    AuditPermissionError,
+)
 from securetrain.audit.keys import default_origin, load_signing_key, public_key_pem
 from securetrain.audit.signers import CheckpointSigner, VaultTransitSigner
 from securetrain.audit.merkle import CompactRange, consistency_proof, inclusion_proof, leaf_hash, root_hash
-from securetrain.audit.models import TABLES, AuditCheckpointRow, AuditEntryRow
+from securetrain.audit.models import TABLES, AuditCheckpointRow, AuditEntryRow, sqlite_tables
 from securetrain.audit.note import (
     Checkpoint,
     find_signer,
@@ -46,7 +52,7 @@ from securetrain.audit.note import (
     verifier_key,
     verify_note,
 )
-from securetrain.audit.triggers import postgres_ddl, sqlite_ddl
+from securetrain.audit.triggers import SERVER_VIEW_SQL, postgres_ddl, postgres_upgrade_ddl, sqlite_ddl
 from securetrain.audit.verify import Record, VerifyReport, verify_records
 
 log = logging.getLogger(__name__)
@@ -89,26 +95,41 @@ class AuditEntry:
     details: dict[str, Any]
     prev_hash: str
     entry_hash: str
+    #: PostgreSQL: the server's view of the writer (``role``, ``addr``, ``time``), hashed with the
+    #: entry; None on SQLite and for entries written before it existed.
+    server_view: dict[str, Any] | None = None
 
     def hashed_object(self) -> dict[str, Any]:
         return canon.entry_object(
             seq=self.seq, ts=self.ts, actor=self.actor, hostname=self.hostname, mac=self.mac, action=self.action,
             resource=self.resource, outcome=self.outcome, details=self.details, prev_hash=self.prev_hash,
+            server_view=self.server_view,
         )
 
     def hashed_bytes(self) -> bytes:
         return canon.canonical_bytes(self.hashed_object())
 
 
-def _entry_from_row(row: Any) -> tuple[AuditEntry, str]:
-    """Entry plus the raw stored details text (verification checks it is canonical)."""
+def _json_object(stored: Any) -> dict[str, Any]:
+    """A stored JSON-object column, parsed; damage becomes a marker the verifier rejects."""
     try:
-        details = json.loads(row.details)
+        value = json.loads(stored)
     except (TypeError, json.JSONDecodeError):
-        details = {"__unparseable__": str(row.details)[:64]}
+        return {"__unparseable__": str(stored)[:64]}
+    return value if isinstance(value, dict) else {"__not_an_object__": True}
+
+
+def _entry_from_row(row: Any) -> tuple[AuditEntry, str]:
+    """Entry plus the raw stored details text (verification checks it is canonical).
+
+    ``server_view`` is read when the table has that column (SQLite tables and PostgreSQL tables not
+    yet upgraded do not) and is None when it is NULL (entries written before it existed).
+    """
+    view_text = getattr(row, "server_view", None)
     return (
         AuditEntry(row.seq, row.ts, row.actor, row.hostname, row.mac, row.action, row.resource, row.outcome,
-                   details if isinstance(details, dict) else {"__not_an_object__": True}, row.prev_hash, row.entry_hash),
+                   _json_object(row.details), row.prev_hash, row.entry_hash,
+                   None if view_text is None else _json_object(view_text)),
         row.details,
     )
 
@@ -160,6 +181,10 @@ class AuditLog:
         self.backend = self.url.split(":", 1)[0].split("+", 1)[0]
         self._busy_timeout_s = busy_timeout_s
         self._engines: tuple[Engine, Engine, Engine | None] | None = None
+        # Whether audit_entries has the server_view column (set when the schema is checked), and
+        # whether appends record the server's view in it (PostgreSQL only).
+        self._view_column = False
+        self._write_view = False
         self._closed = False
         self._pid = os.getpid()
         self._init_group_commit()
@@ -264,20 +289,40 @@ class AuditLog:
         try:
             with self._read_engine.connect() as conn:
                 present = inspect(conn).has_table(E.name, schema=self.schema)
+                if present:
+                    self._note_columns(conn)
         except DBAPIError as exc:
             raise classify(exc, backend=self.backend, operation="opening the audit log") from None
         if not present:
             raise AuditConfigError("the database holds no securetrain audit log", hint="check --db / SECURETRAIN_AUDIT_URL")
 
+    def _note_columns(self, conn: Connection) -> None:
+        names = {c["name"] for c in inspect(conn).get_columns(E.name, schema=self.schema)}
+        self._view_column = "server_view" in names
+        self._write_view = self._view_column and self.backend != "sqlite"
+
+    def _entry_select(self) -> Any:
+        """SELECT of every entry column this log's table has (older tables lack server_view)."""
+        return select(*(c for c in E.c if self._view_column or c.name != "server_view"))
+
     def _ensure_schema(self) -> None:
+        upgrading = False
         try:
             with self._write_engine.begin() as conn:
                 self._take_lock(conn)
                 if inspect(conn).has_table(E.name, schema=self.schema):
+                    self._note_columns(conn)
+                    if self.backend != "sqlite" and not self._view_column:
+                        # Created before server_view existed: add the column and the new insert
+                        # guard in one transaction (old entries keep NULL and hash as before).
+                        upgrading = True
+                        for stmt in postgres_upgrade_ddl(self.schema or ""):
+                            conn.exec_driver_sql(stmt.replace("%", "%%"))  # psycopg: % is a placeholder
+                        self._note_columns(conn)
                     return
                 if self.schema:
                     conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
-                for table in TABLES:
+                for table in (sqlite_tables() if self.backend == "sqlite" else TABLES):
                     table.create(conn, checkfirst=True)
                 if self.backend == "sqlite":
                     stmts = sqlite_ddl()
@@ -285,8 +330,18 @@ class AuditLog:
                     stmts = [s.replace("%", "%%") for s in postgres_ddl(self.schema or "")]
                 for stmt in stmts:
                     conn.exec_driver_sql(stmt)
+                self._note_columns(conn)
         except DBAPIError as exc:
-            raise classify(exc, backend=self.backend, operation="creating the audit log") from None
+            err = classify(exc, backend=self.backend, operation="creating the audit log")
+            if upgrading and isinstance(err, AuditPermissionError):
+                # A writer role that does not own the tables (provision_postgres) cannot upgrade them:
+                # it keeps appending in the old form until the owner does; the old guard still applies.
+                log.warning("audit log schema %s predates server_view and this role cannot add it; entries carry "
+                            "no server-asserted view until the table owner upgrades the log (provision_postgres, "
+                            "or open it once as the owner) and the writers are restarted", self.schema)
+                self._view_column = self._write_view = False
+                return
+            raise err from None
 
     # -- key and identity -----------------------------------------------------------------
     @property
@@ -423,8 +478,9 @@ class AuditLog:
             try:
                 with self._write_engine.begin() as conn:
                     self._take_lock(conn)
-                    head = conn.execute(select(E.c.seq, E.c.entry_hash).order_by(E.c.seq.desc()).limit(1)).first()
-                    seq, prev = (head.seq + 1, head.entry_hash) if head else (0, canon.GENESIS_HASH)
+                    head, view = self._head_and_view(conn)
+                    view_json = None if view is None else canon.canonical_bytes(view).decode()
+                    seq, prev = (head.seq + 1, head.entry_hash) if head is not None else (0, canon.GENESIS_HASH)
                     start = seq
                     rows = []
                     results: list[list[AuditEntry]] = []
@@ -434,12 +490,15 @@ class AuditLog:
                             ts = canon.utc_timestamp()
                             obj = canon.entry_object(seq=seq, ts=ts, actor=self.actor, hostname=self.hostname,
                                                      mac=self.mac, action=action, resource=resource, outcome=outcome,
-                                                     details=clean, prev_hash=prev)
+                                                     details=clean, prev_hash=prev, server_view=view)
                             digest = canon.sha256_hex(canon.canonical_bytes(obj))
                             entry = AuditEntry(seq, ts, self.actor, self.hostname, self.mac, action, resource,
-                                               outcome, clean, prev, digest)
+                                               outcome, clean, prev, digest, view)
                             entries.append(entry)
-                            rows.append({**entry.__dict__, "details": details_json})
+                            row = {**entry.__dict__, "details": details_json, "server_view": view_json}
+                            if view_json is None:  # the column may not exist (SQLite, a log not yet upgraded)
+                                del row["server_view"]
+                            rows.append(row)
                             seq, prev = seq + 1, digest
                         results.append(entries)
                     conn.execute(insert(E), rows)
@@ -452,6 +511,22 @@ class AuditLog:
             req.entries = entries
         every = self.checkpoint_every
         return bool(every and start // every != seq // every)
+
+    def _head_and_view(self, conn: Connection) -> tuple[Any, dict[str, Any] | None]:
+        """The last entry (seq, entry_hash; None if empty) and, on PostgreSQL, the server's view.
+
+        One round trip per transaction, after the lock: every entry of the batch carries the same
+        view, whose time lies between the transaction's start and each insert, as the trigger
+        requires; and since the lock orders transactions, server times never decrease along seq.
+        """
+        if not self._write_view:
+            head = conn.execute(select(E.c.seq, E.c.entry_hash).order_by(E.c.seq.desc()).limit(1)).first()
+            return head, None
+        row = conn.exec_driver_sql(  # not text(): the time format's colons would read as bind parameters
+            f"SELECT {SERVER_VIEW_SQL}, h.seq, h.entry_hash FROM (SELECT 1) AS one LEFT JOIN "
+            f'(SELECT seq, entry_hash FROM "{self.schema}".{E.name} ORDER BY seq DESC LIMIT 1) AS h ON true').one()
+        view = {"addr": row.view_addr, "role": row.view_role, "time": row.view_time}
+        return (None if row.seq is None else row), view
 
     # -- asynchronous mode (opt-in) ---------------------------------------------------------
     def _enqueue_async(self, prepared: list[tuple[Any, ...]]) -> list[AuditEntry]:
@@ -524,7 +599,7 @@ class AuditLog:
     def _rows(self, conn: Connection, start: int, stop: int | None) -> Iterator[Any]:
         cursor = start
         while True:
-            q = select(E).where(E.c.seq >= cursor).order_by(E.c.seq).limit(_BATCH)
+            q = self._entry_select().where(E.c.seq >= cursor).order_by(E.c.seq).limit(_BATCH)
             if stop is not None:
                 q = q.where(E.c.seq < stop)
             batch = conn.execute(q).all()
@@ -541,7 +616,7 @@ class AuditLog:
 
     def tail(self, n: int) -> list[AuditEntry]:
         with self._read_engine.connect() as conn:
-            rows = conn.execute(select(E).order_by(E.c.seq.desc()).limit(n)).all()
+            rows = conn.execute(self._entry_select().order_by(E.c.seq.desc()).limit(n)).all()
         return [_entry_from_row(r)[0] for r in reversed(rows)]
 
     def checkpoints(self) -> list[Checkpoint]:
@@ -707,7 +782,7 @@ class AuditLog:
             tree_size = cp.tree_size if cp else self.size()
         with self._read_engine.connect() as conn:
             leaves = self._leaf_hashes(conn, tree_size)
-            row = conn.execute(select(E).where(E.c.seq == seq)).first()
+            row = conn.execute(self._entry_select().where(E.c.seq == seq)).first()
         if len(leaves) != tree_size or row is None or not 0 <= seq < tree_size:
             raise AuditError(f"entry {seq} is not in a tree of size {tree_size} (log has {len(leaves)} entries)")
         entry = _entry_from_row(row)[0]
@@ -734,10 +809,13 @@ class AuditLog:
             for row in self._rows(conn, 0, None):
                 entry, details_text = _entry_from_row(row)
                 obj = entry.hashed_object()
+                view_text = getattr(row, "server_view", None)
                 try:
                     raw = entry.hashed_bytes()
                     if canon.canonical_bytes(entry.details).decode() != details_text:
                         obj = {**obj, "details": {"__stored_details_not_canonical__": True}}
+                    if entry.server_view is not None and canon.canonical_bytes(entry.server_view).decode() != view_text:
+                        obj = {**obj, "server_view": {"__stored_server_view_not_canonical__": True}}
                 except AuditEventError:  # a tampered row with no canonical form: let the verifier name it
                     raw, obj = b"", {**obj, "details": {"__stored_details_not_canonical__": True}}
                 yield Record(raw, obj, stored_hash=row.entry_hash, stored_seq=row.seq)

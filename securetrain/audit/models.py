@@ -6,7 +6,7 @@ Tables carry no schema; on PostgreSQL the log maps them into its schema with SQL
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Text
+from sqlalchemy import BigInteger, Column, MetaData, Table, Text
 from sqlmodel import Field, SQLModel
 
 ENTRIES_TABLE = "audit_entries"
@@ -28,6 +28,11 @@ class AuditEntryRow(SQLModel, table=True):
     prev_hash: str = Field(max_length=64)
     # Deliberately not UNIQUE: SQLite's INSERT OR REPLACE would delete a conflicting row.
     entry_hash: str = Field(max_length=64)
+    # PostgreSQL: the server's view of the writer (canonical JSON text: role, addr, time), read by the
+    # writer in its append transaction, hashed with the entry and re-checked by the insert trigger.
+    # Not created on SQLite (no server to assert anything). PostgreSQL logs created before it existed
+    # get it by ALTER TABLE (see AuditLog); their older rows keep NULL.
+    server_view: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
 
 
 class AuditCheckpointRow(SQLModel, table=True):
@@ -40,3 +45,11 @@ class AuditCheckpointRow(SQLModel, table=True):
 
 
 TABLES = [AuditEntryRow.__table__, AuditCheckpointRow.__table__]  # type: ignore[attr-defined]
+
+
+def sqlite_tables() -> list[Table]:
+    """The tables as created on SQLite: ``audit_entries`` without ``server_view``."""
+    entries, checkpoints = TABLES
+    meta = MetaData()
+    return [Table(entries.name, meta, *(c._copy() for c in entries.c if c.name != "server_view")),
+            checkpoints.to_metadata(meta)]

@@ -7,6 +7,11 @@ connection so REPLACE-deletions would fire the delete trigger too.
 
 PostgreSQL: row triggers on UPDATE/DELETE, a statement trigger on TRUNCATE, the same insert guard,
 and (see :func:`securetrain.audit.postgres.provision_postgres`) grants leaving writers INSERT+SELECT.
+The PostgreSQL insert guard also re-checks ``server_view`` (see :data:`SERVER_VIEW_SQL`): its
+``role`` and ``addr`` must be the inserting session's ``current_user`` and
+``host(inet_client_addr())`` and its ``time`` must lie between the start of the inserting
+transaction (``now()``) and the moment of the insert (``clock_timestamp()``), so a client cannot
+assert another role, address or time.
 """
 
 from __future__ import annotations
@@ -46,6 +51,19 @@ SQLITE_TRIGGER_NAMES = [
 ]
 
 
+#: The writer's view of itself, as the server sees it, read once per append transaction (after the
+#: log's lock, so server times never decrease along ``seq``); ``time`` has the format of ``ts``.
+SERVER_VIEW_SQL = (
+    "current_user AS view_role, host(inet_client_addr()) AS view_addr, "
+    "to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS view_time"
+)
+
+
+def postgres_upgrade_ddl(schema: str) -> list[str]:
+    """Bring a log created by an older securetrain up to date (idempotent; needs the table owner)."""
+    return [f'ALTER TABLE "{schema}".audit_entries ADD COLUMN IF NOT EXISTS server_view text', *postgres_ddl(schema)]
+
+
 def postgres_ddl(schema: str) -> list[str]:
     s = f'"{schema}"'
     stmts = [
@@ -55,12 +73,35 @@ BEGIN
     USING ERRCODE = 'insufficient_privilege';
 END $$""",
         f"""CREATE OR REPLACE FUNCTION {s}.audit_entries_guard() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE head_seq bigint; head_hash text;
+DECLARE head_seq bigint; head_hash text; sv jsonb; sv_time timestamptz; ok boolean := false;
 BEGIN
   SELECT seq, entry_hash INTO head_seq, head_hash FROM {s}.audit_entries ORDER BY seq DESC LIMIT 1;
   IF NOT FOUND THEN head_seq := -1; head_hash := '{GENESIS_HASH}'; END IF;
   IF NEW.seq <> head_seq + 1 OR NEW.prev_hash <> head_hash THEN
     RAISE EXCEPTION 'audit_entries is append-only: seq must be max+1 and prev_hash must link'
+      USING ERRCODE = 'integrity_constraint_violation';
+  END IF;
+  -- server_view: the server's own view of this session, never one the client chose.
+  BEGIN
+    sv := NEW.server_view::jsonb;
+  EXCEPTION WHEN OTHERS THEN sv := NULL;
+  END;
+  IF sv IS NOT NULL AND jsonb_typeof(sv) = 'object' THEN
+    IF sv ?& ARRAY['addr', 'role', 'time'] AND sv - ARRAY['addr', 'role', 'time'] = '{{}}'::jsonb
+       AND jsonb_typeof(sv -> 'role') = 'string' AND jsonb_typeof(sv -> 'time') = 'string'
+       AND jsonb_typeof(sv -> 'addr') IN ('string', 'null') THEN
+      IF sv ->> 'role' = current_user::text AND (sv ->> 'addr') IS NOT DISTINCT FROM host(inet_client_addr())
+         AND sv ->> 'time' ~ '^[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}T[0-9]{{2}}:[0-9]{{2}}:[0-9]{{2}}[.][0-9]{{6}}Z$' THEN
+        BEGIN
+          sv_time := (sv ->> 'time')::timestamptz;
+        EXCEPTION WHEN OTHERS THEN sv_time := NULL;
+        END;
+        ok := sv_time IS NOT NULL AND sv_time >= now() AND sv_time <= clock_timestamp();
+      END IF;
+    END IF;
+  END IF;
+  IF NOT ok THEN
+    RAISE EXCEPTION 'audit_entries: server_view must be the session''s own role, client address and server time'
       USING ERRCODE = 'integrity_constraint_violation';
   END IF;
   RETURN NEW;

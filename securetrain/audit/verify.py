@@ -26,6 +26,8 @@ from securetrain.audit.canonical import (
     GENESIS_HASH,
     HASHED_FIELDS,
     MAX_SAFE_INT,
+    SERVER_VIEW,
+    SERVER_VIEW_FIELDS,
     canonical_bytes,
     sha256_hex,
 )
@@ -76,8 +78,9 @@ def _fail(seq: int | None, problem: str, message: str) -> AuditIntegrityError:
 
 def check_object(obj: Any, seq: int) -> None:
     """Structural checks of one hashed object (types, version, no floats)."""
-    if not isinstance(obj, dict) or set(obj) != set(HASHED_FIELDS):
-        raise _fail(seq, "fields", f"entry must have exactly the fields {sorted(HASHED_FIELDS)}")
+    if not isinstance(obj, dict) or (set(obj) != _FIELDS and set(obj) != _FIELDS_WITH_VIEW):
+        raise _fail(seq, "fields", f"entry must have exactly the fields {sorted(HASHED_FIELDS)} "
+                                   f"(and optionally {SERVER_VIEW!r})")
     if obj["v"] != FORMAT_VERSION or type(obj["v"]) is not int:
         raise _fail(seq, "version", f"unknown format version {obj['v']!r}")
     if type(obj["seq"]) is not int:
@@ -89,6 +92,16 @@ def check_object(obj: Any, seq: int) -> None:
         raise _fail(seq, "details", "details is not an object")
     if _has_float(obj["details"]):
         raise _fail(seq, "details", "details contain a float, which the format forbids")
+    if SERVER_VIEW in obj:
+        view = obj[SERVER_VIEW]
+        if (not isinstance(view, dict) or set(view) != set(SERVER_VIEW_FIELDS) or not isinstance(view["role"], str)
+                or not isinstance(view["time"], str) or not (view["addr"] is None or isinstance(view["addr"], str))):
+            raise _fail(seq, SERVER_VIEW, "server_view must be an object of exactly role (string), addr (string or "
+                                          "null) and time (string)")
+
+
+_FIELDS = frozenset(HASHED_FIELDS)
+_FIELDS_WITH_VIEW = _FIELDS | {SERVER_VIEW}
 
 
 def _has_float(value: Any) -> bool:
@@ -116,9 +129,9 @@ class Record:
 # it with an RFC 8785 implementation, compare. The fast path below accepts a line only when it can
 # *prove* the line is the canonical form of a well-typed entry, using C-implemented pieces:
 #   * strict UTF-8 decoding (no lone surrogates can survive it);
-#   * one regular expression for the fixed top level: the eleven members in JCS order, every
-#     string in the exact JCS escaping (only \" \\ \b \t \n \f \r and \u00xx for other controls),
-#     seq in plain decimal, "v":1;
+#   * one regular expression for the fixed top level: the eleven members in JCS order (twelve with a
+#     server_view of exactly addr/role/time), every string in the exact JCS escaping (only \" \\ \b
+#     \t \n \f \r and \u00xx for other controls), seq in plain decimal, "v":1;
 #   * details: json (C scanner) with floats/NaN/out-of-range integers refused, re-encoded by the C
 #     encoder with sorted keys; for text without characters beyond U+FFFF, code-point order is
 #     UTF-16 order and the encoder's escaping is JCS's, so equality means canonical.
@@ -131,8 +144,9 @@ _ENTRY_HEAD = re.compile(r'\{"action":' + _JCS_STRING + r',"actor":' + _JCS_STRI
 # escaped), so the last occurrence of that text is where details ends.
 _ENTRY_TAIL = re.compile(
     r',"hostname":' + _JCS_STRING + r',"mac":' + _JCS_STRING + r',"outcome":' + _JCS_STRING
-    + r',"prev_hash":"([0-9a-f]{64})","resource":' + _JCS_STRING + r',"seq":(0|[1-9][0-9]{0,15}),"ts":'
-    + _JCS_STRING + r',"v":1\}').fullmatch
+    + r',"prev_hash":"([0-9a-f]{64})","resource":' + _JCS_STRING + r',"seq":(0|[1-9][0-9]{0,15})'
+    + r'(?:,"server_view":\{"addr":(?:null|' + _JCS_STRING + r'),"role":' + _JCS_STRING + r',"time":' + _JCS_STRING
+    + r'\})?,"ts":' + _JCS_STRING + r',"v":1\}').fullmatch
 _ASTRAL = re.compile("[\U00010000-\U0010ffff]").search
 
 

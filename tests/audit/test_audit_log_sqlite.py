@@ -68,6 +68,10 @@ def test_entries_have_required_fields_and_chain(log: AuditLog) -> None:
     assert e.entry_hash == canonical.sha256_hex(e.hashed_bytes())
     assert json.loads(e.hashed_bytes())["v"] == 1
     assert [c.tree_size for c in log.checkpoints()] == [4, 8]
+    # No database server asserts anything on SQLite: no server_view column, member or hash input.
+    assert e.server_view is None and "server_view" not in json.loads(e.hashed_bytes())
+    columns = [r[1] for r in raw_db(log, drop_triggers=False).execute("PRAGMA table_info(audit_entries)")]
+    assert "server_view" not in columns
 
 
 @pytest.mark.parametrize(

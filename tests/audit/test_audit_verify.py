@@ -21,7 +21,7 @@ from securetrain.audit.errors import AuditExportError
 from securetrain.audit.export import verify_export
 from securetrain.audit.log import AuditLog
 from securetrain.audit.note import split_notes
-from securetrain.audit.verify import fast_accept
+from securetrain.audit.verify import check_entry, fast_accept
 from securetrain.cli.main import app
 
 REPO = Path(__file__).resolve().parents[2]
@@ -233,11 +233,15 @@ def _rand_value(rng: random.Random, depth: int = 0) -> object:
     return {_rand_str(rng): _rand_value(rng, depth + 1) for _ in range(rng.randrange(4))}
 
 
-def _entry(rng: random.Random, seq: int, prev: str) -> bytes:
+def _entry(rng: random.Random, seq: int, prev: str, *, with_view: bool = False) -> bytes:
     details = {_rand_str(rng) or "k": _rand_value(rng) for _ in range(rng.randrange(4))}
+    view = None
+    if with_view:  # PostgreSQL: the server's view (role, client address or null, time)
+        view = {"role": _rand_str(rng), "addr": rng.choice([None, "127.0.0.1", "::1", _rand_str(rng)]),
+                "time": rng.choice(["2026-01-01T00:00:00.000001Z", _rand_str(rng)])}
     obj = canonical.entry_object(seq=seq, ts="2026-01-01T00:00:00.000000Z", actor=_rand_str(rng), hostname="h",
                                  mac="aa:bb:cc:dd:ee:ff", action="a.b", resource=_rand_str(rng), outcome="success",
-                                 details=details, prev_hash=prev)
+                                 details=details, prev_hash=prev, server_view=view)
     return rfc8785.dumps(obj)
 
 
@@ -253,14 +257,15 @@ def _standalone_module():  # noqa: ANN202
 FAST_PATHS = {"library": fast_accept, "standalone": _standalone_module().fast_ok}
 
 
+@pytest.mark.parametrize("with_view", [False, True])
 @pytest.mark.parametrize("impl", sorted(FAST_PATHS))
-def test_fast_path_agrees_with_rfc8785(impl: str) -> None:
+def test_fast_path_agrees_with_rfc8785(impl: str, with_view: bool) -> None:
     fast_accept = FAST_PATHS[impl]
     rng = random.Random(20261204)
     prev = "ab" * 32
     accepted = 0
     for seq in range(3000):
-        raw = _entry(rng, seq, prev)
+        raw = _entry(rng, seq, prev, with_view=with_view)
         has_astral = any(ord(c) > 0xFFFF for c in raw.decode())
         ok = fast_accept(raw, seq, prev)
         assert ok or has_astral, raw  # every canonical line without astral characters is accepted fast
@@ -271,10 +276,11 @@ def test_fast_path_agrees_with_rfc8785(impl: str) -> None:
         for variant in (json.dumps(obj).encode(), json.dumps(obj, separators=(",", ":")).encode(),
                         json.dumps(obj, separators=(",", ":"), sort_keys=True).encode(),
                         raw.replace(b'"v":1}', b'"v":1.0}'), raw.replace(b'"seq":', b'"seq":0', 1),
-                        raw + b" ", raw.replace(b'{"action"', b'{"action":"x","action"', 1)):
+                        raw + b" ", raw.replace(b'{"action"', b'{"action":"x","action"', 1),
+                        raw.replace(b'"server_view":{"addr":', b'"server_view":{"addr" :', 1)):
             if variant != raw:
                 assert not fast_accept(variant, seq, prev), variant
-    assert accepted > 1000  # the rest hold characters beyond U+FFFF: exact path
+    assert accepted > (900 if with_view else 1000)  # the rest hold characters beyond U+FFFF: exact path
 
 
 @pytest.mark.parametrize("details", [
@@ -299,6 +305,29 @@ def test_fast_path_accepts_details_that_look_like_the_top_level(details: dict, i
     raw = rfc8785.dumps(canonical.entry_object(seq=7, ts="t", actor="a", hostname="h", mac="m", action="a",
                                                resource="r", outcome="success", details=details, prev_hash=prev))
     assert FAST_PATHS[impl](raw, 7, prev)
+
+
+EXACT_CHECKS = {"library": lambda raw, seq, prev: check_entry(raw, json.loads(raw), seq, prev),
+                "standalone": _standalone_module().exact_check}
+
+
+@pytest.mark.parametrize("impl", sorted(FAST_PATHS))
+@pytest.mark.parametrize("view", [
+    {"role": "w", "addr": "127.0.0.1"}, {"role": "w", "addr": None, "time": "t", "actor": "x"}, [],
+    {"role": None, "addr": None, "time": "t"}, {"role": "w", "addr": 127, "time": "t"},
+    {"role": "w", "addr": None, "time": 1}, {"role": "w", "addr": {"ip": "x"}, "time": "t"}])
+def test_malformed_server_view_is_refused_by_both_verifiers(impl: str, view: object) -> None:
+    prev = "00" * 32
+    kwargs = {"seq": 0, "ts": "t", "actor": "a", "hostname": "h", "mac": "m", "action": "a", "resource": "r",
+              "outcome": "success", "details": {}, "prev_hash": prev}
+    good = rfc8785.dumps(canonical.entry_object(**kwargs, server_view={"role": "w", "addr": None, "time": "t"}))
+    assert FAST_PATHS[impl](good, 0, prev)
+    EXACT_CHECKS[impl](good, 0, prev)
+    obj = {**canonical.entry_object(**kwargs), "server_view": view}
+    raw = rfc8785.dumps(obj)  # canonical JSON, but not a server view
+    assert not FAST_PATHS[impl](raw, 0, prev)
+    with pytest.raises(Exception, match="server_view"):
+        EXACT_CHECKS[impl](raw, 0, prev)
 
 
 # -- incremental verification from a held checkpoint ---------------------------------------------
