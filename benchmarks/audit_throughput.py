@@ -163,6 +163,11 @@ def main() -> None:
     n, batch = (300, 100) if args.quick else (3000, 500)
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("SECURETRAIN_DATA_DIR", tmp)
+        if not os.environ.get("SECURETRAIN_AUDIT_KEY"):  # keys are never created on first use (issue 10)
+            from securetrain.audit.keys import create_signing_key
+
+            create_signing_key(f"{tmp}/audit-signing.pem")
+            os.environ["SECURETRAIN_AUDIT_KEY"] = f"{tmp}/audit-signing.pem"  # inherited by the writer processes
         bench("sqlite", f"sqlite:///{tmp}/bench.db", n, batch, None)
         per_proc = 150 if args.quick else 1000
         bench_processes("sqlite", f"sqlite:///{tmp}/bench-procs.db", per_proc, None)
