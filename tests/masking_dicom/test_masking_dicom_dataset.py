@@ -136,3 +136,43 @@ def test_pydicom_testdata_folder_is_quarantined_not_crashed(tmp_path: Path) -> N
             assert item["pixels"].shape == (1, 8, 8)
     report = [q["path"] for q in ds.quarantine_report()]
     assert bad <= set(report) and len(report) == len(set(report))
+
+
+class _BatchRecorder(MemoryAuditRecorder):
+    """Records like MemoryAuditRecorder, and remembers each append_many batch (optionally failing it)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        super().__init__()
+        self.batches: list[int] = []
+        self.fail = fail
+
+    def append_many(self, events: list) -> list:
+        if self.fail:
+            raise RuntimeError("audit database unavailable")
+        self.batches.append(len(events))
+        for action, resource, outcome, details in events:
+            self.record(action, resource, outcome=outcome, details=details)
+        return []
+
+
+def test_a_batch_records_its_reads_in_one_append_before_returning(synthetic_set: Path) -> None:
+    audit = _BatchRecorder()
+    ds = DicomDataset(synthetic_set, BASIC, SECRET, size=16, audit=audit)
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=0)
+    batches = list(loader)
+    assert sum(len(b["label"]) for b in batches) == len(ds) == 12
+    assert audit.batches == [4, 4, 4]  # one transaction per batch, not one per file
+    reads = [e for e in audit.events if e["action"] == "dicom.read"]
+    assert len(reads) == 12 and len({e["details"]["sha256"] for e in reads}) == 12
+    # A single item (no batch) is still recorded at once.
+    single = _BatchRecorder()
+    fresh = DicomDataset(synthetic_set, BASIC, SECRET, size=16, audit=single)
+    before = len(single.events)
+    fresh[0]
+    assert [e["action"] for e in single.events[before:]] == ["dicom.read"] and single.batches == [1]
+
+
+def test_a_batch_is_not_returned_when_its_reads_cannot_be_recorded(synthetic_set: Path) -> None:
+    ds = DicomDataset(synthetic_set, BASIC, SECRET, size=16, audit=_BatchRecorder(fail=True))
+    with pytest.raises(RuntimeError, match="audit database unavailable"):
+        ds.__getitems__([0, 1, 2])  # fail closed: no data leaves the dataset unaudited

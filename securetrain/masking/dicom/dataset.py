@@ -274,12 +274,15 @@ class DicomDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any] | None:
         """The item, or ``None`` when its file fails to load (it is quarantined; see module doc)."""
+        return self._get(index, None)
+
+    def _get(self, index: int, reads: list[tuple[str, str, str, dict[str, Any]]] | None) -> dict[str, Any] | None:
         n = len(self.items)
         if not -n <= index < n:
             raise IndexError(index)
         path, label = self.items[index % n]
         try:
-            return self._load(path, label)
+            return self._load(path, label, reads)
         except Exception as exc:  # one bad file must never end the epoch or kill a worker
             reason = str(exc) if isinstance(exc, DeidError) else f"load failed ({type(exc).__name__})"
             self._quarantine_file(path, reason)
@@ -288,11 +291,38 @@ class DicomDataset(Dataset):
     def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
         """Batched fetch (used by every ``DataLoader`` with a batch size, whatever its collate
         function): the batch without its failed items, so even the default collate never sees a
-        ``None``. A batch whose every item failed raises, naming the quarantine report."""
-        items = [item for item in (self[i] for i in indices) if item is not None]
+        ``None``. A batch whose every item failed raises, naming the quarantine report.
+
+        The batch's ``dicom.read`` events are appended in one transaction (``append_many`` where the
+        recorder has it) before any item is returned: every read is still recorded, and durable,
+        before its data leaves the dataset, at one commit per batch instead of one per file."""
+        reads: list[tuple[str, str, str, dict[str, Any]]] = []
+        try:
+            loaded = [self._get(i, reads) for i in indices]
+        finally:
+            self._record_reads(reads)  # also for the reads of a batch that then failed
+        items = [item for item in loaded if item is not None]
         if not items and indices:
             raise DeidError(f"all {len(indices)} items of a batch failed to load; see quarantine_report()")
         return items
+
+    def _note_read(self, reads: list[tuple[str, str, str, dict[str, Any]]] | None, digest: str, size: int) -> None:
+        """Record one file read: now (single item), or with the rest of its batch (``reads``)."""
+        read = ("dicom.read", f"sha256:{digest}", "success", {"sha256": digest, "bytes": size})
+        if reads is None:
+            self._record_reads([read])
+        else:
+            reads.append(read)
+
+    def _record_reads(self, reads: list[tuple[str, str, str, dict[str, Any]]]) -> None:
+        if not reads:
+            return
+        append_many = getattr(self.audit, "append_many", None)
+        if callable(append_many):
+            append_many(reads)
+        else:
+            for action, resource, outcome, details in reads:
+                self.audit.record(action, resource, outcome=outcome, details=details)
 
     @staticmethod
     def collate_fn(batch: list[dict[str, Any] | None]) -> dict[str, Any] | None:
@@ -300,7 +330,8 @@ class DicomDataset(Dataset):
         kept = [b for b in batch if b is not None]
         return default_collate(kept) if kept else None
 
-    def _load(self, path: str, label: int | None) -> dict[str, Any]:
+    def _load(self, path: str, label: int | None,
+              reads: list[tuple[str, str, str, dict[str, Any]]] | None = None) -> dict[str, Any]:
         import numpy as np
 
         from securetrain.masking.dicom.engine import read_dicom
@@ -310,7 +341,7 @@ class DicomDataset(Dataset):
             data = Path(path).read_bytes()
             digest = hashlib.sha256(data).hexdigest()
             ds = read_dicom(io.BytesIO(data), name=Path(path).name)
-            self.audit.record("dicom.read", f"sha256:{digest}", details={"sha256": digest, "bytes": len(data)})
+            self._note_read(reads, digest, len(data))
             ds, report = self._deidentifier().deidentify_dataset(ds)
             header = {
                 "meta": {k: str(ds.get(k, "") or "") for k in self.meta_keys},

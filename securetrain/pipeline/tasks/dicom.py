@@ -195,16 +195,18 @@ class FramesDicomDataset(DicomDataset):
         self.depth = depth
         self.frames_as = frames_as
 
-    def _load(self, path: str, label: int | None) -> dict[str, Any]:
+    def _load(self, path: str, label: int | None, reads: list[tuple[str, str, str, dict[str, Any]]] | None = None
+              ) -> dict[str, Any]:
         if self.frames_mode != "all" and not isinstance(self.frames_mode, str):
             self.frame = int(self.frames_mode)
-            return super()._load(path, label)
+            return super()._load(path, label, reads)
         if self.frames_mode == "first":
             self.frame = 0
-            return super()._load(path, label)
-        return self._load_frames(path, label)
+            return super()._load(path, label, reads)
+        return self._load_frames(path, label, reads)
 
-    def _load_frames(self, path: str, label: int | None) -> dict[str, Any]:
+    def _load_frames(self, path: str, label: int | None,
+                     reads: list[tuple[str, str, str, dict[str, Any]]] | None = None) -> dict[str, Any]:
         import numpy as np
 
         from securetrain.masking.dicom.engine import read_dicom
@@ -213,7 +215,7 @@ class FramesDicomDataset(DicomDataset):
         data = Path(path).read_bytes()
         digest = hashlib.sha256(data).hexdigest()
         ds = read_dicom(io.BytesIO(data), name=Path(path).name)
-        self.audit.record("dicom.read", f"sha256:{digest}", details={"sha256": digest, "bytes": len(data)})
+        self._note_read(reads, digest, len(data))
         ds, _ = self._deidentifier().deidentify_dataset(ds)
         try:
             arr = np.asarray(ds.pixel_array, dtype=np.float32)
