@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from securetrain.masking.tabular.transforms import as_string, lower, luhn_valid
+from securetrain.masking.tabular.transforms import _offsets_and_data, as_string, lower, luhn_valid
 
 # Resolution order for overlapping findings: specific shapes before generic digit runs and names.
 DETECTOR_ORDER = ("email", "iban", "pan", "ssn", "phone", "person")
@@ -326,6 +326,58 @@ def _np_strings(arr: pa.Array) -> np.ndarray:
     return np.asarray(pc.fill_null(arr, "").to_numpy(zero_copy_only=False)).astype(np.dtypes.StringDType())
 
 
+def _fixed_width(arr: pa.Array) -> np.ndarray:
+    """A numpy bytes ('S') view of a string array, zero-padded to its longest value (nulls: b"").
+
+    ``numpy.strings.find`` on fixed-width bytes is several times faster than on ``StringDType``
+    and the conversion is two pyarrow kernels instead of a Python object per value. Positions are
+    byte offsets (equal to character offsets for ASCII text). numpy ignores trailing NUL bytes of
+    an 'S' value, so a value ending in NUL can only match more often, never less: the exact
+    rewrite decides."""
+    raw = pc.fill_null(arr, "").cast(pa.binary())
+    lengths = pc.binary_length(raw)
+    width = max(1, int(pc.max(lengths).as_py() or 0)) if len(raw) else 1
+    # Padded per row in bytes (utf8_rpad counts code points).
+    pads = pc.binary_repeat(pa.scalar(b"\x00", pa.binary()), pc.subtract(width, lengths))
+    padded = pc.binary_join_element_wise(raw, pads, b"").cast(pa.binary(width))
+    return np.frombuffer(padded.buffers()[1], dtype=f"S{width}", count=len(arr), offset=padded.offset * width)
+
+
+FIXED_WIDTH_BUDGET = 1 << 26  # bytes: above this (one very long text) the StringDType path is used
+
+
+def _fits_fixed_width(arr: pa.Array) -> bool:
+    if not len(arr):
+        return True
+    width = int(pc.max(pc.binary_length(arr)).as_py() or 0)
+    return len(arr) * max(width, 1) <= max(FIXED_WIDTH_BUDGET, 4 * arr.nbytes)
+
+
+class _TextFinder:
+    """``numpy.strings.find`` of per-row needles in the rows of a lower-cased text column."""
+
+    def __init__(self, lower_text: pa.Array) -> None:
+        self._text = lower_text
+        self._fixed: np.ndarray | None = None
+        self._strings: np.ndarray | None = None
+        self._text_fits = _fits_fixed_width(lower_text)
+
+    def find(self, rows: np.ndarray, needles: pa.Array, start: np.ndarray | None = None) -> np.ndarray:
+        """Position of each needle in its row's text at or after ``start`` (-1: not found). Byte
+        positions on the fixed-width path, character positions otherwise: equal for ASCII rows,
+        the only rows whose positions are used."""
+        if self._text_fits and _fits_fixed_width(needles):
+            if self._fixed is None:
+                self._fixed = _fixed_width(self._text)
+            hay, sub = self._fixed[rows], _fixed_width(needles)
+        else:
+            if self._strings is None:
+                self._strings = _np_strings(self._text)
+            hay, sub = self._strings[rows], _np_strings(needles)
+        return np.asarray(np.strings.find(hay, sub) if start is None else np.strings.find(hay, sub, start),
+                          dtype=np.int64)
+
+
 MAX_CATEGORIES = 2000
 MAX_SUBSTRINGS = 100_000
 
@@ -381,7 +433,9 @@ def scrub_row_values(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSour
     Vectorised prefilters: for a low-cardinality column (categories) a source value can only hit
     if it equals one of the column's few boundary-aligned substrings (a hash lookup per row,
     ``pc.is_in``); for free text ``numpy.strings.find`` compares every row with its own values in
-    C. Only rows with a confirmed hit are rewritten in Python. Returns (array, rows changed).
+    C. The confirmed hits are then rewritten without a Python loop per row (:func:`_rewrite`); only
+    rows that need Unicode case folding go through :func:`_replace_words`. Returns (array, rows
+    changed).
     """
     s = as_string(text)
     n = len(s)
@@ -394,8 +448,12 @@ def scrub_row_values(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSour
     value_set = pa.array(sorted(aligned), pa.string()) if aligned is not None else None
     has_text = _bool(pc.is_valid(s))
     all_rows = np.arange(n)
-    lower_np: np.ndarray | None = None
-    per_row: dict[int, list[tuple[str, str]]] = {}
+    finder: _TextFinder | None = None
+    markers: dict[str, int] = {}
+    hit_rows: list[np.ndarray] = []
+    hit_needles: list[pa.Array] = []
+    hit_markers: list[np.ndarray] = []
+    hit_pos: list[np.ndarray] = []
     for src in sources:
         raw = as_string(src.values)
         if value_set is not None:
@@ -414,21 +472,211 @@ def scrub_row_values(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSour
         for row_idx, needles in candidates:
             if not len(row_idx):
                 continue
-            if lower_np is None:
-                lower_np = _np_strings(lower_text)
-            found = np.strings.find(lower_np[row_idx], _np_strings(needles)) >= 0
-            for r, needle in zip(row_idx[found].tolist(), needles.filter(pa.array(found)).to_pylist()):
-                per_row.setdefault(r, []).append((needle, src.marker))
-    if not per_row:
+            if finder is None:
+                finder = _TextFinder(lower_text)
+            pos = finder.find(row_idx, needles)
+            found = pos >= 0
+            if found.any():
+                hit_rows.append(row_idx[found])
+                hit_needles.append(needles.filter(pa.array(found)))
+                hit_markers.append(np.full(int(found.sum()), markers.setdefault(src.marker, len(markers))))
+                hit_pos.append(pos[found])
+    if finder is None or not hit_rows:
         return s, 0
-    values = s.to_pylist()
-    changed = 0
-    for r, needles in per_row.items():
-        new = _replace_words(values[r], needles)
-        if new != values[r]:
-            values[r] = new
-            changed += 1
-    return pa.array(values, pa.string()), changed
+    return _rewrite(s, finder, np.concatenate(hit_rows), pa.concat_arrays(hit_needles),
+                    np.concatenate(hit_markers), np.concatenate(hit_pos), list(markers))
+
+
+# ASCII characters for which ``str.isalnum() or == "_"`` holds (word characters of _replace_words).
+_ASCII_WORD = np.zeros(256, dtype=bool)
+_ASCII_WORD[np.frombuffer(b"0123456789_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", dtype=np.uint8)] = True
+MAX_SPANS_PER_ROW = 16  # rows with more candidate spans than this are rewritten by _replace_words
+
+
+def _row_flags(arr: pa.Array, bad: np.ndarray) -> np.ndarray:
+    """Per row of a string array: whether any of its bytes is marked in the 256-entry table ``bad``."""
+    offsets, data = _offsets_and_data(arr)
+    cum = np.zeros(len(data) + 1, dtype=np.int64)
+    np.cumsum(bad[data], out=cum[1:])
+    return (cum[offsets[1:]] - cum[offsets[:-1]]) > 0
+
+
+_NOT_PLAIN_ASCII = np.ones(256, dtype=bool)
+_NOT_PLAIN_ASCII[1:0x80] = False  # NUL and non-ASCII bytes: such rows take the per-row path
+
+
+def _rewrite(s: pa.Array, finder: _TextFinder, rows: np.ndarray, needles: pa.Array, marker_ids: np.ndarray,
+             first_pos: np.ndarray, markers: list[str]) -> tuple[pa.Array, int]:
+    """Apply ``_replace_words`` to every row with (row, needle, marker) hits, vectorised.
+
+    For plain-ASCII rows (case folding keeps every position; word characters are [0-9A-Za-z_])
+    this is exact and needs no Python per row: all occurrences of each needle are found with
+    ``numpy.strings.find``, word boundaries are checked on the byte buffer, the greedy choice of
+    _replace_words (longest needle first, then the needle's text, then position; a span is taken
+    unless it overlaps one already taken) runs as one vectorised round per rank within the row,
+    and the output is spliced from the original bytes and the markers with one gather. Other rows
+    (non-ASCII or NUL text, an empty needle, too many spans) go through _replace_words itself."""
+    n = len(s)
+    offsets, data = _offsets_and_data(s)
+    row_len = np.diff(offsets)
+    enc = pc.dictionary_encode(needles)
+    needle_id = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    # Rank of each distinct needle in Python's str order (= UTF-8 byte order, pyarrow's sort).
+    rank_of = np.empty(len(enc.dictionary), dtype=np.int64)
+    rank_of[np.asarray(pc.array_sort_indices(enc.dictionary))] = np.arange(len(enc.dictionary))
+    needle_rank = rank_of[needle_id]
+    needle_len = pc.binary_length(needles).to_numpy(zero_copy_only=False).astype(np.int64)
+    # One entry per distinct (row, needle, marker), as _replace_words keeps.
+    order = np.lexsort((marker_ids, needle_rank, rows))
+    rows, needle_rank, marker_ids = rows[order], needle_rank[order], marker_ids[order]
+    needle_len, first_pos = needle_len[order], first_pos[order]
+    keep = np.concatenate(([True], (rows[1:] != rows[:-1]) | (needle_rank[1:] != needle_rank[:-1])
+                           | (marker_ids[1:] != marker_ids[:-1])))
+    rows, needle_rank, marker_ids, needle_len, first_pos, order = (
+        rows[keep], needle_rank[keep], marker_ids[keep], needle_len[keep], first_pos[keep], order[keep])
+    slow = np.zeros(n, dtype=bool)
+    hit = np.unique(rows)
+    slow[hit[_row_flags(s.take(pa.array(hit)), _NOT_PLAIN_ASCII)]] = True
+    slow[rows[needle_len == 0]] = True
+    needles = needles.take(pa.array(order))
+
+    # All occurrences of each needle (overlapping ones too: str.find from i + 1).
+    fast = np.nonzero(~slow[rows])[0]
+    occ_pair, occ_pos = [fast], [first_pos[fast]]
+    cur, cur_pos = fast, first_pos[fast]
+    while len(cur):
+        nxt = finder.find(rows[cur], needles.take(pa.array(cur)), cur_pos + 1)
+        more = nxt >= 0
+        cur, cur_pos = cur[more], nxt[more]
+        occ_pair.append(cur)
+        occ_pos.append(cur_pos)
+    pair = np.concatenate(occ_pair)
+    start = np.concatenate(occ_pos)
+    r = rows[pair]
+    end = start + needle_len[pair]
+    # Word boundaries on the (ASCII) bytes: the characters before and after are not word characters.
+    base = offsets[r]
+    before_ok = (start == 0) | ~_ASCII_WORD[data[np.where(start > 0, base + start - 1, 0)]]
+    after_ok = (end >= row_len[r]) | ~_ASCII_WORD[data[np.where(end < row_len[r], base + end, 0)]]
+    ok = before_ok & after_ok
+    pair, start, end, r = pair[ok], start[ok], end[ok], r[ok]
+    # _replace_words's order: longest needle first, then the needle, then the marker listed first
+    # (marker ids follow the sources' order), then each occurrence in turn.
+    order = np.lexsort((start, marker_ids[pair], needle_rank[pair], -needle_len[pair], r))
+    start, end, r, mk = start[order], end[order], r[order], marker_ids[pair][order]
+    group_start = np.concatenate(([0], np.nonzero(r[1:] != r[:-1])[0] + 1)) if len(r) else np.zeros(0, np.int64)
+    sizes = np.diff(np.concatenate((group_start, [len(r)])))
+    within = np.arange(len(r)) - np.repeat(group_start, sizes)
+    crowded = r[within >= MAX_SPANS_PER_ROW]
+    if len(crowded):
+        slow[crowded] = True
+        keep = ~slow[r]
+        start, end, r, mk, within = start[keep], end[keep], r[keep], mk[keep], within[keep]
+    # Greedy, one rank at a time: a span is taken unless it overlaps a span already taken in its row.
+    depth = int(within.max()) + 1 if len(r) else 0
+    slot = np.searchsorted(hit, r)
+    taken_start = np.full((len(hit), max(depth, 1)), -1, dtype=np.int64)
+    taken_end = np.full((len(hit), max(depth, 1)), -1, dtype=np.int64)
+    accepted = np.zeros(len(r), dtype=bool)
+    for k in range(depth):
+        sel = np.nonzero(within == k)[0]
+        sl = slot[sel]
+        overlap = ((start[sel, None] < taken_end[sl, :k]) & (taken_start[sl, :k] < end[sel, None])).any(axis=1)
+        good = sel[~overlap]
+        accepted[good] = True
+        taken_start[slot[good], k] = start[good]
+        taken_end[slot[good], k] = end[good]
+    start, end, r, mk = start[accepted], end[accepted], r[accepted], mk[accepted]
+    order = np.lexsort((start, r))
+    start, end, r, mk = start[order], end[order], r[order], mk[order]
+
+    slow_rows = np.nonzero(slow)[0]
+    replaced: list[str] = []
+    if len(slow_rows):
+        texts = s.take(pa.array(slow_rows)).to_pylist()
+        in_slow = slow[rows]
+        pairs_r = rows[in_slow].tolist()
+        pairs_n = needles.filter(pa.array(in_slow)).to_pylist()
+        pairs_m = marker_ids[in_slow].tolist()
+        per_row: dict[int, list[tuple[str, str]]] = {}
+        for row, needle, m in zip(pairs_r, pairs_n, pairs_m):
+            per_row.setdefault(row, []).append((needle, markers[m]))
+        replaced = [_replace_words(t, per_row[row]) for row, t in zip(slow_rows.tolist(), texts)]
+    if not len(r) and not len(slow_rows):
+        return s, 0
+    out = _splice(s, offsets, data, r, start, end, mk, markers, slow_rows, replaced)
+    touched = np.union1d(r, slow_rows)
+    idx = pa.array(touched)
+    changed = int(pc.sum(pc.not_equal(out.take(idx), s.take(idx))).as_py() or 0)
+    return out, changed
+
+
+SPLICE_BLOCK_BYTES = 1 << 24
+
+
+def _splice(s: pa.Array, offsets: np.ndarray, data: np.ndarray, rows: np.ndarray, start: np.ndarray,
+            end: np.ndarray, marker_ids: np.ndarray, markers: list[str], whole_rows: np.ndarray,
+            whole_values: list[str]) -> pa.Array:
+    """``s`` with byte spans [start, end) of ``rows`` (sorted by row and start, not overlapping)
+    replaced by ``markers[marker_ids]``, and the rows ``whole_rows`` replaced by ``whole_values``.
+
+    Each row becomes a sequence of pieces (text before a span, its marker, ..., the rest of the
+    text), all pieces are ranges of one buffer (the text bytes, the markers, the whole values),
+    and the output bytes are one numpy gather per block of rows. Nulls stay null."""
+    n = len(s)
+    row_len = np.diff(offsets)
+    m_bytes = [m.encode("utf-8") for m in markers]
+    m_len = np.array([len(b) for b in m_bytes], dtype=np.int64)
+    m_off = np.concatenate(([0], np.cumsum(m_len)[:-1])).astype(np.int64) + len(data)
+    w_bytes = [v.encode("utf-8") for v in whole_values]
+    w_len = np.array([len(b) for b in w_bytes], dtype=np.int64)
+    w_off = np.concatenate(([0], np.cumsum(w_len)[:-1])).astype(np.int64) + len(data) + int(m_len.sum())
+    source = np.concatenate((data, np.frombuffer(b"".join(m_bytes), dtype=np.uint8),
+                             np.frombuffer(b"".join(w_bytes), dtype=np.uint8)))
+    count = np.bincount(rows, minlength=n).astype(np.int64)
+    n_pieces = 2 * count + 1
+    first_piece = np.concatenate(([0], np.cumsum(n_pieces)[:-1])).astype(np.int64)
+    piece_start = np.empty(int(n_pieces.sum()), dtype=np.int64)
+    piece_len = np.empty_like(piece_start)
+    span_first = np.concatenate(([0], np.cumsum(count)[:-1])).astype(np.int64)
+    j = np.arange(len(rows)) - span_first[rows]
+    prev_end = np.where(j > 0, np.concatenate(([0], end[:-1])), 0)
+    gap = first_piece[rows] + 2 * j
+    piece_start[gap] = offsets[rows] + prev_end
+    piece_len[gap] = start - prev_end
+    piece_start[gap + 1] = m_off[marker_ids]
+    piece_len[gap + 1] = m_len[marker_ids]
+    last_end = np.zeros(n, dtype=np.int64)
+    np.maximum.at(last_end, rows, end)
+    tail = first_piece + 2 * count
+    piece_start[tail] = offsets[:-1] + last_end
+    piece_len[tail] = row_len - last_end
+    piece_start[tail[whole_rows]] = w_off
+    piece_len[tail[whole_rows]] = w_len
+    out_len = np.add.reduceat(piece_len, first_piece) if n else np.zeros(0, np.int64)
+    new_offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(out_len, out=new_offsets[1:])
+    out = np.empty(int(new_offsets[-1]), dtype=np.uint8)
+    # Blocks of rows, so the index array stays bounded for a large column.
+    row0 = 0
+    while row0 < n:
+        row1 = int(np.searchsorted(new_offsets, new_offsets[row0] + SPLICE_BLOCK_BYTES, side="right")) - 1
+        row1 = min(max(row1, row0 + 1), n)
+        p0, p1 = int(first_piece[row0]), int(first_piece[row1]) if row1 < n else len(piece_len)
+        lens = piece_len[p0:p1]
+        size = int(lens.sum())
+        if size:
+            starts_out = np.concatenate(([0], np.cumsum(lens)[:-1]))
+            idx = np.repeat(piece_start[p0:p1] - starts_out, lens) + np.arange(size, dtype=np.int64)
+            out[new_offsets[row0]:new_offsets[row0] + size] = source[idx]
+        row0 = row1
+    valid = _bool(pc.is_valid(s))
+    validity = None if s.null_count == 0 else pa.py_buffer(np.packbits(valid, bitorder="little").tobytes())
+    if new_offsets[-1] < 2**31:
+        return pa.Array.from_buffers(pa.string(), n, [validity, pa.py_buffer(new_offsets.astype(np.int32)),
+                                                      pa.py_buffer(out)], null_count=s.null_count)
+    return pa.Array.from_buffers(pa.large_string(), n, [validity, pa.py_buffer(new_offsets), pa.py_buffer(out)],
+                                 null_count=s.null_count)
 
 
 def _is_word_char(ch: str) -> bool:
@@ -437,17 +685,21 @@ def _is_word_char(ch: str) -> bool:
 
 def _replace_words(text: str, needles: list[tuple[str, str]]) -> str:
     """Replace each (lower-case) needle found case-insensitively on word boundaries by its marker.
-    Plain ``str.find`` on a lower-cased copy (compiling a regex per row would dominate the cost)."""
+    Plain ``str.find`` on a lower-cased copy (compiling a regex per row would dominate the cost).
+
+    Longest needle first, then by the needle's text; one needle listed under two markers takes the
+    marker listed first (the first source column), whatever the string hash seed."""
+    unique = list(dict.fromkeys(needles))  # duplicates dropped, first-listed order kept for ties
     folded = text.lower()
     if len(folded) != len(text):  # a case mapping changed the length: positions would not line up
-        for needle, marker in sorted(set(needles), key=lambda nm: -len(nm[0])):
+        for needle, marker in sorted(unique, key=lambda nm: (-len(nm[0]), nm[0])):
             pattern = re.compile(r"(?<!\w)" + re.escape(needle) + r"(?!\w)", re.IGNORECASE)
             text = pattern.sub(marker.replace("\\", "\\\\"), text)  # a literal replacement (backslashes escaped)
         return text
     spans: list[tuple[int, int, str]] = []
     end = len(folded)
     # Longest first, so a full name wins over its parts.
-    for needle, marker in sorted(set(needles), key=lambda nm: (-len(nm[0]), nm[0])):
+    for needle, marker in sorted(unique, key=lambda nm: (-len(nm[0]), nm[0])):
         size = len(needle)
         i = folded.find(needle)
         while i >= 0:
