@@ -86,7 +86,9 @@ def _b32_prefix(macs: bytes, n: int, length: int, prefix: bytes = b"") -> pa.Arr
     chars = np.empty((n, width), dtype=np.uint8)
     chars[:, :len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
     chars[:, len(prefix):] = _B32[idx.reshape(n, 8 * groups)[:, :length]]
-    return pa.Array.from_buffers(pa.binary(width), n, [None, pa.py_buffer(chars.tobytes())]).cast(pa.string())
+    # A string array straight over the fixed-width buffer (offsets i * width): no cast pass.
+    offsets = np.arange(0, (n + 1) * width, width, dtype=np.int32)
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(chars)])
 
 
 class _HmacSha256:
@@ -160,10 +162,16 @@ def tokenize(arr: pa.Array, token_key: bytes, *, domain: str, prefix: str, lengt
     arr = as_string(arr)
     # Nulls become null indices (not dictionary entries), so take() keeps them null.
     enc = pc.dictionary_encode(arr)
+    return pc.take(_tokens_of_distinct(enc.dictionary, token_key, domain=domain, prefix=prefix, length=length,
+                                       stats=stats), enc.indices)
+
+
+def _tokens_of_distinct(values: pa.Array, token_key: bytes, *, domain: str, prefix: str, length: int,
+                        stats: ColumnStats | None) -> pa.Array:
+    """Tokens of already-distinct values (a dictionary): one HMAC each, no second encode."""
     if stats is not None:
-        stats.distinct = len(enc.dictionary)
-    toks = tokens_for_array(enc.dictionary, token_key, domain=domain, prefix=prefix, length=length)
-    return pc.take(toks, enc.indices)
+        stats.distinct = len(values)
+    return tokens_for_array(values, token_key, domain=domain, prefix=prefix, length=length)
 
 
 def _offsets_and_data(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -252,14 +260,17 @@ def _bool_np(arr: pa.Array) -> np.ndarray:
     return np.asarray(pc.fill_null(arr, False).to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def _per_distinct(arr: pa.Array | pa.ChunkedArray,
+def _per_distinct(norm: pa.Array,
                   fn: Callable[[pa.Array], tuple[pa.Array, np.ndarray]]) -> tuple[pa.Array, int]:
-    """Run a per-value transform ``fn`` (-> output, valid mask) once per distinct value and map
-    the result back to rows; return (output, number of non-null rows that were invalid).
+    """Run a per-value transform ``fn`` (-> output, valid mask) once per distinct value of the
+    row-wise normalised column ``norm`` and map the result back to rows; return (output, number
+    of non-null rows that were invalid).
 
-    Identifier columns repeat (a customer's card, e-mail and phone on every transaction), so the
-    validity passes cost per distinct value, not per row. Nulls stay null."""
-    enc = pc.dictionary_encode(as_string(arr))
+    The normalisation (trim, lower-case, digit filter) is a cheap vectorised pass over the rows;
+    everything after it (validity, HMAC, formatting) is a function of the normalised value, so
+    one dictionary encode serves the validity passes and the tokens alike (identifier columns
+    repeat: a customer's card, e-mail and phone on every transaction). Nulls stay null."""
+    enc = pc.dictionary_encode(norm)
     out_d, valid_d = fn(enc.dictionary)
     indices = enc.indices
     rows = pc.drop_null(indices).to_numpy(zero_copy_only=False)
@@ -271,8 +282,7 @@ def pan(arr: pa.Array, token_key: bytes, *, mode: str, validate_luhn: bool, pref
         domain: str, stats: ColumnStats) -> tuple[pa.Array, int]:
     """Card numbers: keep last 4 (PCI DSS allows it), tokenise, or both. Returns (out, n_invalid)."""
 
-    def on_values(s: pa.Array) -> tuple[pa.Array, np.ndarray]:
-        digits = keep_bytes(pc.utf8_trim_whitespace(s), NOT_SPACE_OR_DASH)
+    def on_values(digits: pa.Array) -> tuple[pa.Array, np.ndarray]:
         shape_ok = _bool_np(pc.match_substring_regex(digits, r"^\d{12,19}$"))
         valid = shape_ok & (luhn_valid(pc.if_else(pa.array(shape_ok), digits, pa.scalar(None, pa.string())))
                             if validate_luhn else shape_ok)
@@ -280,30 +290,27 @@ def pan(arr: pa.Array, token_key: bytes, *, mode: str, validate_luhn: bool, pref
         if mode == "last4":
             out = pc.binary_join_element_wise("************", last4, "")
         else:
-            tok = tokenize(digits, token_key, domain=domain, prefix=prefix, length=length, stats=stats)
+            tok = _tokens_of_distinct(digits, token_key, domain=domain, prefix=prefix, length=length, stats=stats)
             out = tok if mode == "tokenize" else pc.binary_join_element_wise(tok, last4, "_")
-        out = pc.if_else(pa.array(valid), out, pa.scalar(INVALID_PAN))
-        return pc.if_else(pc.is_null(s), pa.scalar(None, pa.string()), out), valid
+        return pc.if_else(pa.array(valid), out, pa.scalar(INVALID_PAN)), valid
 
-    return _per_distinct(arr, on_values)
+    return _per_distinct(keep_bytes(pc.utf8_trim_whitespace(as_string(arr)), NOT_SPACE_OR_DASH), on_values)
 
 
 def email(arr: pa.Array, token_key: bytes, *, keep_domain: bool, prefix: str, length: int, domain: str,
           stats: ColumnStats) -> tuple[pa.Array, int]:
     """tok@domain: the token is the HMAC of the whole lower-cased address (so john@a and john@b differ)."""
 
-    def on_values(raw: pa.Array) -> tuple[pa.Array, np.ndarray]:
-        s = lower(pc.utf8_trim_whitespace(raw))
+    def on_values(s: pa.Array) -> tuple[pa.Array, np.ndarray]:
         # Valid = ^[^@\s]+@[^@\s]+\.[^@\s]+$ (RE2 \s). A capture-free match runs as a DFA; the
         # domain is then the second '@'-separated part, which is exact for valid values.
         valid = _bool_np(pc.match_substring_regex(s, EMAIL_SHAPE))
-        tok = tokenize(s, token_key, domain=domain, prefix=prefix, length=length, stats=stats)
+        tok = _tokens_of_distinct(s, token_key, domain=domain, prefix=prefix, length=length, stats=stats)
         if keep_domain:
             tok = pc.binary_join_element_wise(tok, _after_first_at(s, valid), "@")
-        out = pc.if_else(pa.array(valid), tok, pa.scalar(INVALID_EMAIL))
-        return pc.if_else(pc.is_null(s), pa.scalar(None, pa.string()), out), valid
+        return pc.if_else(pa.array(valid), tok, pa.scalar(INVALID_EMAIL)), valid
 
-    return _per_distinct(arr, on_values)
+    return _per_distinct(lower(pc.utf8_trim_whitespace(as_string(arr))), on_values)
 
 
 EMAIL_SHAPE = r"^[^@\s]+@[^@\s]+\.[^@\s]+$"
@@ -323,17 +330,15 @@ def phone(arr: pa.Array, token_key: bytes, *, keep_last: int, prefix: str, lengt
           stats: ColumnStats) -> tuple[pa.Array, int]:
     """Tokenise the digits (formatting-insensitive); optionally append the last N digits."""
 
-    def on_values(s: pa.Array) -> tuple[pa.Array, np.ndarray]:
-        digits = keep_bytes(s, DIGITS)
+    def on_values(digits: pa.Array) -> tuple[pa.Array, np.ndarray]:
         nd = pc.utf8_length(digits)
         valid = _bool_np(pc.and_(pc.greater_equal(nd, 7), pc.less_equal(nd, 15)))
-        out = tokenize(digits, token_key, domain=domain, prefix=prefix, length=length, stats=stats)
+        out = _tokens_of_distinct(digits, token_key, domain=domain, prefix=prefix, length=length, stats=stats)
         if keep_last:
             out = pc.binary_join_element_wise(out, pc.utf8_slice_codeunits(digits, -keep_last), "~")
-        out = pc.if_else(pa.array(valid), out, pa.scalar(INVALID_PHONE))
-        return pc.if_else(pc.is_null(s), pa.scalar(None, pa.string()), out), valid
+        return pc.if_else(pa.array(valid), out, pa.scalar(INVALID_PHONE)), valid
 
-    return _per_distinct(arr, on_values)
+    return _per_distinct(keep_bytes(as_string(arr), DIGITS), on_values)
 
 
 def generalize_date(arr: pa.Array | pa.ChunkedArray, *, granularity: str, date_format: str) -> pa.Array:
