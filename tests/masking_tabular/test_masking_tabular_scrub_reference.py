@@ -100,12 +100,10 @@ def test_scrub_sliced_chunked_and_all_paths_agree(monkeypatch: pytest.MonkeyPatc
     for text in (sliced, chunked):
         got, changed = scrub_row_values(text, srcs, min_length=3, parts=True)
         assert (got.to_pylist(), changed) == (want, want_changed)
-    # The StringDType fallback (texts too wide for fixed-width bytes), crowded rows and small
-    # splice blocks give the same result.
-    monkeypatch.setattr(D, "FIXED_WIDTH_BUDGET", 0)
+    # The StringDType fallback (texts too wide for fixed-width bytes) and crowded rows give the
+    # same result.
     monkeypatch.setattr(D, "MAX_SPANS_PER_ROW", 2)
-    monkeypatch.setattr(D, "SPLICE_BLOCK_BYTES", 64)
-    monkeypatch.setattr(D, "_fits_fixed_width", lambda arr: False)
+    monkeypatch.setattr(D, "_fits_fixed_width", lambda n, width, nbytes: False)
     got, changed = scrub_row_values(sliced, srcs, min_length=3, parts=True)
     assert (got.to_pylist(), changed) == (want, want_changed)
 

@@ -334,47 +334,52 @@ def _fixed_width(arr: pa.Array) -> np.ndarray:
     byte offsets (equal to character offsets for ASCII text). numpy ignores trailing NUL bytes of
     an 'S' value, so a value ending in NUL can only match more often, never less: the exact
     rewrite decides."""
-    raw = pc.fill_null(arr, "").cast(pa.binary())
-    lengths = pc.binary_length(raw)
-    width = max(1, int(pc.max(lengths).as_py() or 0)) if len(raw) else 1
-    # Padded per row in bytes (utf8_rpad counts code points).
-    pads = pc.binary_repeat(pa.scalar(b"\x00", pa.binary()), pc.subtract(width, lengths))
-    padded = pc.binary_join_element_wise(raw, pads, b"").cast(pa.binary(width))
+    arr = as_string(pc.fill_null(arr, ""))
+    if not len(arr):
+        return np.zeros(0, dtype="S1")
+    lengths = pc.binary_length(arr)
+    shortest, longest = (int(v.as_py()) for v in pc.min_max(lengths).values())
+    width = max(1, longest)
+    _, data = _offsets_and_data(arr)
+    if shortest == longest == width:  # already fixed width (ids, card numbers...): a view
+        return np.frombuffer(data, dtype=f"S{width}", count=len(arr))
+    if data.size == 0 or int(data.max()) < 0x80:  # ASCII: code points are bytes
+        padded = pc.utf8_rpad(arr, width=width, padding="\x00").cast(pa.binary(width))
+    else:  # padded per row in bytes (utf8_rpad counts code points)
+        pads = pc.binary_repeat(pa.scalar(b"\x00", pa.binary()), pc.subtract(width, lengths))
+        padded = pc.binary_join_element_wise(arr.cast(pa.binary()), pads, b"").cast(pa.binary(width))
     return np.frombuffer(padded.buffers()[1], dtype=f"S{width}", count=len(arr), offset=padded.offset * width)
 
 
 FIXED_WIDTH_BUDGET = 1 << 26  # bytes: above this (one very long text) the StringDType path is used
 
 
-def _fits_fixed_width(arr: pa.Array) -> bool:
-    if not len(arr):
-        return True
-    width = int(pc.max(pc.binary_length(arr)).as_py() or 0)
-    return len(arr) * max(width, 1) <= max(FIXED_WIDTH_BUDGET, 4 * arr.nbytes)
+def _fits_fixed_width(n: int, width: int, nbytes: int) -> bool:
+    """Whether n values padded to ``width`` bytes stay within the budget (or 4x the column)."""
+    return n * max(width, 1) <= max(FIXED_WIDTH_BUDGET, 4 * nbytes)
 
 
 class _TextFinder:
-    """``numpy.strings.find`` of per-row needles in the rows of a lower-cased text column."""
+    """``numpy.strings.find`` of per-row needles in the rows of a lower-cased text column: on
+    fixed-width bytes when the column fits :data:`FIXED_WIDTH_BUDGET`, else on ``StringDType``."""
 
     def __init__(self, lower_text: pa.Array) -> None:
-        self._text = lower_text
-        self._fixed: np.ndarray | None = None
-        self._strings: np.ndarray | None = None
-        self._text_fits = _fits_fixed_width(lower_text)
+        lengths = pc.binary_length(lower_text)
+        self.max_bytes = int(pc.max(lengths).as_py() or 0) if len(lower_text) else 0
+        self.fixed = _fits_fixed_width(len(lower_text), self.max_bytes, lower_text.nbytes)
+        self._hay = _fixed_width(lower_text) if self.fixed else _np_strings(lower_text)
 
-    def find(self, rows: np.ndarray, needles: pa.Array, start: np.ndarray | None = None) -> np.ndarray:
+    def needles(self, needles: pa.Array) -> np.ndarray:
+        """``needles`` in the finder's numpy representation (callers drop needles longer than
+        ``max_bytes`` first: they cannot occur, and would widen every fixed-width value)."""
+        return _fixed_width(needles) if self.fixed else _np_strings(needles)
+
+    def find(self, rows: np.ndarray, needles: np.ndarray, start: np.ndarray | None = None) -> np.ndarray:
         """Position of each needle in its row's text at or after ``start`` (-1: not found). Byte
         positions on the fixed-width path, character positions otherwise: equal for ASCII rows,
         the only rows whose positions are used."""
-        if self._text_fits and _fits_fixed_width(needles):
-            if self._fixed is None:
-                self._fixed = _fixed_width(self._text)
-            hay, sub = self._fixed[rows], _fixed_width(needles)
-        else:
-            if self._strings is None:
-                self._strings = _np_strings(self._text)
-            hay, sub = self._strings[rows], _np_strings(needles)
-        return np.asarray(np.strings.find(hay, sub) if start is None else np.strings.find(hay, sub, start),
+        hay = self._hay[rows]
+        return np.asarray(np.strings.find(hay, needles) if start is None else np.strings.find(hay, needles, start),
                           dtype=np.int64)
 
 
@@ -452,6 +457,7 @@ def scrub_row_values(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSour
     markers: dict[str, int] = {}
     hit_rows: list[np.ndarray] = []
     hit_needles: list[pa.Array] = []
+    hit_np: list[np.ndarray] = []
     hit_markers: list[np.ndarray] = []
     hit_pos: list[np.ndarray] = []
     for src in sources:
@@ -474,16 +480,21 @@ def scrub_row_values(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSour
                 continue
             if finder is None:
                 finder = _TextFinder(lower_text)
-            pos = finder.find(row_idx, needles)
+            fits = _bool(pc.less_equal(pc.binary_length(needles), finder.max_bytes))
+            if not fits.all():
+                row_idx, needles = row_idx[fits], needles.filter(pa.array(fits))
+            sub = finder.needles(needles)
+            pos = finder.find(row_idx, sub)
             found = pos >= 0
             if found.any():
                 hit_rows.append(row_idx[found])
                 hit_needles.append(needles.filter(pa.array(found)))
+                hit_np.append(sub[found])
                 hit_markers.append(np.full(int(found.sum()), markers.setdefault(src.marker, len(markers))))
                 hit_pos.append(pos[found])
     if finder is None or not hit_rows:
         return s, 0
-    return _rewrite(s, finder, np.concatenate(hit_rows), pa.concat_arrays(hit_needles),
+    return _rewrite(s, finder, np.concatenate(hit_rows), pa.concat_arrays(hit_needles), np.concatenate(hit_np),
                     np.concatenate(hit_markers), np.concatenate(hit_pos), list(markers))
 
 
@@ -493,59 +504,59 @@ _ASCII_WORD[np.frombuffer(b"0123456789_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNO
 MAX_SPANS_PER_ROW = 16  # rows with more candidate spans than this are rewritten by _replace_words
 
 
-def _row_flags(arr: pa.Array, bad: np.ndarray) -> np.ndarray:
-    """Per row of a string array: whether any of its bytes is marked in the 256-entry table ``bad``."""
-    offsets, data = _offsets_and_data(arr)
-    cum = np.zeros(len(data) + 1, dtype=np.int64)
-    np.cumsum(bad[data], out=cum[1:])
-    return (cum[offsets[1:]] - cum[offsets[:-1]]) > 0
+def _plain_ascii_rows(s: pa.Array) -> np.ndarray:
+    """Per row: the text is ASCII without NUL bytes (then Python's lower() keeps every position,
+    word characters are [0-9A-Za-z_], and numpy's fixed-width find positions are exact)."""
+    ok = _bool(pc.string_is_ascii(s))
+    _, data = _offsets_and_data(s)
+    if data.size and int(data.min()) == 0:
+        ok &= ~_bool(pc.match_substring(s, "\x00"))
+    return ok
 
 
-_NOT_PLAIN_ASCII = np.ones(256, dtype=bool)
-_NOT_PLAIN_ASCII[1:0x80] = False  # NUL and non-ASCII bytes: such rows take the per-row path
-
-
-def _rewrite(s: pa.Array, finder: _TextFinder, rows: np.ndarray, needles: pa.Array, marker_ids: np.ndarray,
-             first_pos: np.ndarray, markers: list[str]) -> tuple[pa.Array, int]:
+def _rewrite(s: pa.Array, finder: _TextFinder, rows: np.ndarray, needles: pa.Array, needles_np: np.ndarray,
+             marker_ids: np.ndarray, first_pos: np.ndarray, markers: list[str]) -> tuple[pa.Array, int]:
     """Apply ``_replace_words`` to every row with (row, needle, marker) hits, vectorised.
 
     For plain-ASCII rows (case folding keeps every position; word characters are [0-9A-Za-z_])
     this is exact and needs no Python per row: all occurrences of each needle are found with
     ``numpy.strings.find``, word boundaries are checked on the byte buffer, the greedy choice of
-    _replace_words (longest needle first, then the needle's text, then position; a span is taken
-    unless it overlaps one already taken) runs as one vectorised round per rank within the row,
-    and the output is spliced from the original bytes and the markers with one gather. Other rows
-    (non-ASCII or NUL text, an empty needle, too many spans) go through _replace_words itself."""
+    _replace_words (longest needle first, then the needle's text, then the marker listed first,
+    then position; a span is taken unless it overlaps one already taken) runs as one vectorised
+    round per rank within the row, and the output is assembled by pyarrow kernels (:func:`_splice`).
+    A repeated (needle, marker) of a row only yields identical spans, which the greedy choice
+    drops. Other rows (non-ASCII or NUL text, an empty needle, too many spans) go through
+    _replace_words itself."""
     n = len(s)
     offsets, data = _offsets_and_data(s)
     row_len = np.diff(offsets)
     enc = pc.dictionary_encode(needles)
+    dictionary = enc.dictionary
+    # Order of each distinct needle as _replace_words sorts them: longest first, then Python's
+    # str order (= UTF-8 byte order, pyarrow's sort).
+    d_len = pc.binary_length(dictionary).to_numpy(zero_copy_only=False).astype(np.int64)
+    d_sorted = np.asarray(pc.array_sort_indices(dictionary))
+    d_rank = np.empty(len(dictionary), dtype=np.int64)
+    d_rank[d_sorted] = np.arange(len(dictionary))
+    d_order = np.empty(len(dictionary), dtype=np.int64)
+    d_order[np.lexsort((d_rank, -d_len))] = np.arange(len(dictionary))
     needle_id = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    # Rank of each distinct needle in Python's str order (= UTF-8 byte order, pyarrow's sort).
-    rank_of = np.empty(len(enc.dictionary), dtype=np.int64)
-    rank_of[np.asarray(pc.array_sort_indices(enc.dictionary))] = np.arange(len(enc.dictionary))
-    needle_rank = rank_of[needle_id]
-    needle_len = pc.binary_length(needles).to_numpy(zero_copy_only=False).astype(np.int64)
-    # One entry per distinct (row, needle, marker), as _replace_words keeps.
-    order = np.lexsort((marker_ids, needle_rank, rows))
-    rows, needle_rank, marker_ids = rows[order], needle_rank[order], marker_ids[order]
-    needle_len, first_pos = needle_len[order], first_pos[order]
-    keep = np.concatenate(([True], (rows[1:] != rows[:-1]) | (needle_rank[1:] != needle_rank[:-1])
-                           | (marker_ids[1:] != marker_ids[:-1])))
-    rows, needle_rank, marker_ids, needle_len, first_pos, order = (
-        rows[keep], needle_rank[keep], marker_ids[keep], needle_len[keep], first_pos[keep], order[keep])
+    needle_len = d_len[needle_id]
     slow = np.zeros(n, dtype=bool)
-    hit = np.unique(rows)
-    slow[hit[_row_flags(s.take(pa.array(hit)), _NOT_PLAIN_ASCII)]] = True
+    is_hit = np.zeros(n, dtype=bool)
+    is_hit[rows] = True
+    hit = np.nonzero(is_hit)[0]
+    slow[hit[~_plain_ascii_rows(s.take(pa.array(hit)))]] = True
     slow[rows[needle_len == 0]] = True
-    needles = needles.take(pa.array(order))
 
     # All occurrences of each needle (overlapping ones too: str.find from i + 1).
     fast = np.nonzero(~slow[rows])[0]
     occ_pair, occ_pos = [fast], [first_pos[fast]]
     cur, cur_pos = fast, first_pos[fast]
     while len(cur):
-        nxt = finder.find(rows[cur], needles.take(pa.array(cur)), cur_pos + 1)
+        room = cur_pos + 1 + needle_len[cur] <= row_len[rows[cur]]  # another occurrence fits
+        cur, cur_pos = cur[room], cur_pos[room]
+        nxt = finder.find(rows[cur], needles_np[cur], cur_pos + 1)
         more = nxt >= 0
         cur, cur_pos = cur[more], nxt[more]
         occ_pair.append(cur)
@@ -560,9 +571,10 @@ def _rewrite(s: pa.Array, finder: _TextFinder, rows: np.ndarray, needles: pa.Arr
     after_ok = (end >= row_len[r]) | ~_ASCII_WORD[data[np.where(end < row_len[r], base + end, 0)]]
     ok = before_ok & after_ok
     pair, start, end, r = pair[ok], start[ok], end[ok], r[ok]
-    # _replace_words's order: longest needle first, then the needle, then the marker listed first
-    # (marker ids follow the sources' order), then each occurrence in turn.
-    order = np.lexsort((start, marker_ids[pair], needle_rank[pair], -needle_len[pair], r))
+    # _replace_words's order: needle order (length, text), then the marker listed first (marker
+    # ids follow the sources' order), then each occurrence in turn.
+    prio = d_order[needle_id[pair]] * max(len(markers), 1) + marker_ids[pair]
+    order = _sort_order(r, prio, start)
     start, end, r, mk = start[order], end[order], r[order], marker_ids[pair][order]
     group_start = np.concatenate(([0], np.nonzero(r[1:] != r[:-1])[0] + 1)) if len(r) else np.zeros(0, np.int64)
     sizes = np.diff(np.concatenate((group_start, [len(r)])))
@@ -587,7 +599,7 @@ def _rewrite(s: pa.Array, finder: _TextFinder, rows: np.ndarray, needles: pa.Arr
         taken_start[slot[good], k] = start[good]
         taken_end[slot[good], k] = end[good]
     start, end, r, mk = start[accepted], end[accepted], r[accepted], mk[accepted]
-    order = np.lexsort((start, r))
+    order = _sort_order(r, start)
     start, end, r, mk = start[order], end[order], r[order], mk[order]
 
     slow_rows = np.nonzero(slow)[0]
@@ -605,78 +617,67 @@ def _rewrite(s: pa.Array, finder: _TextFinder, rows: np.ndarray, needles: pa.Arr
     if not len(r) and not len(slow_rows):
         return s, 0
     out = _splice(s, offsets, data, r, start, end, mk, markers, slow_rows, replaced)
-    touched = np.union1d(r, slow_rows)
-    idx = pa.array(touched)
+    is_hit[:] = False
+    is_hit[r] = True
+    is_hit[slow_rows] = True
+    idx = pa.array(np.nonzero(is_hit)[0])
     changed = int(pc.sum(pc.not_equal(out.take(idx), s.take(idx))).as_py() or 0)
     return out, changed
 
 
-SPLICE_BLOCK_BYTES = 1 << 24
+def _sort_order(*keys: np.ndarray) -> np.ndarray:
+    """Stable order by ``keys`` (first key most significant; non-negative integers): one argsort of
+    a packed int64 key where the ranges allow, else lexsort."""
+    if not len(keys[0]):
+        return np.zeros(0, dtype=np.int64)
+    spans = [int(k.max()) + 1 for k in keys]
+    if np.prod([float(x) for x in spans]) < 2.0**62:
+        packed = np.zeros(len(keys[0]), dtype=np.int64)
+        for k, size in zip(keys, spans):
+            packed *= size
+            packed += k
+        return np.argsort(packed, kind="stable")
+    return np.lexsort(keys[::-1])
 
 
 def _splice(s: pa.Array, offsets: np.ndarray, data: np.ndarray, rows: np.ndarray, start: np.ndarray,
             end: np.ndarray, marker_ids: np.ndarray, markers: list[str], whole_rows: np.ndarray,
             whole_values: list[str]) -> pa.Array:
     """``s`` with byte spans [start, end) of ``rows`` (sorted by row and start, not overlapping)
-    replaced by ``markers[marker_ids]``, and the rows ``whole_rows`` replaced by ``whole_values``.
+    replaced by ``markers[marker_ids]``, and the rows ``whole_rows`` (which have no spans)
+    replaced by ``whole_values``.
 
-    Each row becomes a sequence of pieces (text before a span, its marker, ..., the rest of the
-    text), all pieces are ranges of one buffer (the text bytes, the markers, the whole values),
-    and the output bytes are one numpy gather per block of rows. Nulls stay null."""
+    The text buffer is cut, without copying, into a string array of pieces at every row and span
+    boundary (row r becomes text, span, text, ..., text); ``take`` swaps each span piece for its
+    marker and each whole row for its new value, and ``binary_join`` glues each row's pieces back
+    together. Nulls stay null."""
     n = len(s)
-    row_len = np.diff(offsets)
-    m_bytes = [m.encode("utf-8") for m in markers]
-    m_len = np.array([len(b) for b in m_bytes], dtype=np.int64)
-    m_off = np.concatenate(([0], np.cumsum(m_len)[:-1])).astype(np.int64) + len(data)
-    w_bytes = [v.encode("utf-8") for v in whole_values]
-    w_len = np.array([len(b) for b in w_bytes], dtype=np.int64)
-    w_off = np.concatenate(([0], np.cumsum(w_len)[:-1])).astype(np.int64) + len(data) + int(m_len.sum())
-    source = np.concatenate((data, np.frombuffer(b"".join(m_bytes), dtype=np.uint8),
-                             np.frombuffer(b"".join(w_bytes), dtype=np.uint8)))
     count = np.bincount(rows, minlength=n).astype(np.int64)
     n_pieces = 2 * count + 1
-    first_piece = np.concatenate(([0], np.cumsum(n_pieces)[:-1])).astype(np.int64)
-    piece_start = np.empty(int(n_pieces.sum()), dtype=np.int64)
-    piece_len = np.empty_like(piece_start)
-    span_first = np.concatenate(([0], np.cumsum(count)[:-1])).astype(np.int64)
-    j = np.arange(len(rows)) - span_first[rows]
-    prev_end = np.where(j > 0, np.concatenate(([0], end[:-1])), 0)
-    gap = first_piece[rows] + 2 * j
-    piece_start[gap] = offsets[rows] + prev_end
-    piece_len[gap] = start - prev_end
-    piece_start[gap + 1] = m_off[marker_ids]
-    piece_len[gap + 1] = m_len[marker_ids]
-    last_end = np.zeros(n, dtype=np.int64)
-    np.maximum.at(last_end, rows, end)
-    tail = first_piece + 2 * count
-    piece_start[tail] = offsets[:-1] + last_end
-    piece_len[tail] = row_len - last_end
-    piece_start[tail[whole_rows]] = w_off
-    piece_len[tail[whole_rows]] = w_len
-    out_len = np.add.reduceat(piece_len, first_piece) if n else np.zeros(0, np.int64)
-    new_offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(out_len, out=new_offsets[1:])
-    out = np.empty(int(new_offsets[-1]), dtype=np.uint8)
-    # Blocks of rows, so the index array stays bounded for a large column.
-    row0 = 0
-    while row0 < n:
-        row1 = int(np.searchsorted(new_offsets, new_offsets[row0] + SPLICE_BLOCK_BYTES, side="right")) - 1
-        row1 = min(max(row1, row0 + 1), n)
-        p0, p1 = int(first_piece[row0]), int(first_piece[row1]) if row1 < n else len(piece_len)
-        lens = piece_len[p0:p1]
-        size = int(lens.sum())
-        if size:
-            starts_out = np.concatenate(([0], np.cumsum(lens)[:-1]))
-            idx = np.repeat(piece_start[p0:p1] - starts_out, lens) + np.arange(size, dtype=np.int64)
-            out[new_offsets[row0]:new_offsets[row0] + size] = source[idx]
-        row0 = row1
-    valid = _bool(pc.is_valid(s))
-    validity = None if s.null_count == 0 else pa.py_buffer(np.packbits(valid, bitorder="little").tobytes())
-    if new_offsets[-1] < 2**31:
-        return pa.Array.from_buffers(pa.string(), n, [validity, pa.py_buffer(new_offsets.astype(np.int32)),
-                                                      pa.py_buffer(out)], null_count=s.null_count)
-    return pa.Array.from_buffers(pa.large_string(), n, [validity, pa.py_buffer(new_offsets), pa.py_buffer(out)],
-                                 null_count=s.null_count)
+    first_piece = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(n_pieces, out=first_piece[1:])
+    total = int(first_piece[-1])
+    # Piece boundaries: each row's start, then its spans' starts and ends; the text's end last.
+    bounds = np.empty(total + 1, dtype=np.int64)
+    bounds[first_piece[:-1]] = offsets[:-1]
+    bounds[-1] = offsets[-1]
+    j = np.arange(len(rows)) - np.repeat(np.cumsum(count) - count, count)
+    span_piece = first_piece[rows] + 2 * j + 1
+    bounds[span_piece] = offsets[rows] + start
+    bounds[span_piece + 1] = offsets[rows] + end
+    big = len(data) >= 2**31
+    text_type, offset_type = (pa.large_string(), np.int64) if big else (pa.string(), np.int32)
+    pieces = pa.Array.from_buffers(text_type, total, [None, pa.py_buffer(bounds.astype(offset_type)),
+                                                      pa.py_buffer(data)])
+    take = np.arange(total, dtype=np.int64)
+    take[span_piece] = total + marker_ids
+    take[first_piece[whole_rows]] = total + len(markers) + np.arange(len(whole_rows))
+    extra = pa.array(markers + whole_values, text_type)
+    swapped = pc.take(pa.concat_arrays([pieces, extra]), pa.array(take))
+    list_type = pa.LargeListArray if big else pa.ListArray
+    rows_of_pieces = list_type.from_arrays(pa.array(first_piece.astype(offset_type)), swapped,
+                                           mask=pc.is_null(s) if s.null_count else None)
+    return pc.binary_join(rows_of_pieces, "")
 
 
 def _is_word_char(ch: str) -> bool:
