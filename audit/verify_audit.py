@@ -7,6 +7,10 @@ securetrain (and not rfc8785) so an auditor can read all of it. Usage::
     python verify_audit.py EXPORT_DIR (--vkey KEY | --public-key PEM | --trust-embedded-key) \
         [--trusted-checkpoint OLD.note ...] [--since-checkpoint HELD.note] [--html report.html] [--json]
 
+--vkey/--public-key are repeatable. After an audit-key rotation, checkpoints by the new key are
+accepted through the export's handovers.notes (signed by the old and the new key), starting from
+the key(s) you trust; the old key's checkpoints after the hand-over size are refused.
+
 Exit status: 0 verified against the key you pinned, 1 verification failed (first bad entry named),
 2 usage or I/O error, 3 self-consistent only: checked against the export's own public_key.pem
 (UNTRUSTED: a forger re-signs with a new key), unless --trust-embedded-key accepts that.
@@ -368,13 +372,17 @@ def key_id(name: str, pub: Ed25519PublicKey) -> bytes:
     return hashlib.sha256(name.encode() + b"\n\x01" + raw).digest()[:4]
 
 
-def open_checkpoint(note: str, pub: Ed25519PublicKey, what: str) -> tuple[str, int, bytes]:
+def raw_key(pub: Ed25519PublicKey) -> bytes:
+    return pub.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def note_signatures(note: str, what: str) -> tuple[str, list]:
+    """A signed note's text and its signature lines as (key name, key ID, signature)."""
     if not note.endswith("\n") or "\n\n" not in note or any(ord(c) < 0x20 and c != "\n" for c in note):
         raise Failure(f"{what}: malformed signed note")
     split = note.rfind("\n\n")
-    text, sig_lines = note[: split + 1], note[split + 2 :].splitlines()
-    verified = False
-    for line in sig_lines:
+    text, sigs = note[: split + 1], []
+    for line in note[split + 2 :].splitlines():
         parts = line.split(" ")
         if len(parts) != 3 or parts[0] != EM_DASH:
             raise Failure(f"{what}: malformed signature line")
@@ -382,14 +390,115 @@ def open_checkpoint(note: str, pub: Ed25519PublicKey, what: str) -> tuple[str, i
             blob = base64.b64decode(parts[2], validate=True)
         except binascii.Error:
             raise Failure(f"{what}: signature is not base64") from None
-        if blob[:4] != key_id(parts[1], pub):
-            continue  # unknown key: ignored, as the spec requires
-        try:
-            pub.verify(blob[4:], text.encode())
-        except InvalidSignature:
-            raise Failure(f"{what}: signature by {parts[1]} does not verify (forged or altered)") from None
-        verified = True
-    if not verified:
+        sigs.append((parts[1], blob[:4], blob[4:]))
+    return text, sigs
+
+
+class Keys:
+    """Accepted keys, each allowed to sign checkpoints of sizes [start, end] (end None: open).
+
+    Built from the auditor's trusted keys, extended by key hand-overs (docs/audit-format.md).
+    """
+
+    def __init__(self, trusted: list) -> None:
+        self.windows = {raw_key(k): [k, 0, None, True] for k in trusted}  # pub, start, end, pinned
+        self.points: list = []  # (origin, size, root) of every hand-over followed
+
+    def follow(self, note: str, what: str) -> None:
+        """Accept the new key of a hand-over signed by an accepted old key and by the new key."""
+        origin, size, root, old_vkey, new_vkey = parse_handover(note, what)
+        old_pub, new_pub = parse_vkey(old_vkey)[1], parse_vkey(new_vkey)[1]
+        if raw_key(old_pub) == raw_key(new_pub):
+            raise Failure(f"{what}: the hand-over at size {size} rotates to the same key")
+        text, sigs = note_signatures(note, what)
+        for label, vkey in (("old", old_vkey), ("new", new_vkey)):
+            name, pub = parse_vkey(vkey)
+            found = False
+            for sig_name, kid, sig in sigs:
+                if sig_name == name and kid == key_id(name, pub):
+                    try:
+                        pub.verify(sig, text.encode())
+                    except InvalidSignature:
+                        raise Failure(f"{what}: hand-over signature by the {label} key does not verify "
+                                      "(forged or altered)") from None
+                    found = True
+            if not found:
+                raise Failure(f"{what}: the hand-over at size {size} is not signed by the {label} key"
+                              + (" (only the retiring key can authorise a new one)" if label == "old"
+                                 else " (no proof of possession)"))
+        old = self.windows.get(raw_key(old_pub))
+        if old is None:
+            raise Failure(f"{what}: the hand-over at size {size} comes from a key that is neither trusted nor "
+                          "handed over to (pass the key you trusted before the rotation too)")
+        if old[2] is not None:
+            raise Failure(f"{what}: the old key was already retired at size {old[2]} (second hand-over)")
+        last = self.points[-1][1] if self.points else 0
+        if size < max(last, old[1]):
+            raise Failure(f"{what}: the hand-over at size {size} precedes an earlier one")
+        new = self.windows.get(raw_key(new_pub))
+        if new is not None and (not new[3] or new[2] is not None):
+            raise Failure(f"{what}: the hand-over at size {size} rotates to a key that was already in use")
+        old[2] = size
+        if new is not None:
+            new[1] = size
+        else:
+            self.windows[raw_key(new_pub)] = [new_pub, size, None, False]
+        self.points.append((origin, size, root))
+
+
+HANDOVER_HEADER = "securetrain.audit/key-handover/v1"
+
+
+def parse_handover(note: str, what: str) -> tuple[str, int, bytes, str, str]:
+    """(origin, tree size, root, old verifier key, new verifier key) of a hand-over note (not verified)."""
+    lines = note_signatures(note, what)[0].split("\n")
+    if len(lines) != 7 or lines[0] != HANDOVER_HEADER or lines[6] != "":
+        raise Failure(f"{what}: not a {HANDOVER_HEADER} note")
+    origin, size_s, root_s, old_line, new_line = lines[1:6]
+    if not origin or not re.fullmatch(r"0|[1-9][0-9]{0,15}", size_s):
+        raise Failure(f"{what}: hand-over origin or tree size is malformed")
+    try:
+        root = base64.b64decode(root_s, validate=True)
+    except binascii.Error:
+        root = b""
+    if len(root) != 32 or not old_line.startswith("old ") or not new_line.startswith("new "):
+        raise Failure(f"{what}: hand-over root or key lines are malformed")
+    return origin, int(size_s), root, old_line[4:], new_line[4:]
+
+
+def parse_vkey(value: str) -> tuple[str, Ed25519PublicKey]:
+    parts = value.strip().split("+", 2)  # base64 may contain "+"
+    if len(parts) != 3:
+        raise Failure("verifier key must look like name+hexid+base64key")
+    name, hex_id, b64 = parts
+    try:
+        raw = base64.b64decode(b64, validate=True)
+    except binascii.Error:
+        raise Failure("verifier key is not base64") from None
+    if len(raw) != 33 or raw[0] != 1:
+        raise Failure("verifier key is not Ed25519")
+    pub = Ed25519PublicKey.from_public_bytes(raw[1:])
+    if key_id(name, pub).hex() != hex_id:
+        raise Failure("verifier key id does not match its name and key")
+    return name, pub
+
+
+def open_checkpoint(note: str, keys, what: str) -> tuple[str, int, bytes]:  # noqa: ANN001
+    """Verify a checkpoint with an accepted key (``keys``: a public key or Keys) whose window holds its size."""
+    if not isinstance(keys, Keys):
+        keys = Keys([keys])
+    text, sigs = note_signatures(note, what)
+    matched = []
+    for name, kid, sig in sigs:
+        for window in keys.windows.values():
+            if kid != key_id(name, window[0]):
+                continue  # unknown key: ignored, as the spec requires
+            try:
+                window[0].verify(sig, text.encode())
+            except InvalidSignature:
+                raise Failure(f"{what}: signature by {name} does not verify (forged or altered)") from None
+            matched.append(window)
+    if not matched:
         raise Failure(f"{what}: not signed by the trusted key (re-signed log or wrong key)")
     lines = text.split("\n")
     if len(lines) < 4 or any(not x for x in lines[:-1]) or not re.fullmatch(r"0|[1-9][0-9]*", lines[1]):
@@ -400,7 +509,14 @@ def open_checkpoint(note: str, pub: Ed25519PublicKey, what: str) -> tuple[str, i
         root = b""
     if len(root) != 32:
         raise Failure(f"{what}: checkpoint root is not a base64 SHA-256 hash")
-    return lines[0], int(lines[1]), root
+    size = int(lines[1])
+    if not any(w[1] <= size and (w[2] is None or size <= w[2]) for w in matched):
+        end = matched[0][2]
+        if end is not None and size > end:
+            raise Failure(f"{what}: checkpoint of size {size} is signed by a key retired at hand-over size {end}")
+        raise Failure(f"{what}: checkpoint of size {size} is signed by a key that took over only at size "
+                      f"{matched[0][1]}")
+    return lines[0], size, root
 
 
 def split_notes(blob: str) -> list[str]:
@@ -417,26 +533,39 @@ def split_notes(blob: str) -> list[str]:
     return [n for n in notes if n.strip()]
 
 
-def load_key(args: argparse.Namespace, export: Path, warnings: list[str]) -> tuple[Ed25519PublicKey, bool]:
-    """The key to verify with, and whether it was pinned by the auditor (not taken from the export)."""
-    if args.vkey:
-        value = Path(args.vkey).read_text().strip() if Path(args.vkey).is_file() else args.vkey.strip()
-        name, hex_id, b64 = value.split("+", 2)  # base64 may contain "+"
-        raw = base64.b64decode(b64, validate=True)
-        if len(raw) != 33 or raw[0] != 1:
-            raise Failure("verifier key is not Ed25519")
-        pub = Ed25519PublicKey.from_public_bytes(raw[1:])
-        if key_id(name, pub).hex() != hex_id:
-            raise Failure("verifier key id does not match its name and key")
-        return pub, True
-    path = Path(args.public_key) if args.public_key else export / "public_key.pem"
-    if not args.public_key:
+def load_keys(args: argparse.Namespace, export: Path, warnings: list[str], handovers: list) -> tuple[Keys, bool]:
+    """The keys to verify with (hand-overs followed), and whether the auditor pinned them (not the export)."""
+    def as_list(value) -> list:  # noqa: ANN001 - callers such as verify_provenance.py pass one string
+        return [] if not value else [value] if isinstance(value, str) else list(value)
+
+    keys = []
+    for value in as_list(args.vkey):
+        keys.append(parse_vkey(Path(value).read_text() if Path(value).is_file() else value)[1])
+    paths = [Path(p) for p in as_list(args.public_key)]
+    if not keys and not paths:
         warnings.append("UNTRUSTED: using the export's own public_key.pem, which proves self-consistency only; "
                         "pass --vkey/--public-key you obtained independently")
-    key = serialization.load_pem_public_key(path.read_bytes())
-    if not isinstance(key, Ed25519PublicKey):
-        raise Failure("public key is not Ed25519")
-    return key, bool(args.public_key)
+        paths = [export / "public_key.pem"]
+    for path in paths:
+        key = serialization.load_pem_public_key(path.read_bytes())
+        if not isinstance(key, Ed25519PublicKey):
+            raise Failure("public key is not Ed25519")
+        keys.append(key)
+    pinned = bool(args.vkey or args.public_key)
+    if not pinned:  # the embedded key is the newest one: walk its hand-overs back to the first key
+        current = keys[0]
+        for note in reversed(handovers):
+            try:
+                _, _, _, old_vkey, new_vkey = parse_handover(note, "handovers.notes")
+                if raw_key(parse_vkey(new_vkey)[1]) == raw_key(current):
+                    current = parse_vkey(old_vkey)[1]
+            except Failure:
+                continue
+        keys = [current]
+    chain = Keys(keys)
+    for i, note in enumerate(handovers):
+        chain.follow(note, f"handovers.notes #{i}")
+    return chain, pinned
 
 
 # ---- the verification run -----------------------------------------------------------------
@@ -457,14 +586,19 @@ def verify(args: argparse.Namespace) -> dict:
                 continue  # hashed while it is streamed below
             if "/" in name or hashlib.sha256((export / name).read_bytes()).hexdigest() != want:
                 raise Failure(f"{name}: SHA-256 does not match manifest.json")
-        pub, result["trusted"] = load_key(args, export, warnings)
-        pending = []
+        handovers_path = export / "handovers.notes"  # absent in exports made before key rotation existed
+        handovers = split_notes(handovers_path.read_text(encoding="utf-8")) if handovers_path.is_file() else []
+        pub, result["trusted"] = load_keys(args, export, warnings, handovers)
+        if handovers:
+            checks.append(f"{len(handovers)} key hand-overs verify (signed by the old and the new key, "
+                          "starting from the trusted key)")
+        pending = [(*point, "hand-over") for point in pub.points]
         for i, note in enumerate(split_notes((export / "checkpoints.note").read_text(encoding="utf-8"))):
             pending.append((*open_checkpoint(note, pub, f"stored checkpoint #{i}"), "stored"))
         for path in args.trusted_checkpoint or []:
             for note in split_notes(Path(path).read_text(encoding="utf-8")):
                 pending.append((*open_checkpoint(note, pub, f"trusted checkpoint {path}"), "trusted"))
-        checks.append(f"{len(pending)} checkpoint signatures verify (Ed25519)")
+        checks.append(f"{len(pending) - len(pub.points)} checkpoint signatures verify (Ed25519)")
         origins = {p[0] for p in pending}
         if len(origins) > 1:
             raise Failure(f"checkpoints come from different logs: {sorted(origins)}")
@@ -563,7 +697,7 @@ def verify(args: argparse.Namespace) -> dict:
     return result
 
 
-def resume(export: Path, held_path: Path, pub: Ed25519PublicKey, handle) -> tuple[Tree, str]:  # noqa: ANN001
+def resume(export: Path, held_path: Path, pub: Keys, handle) -> tuple[Tree, str]:  # noqa: ANN001
     """Tree and chain head at the held checkpoint, authenticated by its signed root.
 
     ranges.jsonl gives the compact range (peaks) at the held size: they must fold to the held root.
@@ -606,7 +740,7 @@ def resume(export: Path, held_path: Path, pub: Ed25519PublicKey, handle) -> tupl
     return tree, hashlib.sha256(last).hexdigest()
 
 
-def check_latest(export: Path, manifest: dict, pub: Ed25519PublicKey, size: int, root: bytes) -> None:
+def check_latest(export: Path, manifest: dict, pub: Keys, size: int, root: bytes) -> None:
     """checkpoint.note is the newest checkpoint and signs this tree; the manifest describes it."""
     latest = split_notes((export / "checkpoint.note").read_text(encoding="utf-8"))
     want_root = None
@@ -628,7 +762,7 @@ def verify_proof(args: argparse.Namespace) -> dict:
               "entries": 0, "root_hash": None}
     try:
         proof = json.loads(Path(args.proof).read_text(encoding="utf-8"))
-        pub, result["trusted"] = load_key(args, Path(args.export or "."), result["warnings"])
+        pub, result["trusted"] = load_keys(args, Path(args.export or "."), result["warnings"], [])
         nodes = [bytes.fromhex(h) for h in proof["proof"]]
         cp = open_checkpoint(proof["checkpoint"], pub, "the proof's checkpoint") if proof.get("checkpoint") else None
         if "old_size" in proof:  # consistency proof
@@ -684,8 +818,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Verify a securetrain audit-log export offline.")
     parser.add_argument("export", nargs="?", help="directory written by 'securetrain audit export'")
     parser.add_argument("--proof", help="check a proof printed by 'securetrain audit prove' instead of an export")
-    parser.add_argument("--vkey", help="trusted verifier key (name+id+base64) or a file holding it")
-    parser.add_argument("--public-key", help="trusted Ed25519 public key (PEM)")
+    parser.add_argument("--vkey", action="append", help="trusted verifier key (name+id+base64) or a file holding it "
+                        "(repeatable; later keys are reached through the export's handovers.notes)")
+    parser.add_argument("--public-key", action="append", help="trusted Ed25519 public key (PEM; repeatable)")
     parser.add_argument("--trust-embedded-key", action="store_true",
                         help="accept the export's own public_key.pem (self-consistency only) and exit 0")
     parser.add_argument("--trusted-checkpoint", action="append", help="checkpoint note you kept earlier (repeatable)")

@@ -1,4 +1,4 @@
-"""``securetrain audit ...``: verify, show, export, prove, checkpoint, pubkey.
+"""``securetrain audit ...``: verify, show, export, prove, checkpoint, pubkey, keygen, rotate-key.
 
 Only typer/rich/stdlib at import time; the log and SQLAlchemy load inside the commands.
 """
@@ -56,6 +56,12 @@ def _open(db: Optional[str], signing_key: Optional[Path] = None, *, need_key: bo
     return AuditLog(db, create=False, signing_key=key, schema=schema)
 
 
+def _read_keys(paths: list[Path]):  # noqa: ANN202
+    """The trusted keys (several after a rotation: the verifier follows hand-overs from any of them)."""
+    keys = [_read_key(p) for p in paths]
+    return None if not keys else keys[0] if len(keys) == 1 else keys
+
+
 def _read_key(public_key: Optional[Path]):  # noqa: ANN202
     if public_key is None:
         return None
@@ -93,8 +99,9 @@ def verify(
     export: Optional[Path] = typer.Option(None, "--export", help="Verify an export directory instead of a database."),
     checkpoint: list[Path] = typer.Option(
         [], "--checkpoint", help="Checkpoint note(s) you kept earlier, or an anchor file of concatenated notes (repeatable)."),
-    public_key: Optional[Path] = typer.Option(
-        None, "--public-key", help="The log's public key you hold (PEM or verifier-key file); required with --export."),
+    public_key: list[Path] = typer.Option(
+        [], "--public-key", help="The log's public key you hold (PEM or verifier-key file); required with --export. "
+        "Repeatable; checkpoints by later keys are accepted through the log's signed key hand-overs."),
     trust_embedded_key: bool = typer.Option(
         False, "--trust-embedded-key",
         help="With --export and no --public-key: accept the export's own key (proves self-consistency only)."),
@@ -118,7 +125,7 @@ def verify(
 
     try:
         trusted = _read_notes(checkpoint)
-        key = _read_key(public_key)
+        key = _read_keys(public_key)
         with progress_bar(transient=True) as bar:
             task = bar.add_task("verifying audit log", total=None, status="")
 
@@ -246,6 +253,31 @@ def pubkey(
         typer.echo(log.public_key_pem().decode() if pem else log.verifier_key())
 
 
+def rotate_key(
+    new_key: Path = typer.Option(..., "--new-key", help="The new Ed25519 private key (PEM, from 'securetrain audit "
+                                 "keygen --out NEW.pem')."),
+    db: Optional[str] = _DB, signing_key: Optional[Path] = _SIGNING_KEY, schema: Optional[str] = _SCHEMA,
+) -> None:
+    """Hand the log over to a new signing key with a note signed by the old and the new key.
+
+    Signs a last checkpoint with the current key, records an audit.key_rotated entry holding the
+    hand-over note (size, root, old and new verifier keys), then signs with the new key. Afterwards
+    every writer must use the new key: the old one refuses to sign. Prints the hand-over note.
+    """
+    from securetrain.audit.errors import AuditConfigError
+    from securetrain.audit.keys import load_signing_key
+
+    if not new_key.is_file():
+        raise AuditConfigError(f"no key at {new_key}", hint=f"create it with 'securetrain audit keygen --out {new_key}'")
+    key = load_signing_key(new_key)
+    with _open(db, signing_key, need_key=True, schema=schema) as log:
+        handover = log.rotate_key(key)
+    typer.echo(handover.note, nl=False)
+    typer.echo(f"handed over at tree size {handover.tree_size}; new verifier key: {handover.new_vkey}\n"
+               f"point SECURETRAIN_AUDIT_KEY (or --signing-key) at {new_key} on every writer; give auditors the "
+               "new verifier key (the export's handovers.notes links it to the old one)", err=True)
+
+
 def keygen(
     out: Optional[Path] = typer.Option(
         None, "--out", envvar="SECURETRAIN_AUDIT_KEY",
@@ -269,6 +301,7 @@ def keygen(
 
 for _fn in (verify, show, export, prove, checkpoint, pubkey, keygen):
     audit_app.command(_fn.__name__)(_fn)
+audit_app.command("rotate-key")(rotate_key)
 
 
 def register(app: typer.Typer) -> None:

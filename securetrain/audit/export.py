@@ -3,8 +3,9 @@
 Files: ``entries.jsonl`` (one line per entry: exactly the hashed bytes), ``checkpoints.note`` (all
 signed checkpoints, concatenated, oldest first), ``checkpoint.note`` (the latest), ``public_key.pem``,
 ``verifier_key.txt``, ``ranges.jsonl`` (the Merkle compact range at every checkpoint size, for
-incremental verification from a held checkpoint), and ``manifest.json`` with the SHA-256 of every
-other file.
+incremental verification from a held checkpoint), ``handovers.notes`` (the signed key hand-over notes,
+concatenated, ascending size; empty when the key was never rotated), and ``manifest.json`` with the
+SHA-256 of every other file.
 """
 
 from __future__ import annotations
@@ -70,10 +71,12 @@ def export_log(log: AuditLog, outdir: str | os.PathLike[str], *, checkpoint: boo
             if count in sizes:
                 ranges.append(_range_line(tree, offsets[count - (count & -count)]))
     hashes["entries.jsonl"] = digest.hexdigest()
+    handovers = log.handover_notes(count)
     files = {
         "ranges.jsonl": b"".join(ranges),
         "checkpoints.note": "".join(c.note for c in cps).encode(),
         "checkpoint.note": (latest.note if latest else "").encode(),
+        "handovers.notes": "".join(handovers).encode(),
         "public_key.pem": log.public_key_pem(),
         "verifier_key.txt": (log.verifier_key() + "\n").encode(),
     }
@@ -112,7 +115,7 @@ def _read_text(path: Path) -> str:
 def verify_export(
     outdir: str | os.PathLike[str],
     *,
-    public_key: Ed25519PublicKey | None = None,
+    public_key: Ed25519PublicKey | Sequence[Ed25519PublicKey] | None = None,
     trusted_notes: Sequence[str] = (),
     on_entry: Callable[[int], None] | None = None,
     since_checkpoint: str | None = None,
@@ -128,7 +131,9 @@ def verify_export(
     ``workers`` processes check entries in parallel (default: the CPU count for files of at least
     :data:`PARALLEL_MIN_BYTES`, else 1); results and messages are the same as a sequential run's.
 
-    ``public_key`` is the key the auditor holds. Without it the export's own ``public_key.pem`` is
+    ``public_key`` is the key the auditor holds (or several). After a key rotation the export's
+    ``handovers.notes`` links each key to the next; checkpoints by keys reached that way are accepted
+    within their hand-over sizes only (see :mod:`securetrain.audit.handover`). Without it the export's own ``public_key.pem`` is
     used and the report's ``key_source`` is ``"embedded"``: that proves only that the export is
     self-consistent (anyone can rebuild and re-sign a forged export with a fresh key), so callers
     must not present it as verified. Besides every entry and checkpoint, checks the manifest's file
@@ -141,7 +146,15 @@ def verify_export(
     from securetrain.audit.errors import AuditExportError, AuditIntegrityError
     from securetrain.audit.keys import load_public_key_pem
     from securetrain.audit.note import split_notes
-    from securetrain.audit.verify import VerifyReport, _open, iter_line_batches, verify_file_parallel, verify_lines
+    from securetrain.audit.handover import root_key
+    from securetrain.audit.verify import (
+        VerifyReport,
+        _open,
+        iter_line_batches,
+        key_chain,
+        verify_file_parallel,
+        verify_lines,
+    )
 
     out = Path(outdir)
     if not out.is_dir():
@@ -153,13 +166,17 @@ def verify_export(
     manifest_text = _read_text(out / "manifest.json")
     notes_text = _read_text(out / "checkpoints.note")
     latest_text = _read_text(out / "checkpoint.note")
+    # Exports made before key rotation existed have no handovers.notes (if the manifest names it,
+    # the digest check below requires it).
+    handovers = split_notes(_read_text(out / "handovers.notes")) if (out / "handovers.notes").is_file() else []
     key_source = "pinned"
     if public_key is None:
         key_source = "embedded"
         try:
-            public_key = load_public_key_pem((out / "public_key.pem").read_bytes())
+            embedded = load_public_key_pem((out / "public_key.pem").read_bytes())
         except OSError:
-            raise AuditExportError(f"the export has no readable public_key.pem and no --public-key was given") from None
+            raise AuditExportError("the export has no readable public_key.pem and no --public-key was given") from None
+        public_key = root_key(embedded, handovers)  # the embedded key is the newest; start where it began
 
     def failed(problem: str, message: str) -> VerifyReport:
         return VerifyReport(False, 0, "", error=AuditIntegrityError(message, problem=problem), key_source=key_source)
@@ -184,12 +201,16 @@ def verify_export(
         if hashlib.sha256((out / name).read_bytes()).hexdigest() != want:
             return failed("manifest", f"{name}: SHA-256 does not match manifest.json (damaged or altered)")
 
+    try:
+        chain = key_chain(public_key, handovers)
+    except AuditIntegrityError as exc:
+        return failed(exc.problem, f"handovers.notes: {exc}")
     digest = hashlib.sha256()
     with open(out / "entries.jsonl", "rb") as handle:
         start = None
         if since_checkpoint is not None:
             try:
-                start = _resume_point(out, since_checkpoint, public_key, handle)
+                start = _resume_point(out, since_checkpoint, chain, handle)
             except AuditIntegrityError as exc:
                 report = VerifyReport(False, 0, "", error=exc.with_traceback(None), key_source=key_source)
                 return report
@@ -197,13 +218,13 @@ def verify_export(
         if workers is None:
             workers = min(os.cpu_count() or 1, 8) if entries.stat().st_size >= PARALLEL_MIN_BYTES else 1
         if start is None and workers > 1:
-            report = verify_file_parallel(entries, workers=workers, public_key=public_key,
+            report = verify_file_parallel(entries, workers=workers, public_key=chain,
                                           checkpoint_notes=split_notes(notes_text), trusted_notes=trusted_notes,
-                                          on_entry=on_entry, **({"chunk_bytes": chunk_bytes} if chunk_bytes else {}))
+                                          on_entry=on_entry, chunk_bytes=chunk_bytes or 4 << 20)
             while block := handle.read(1 << 20):
                 digest.update(block)
         else:
-            report = verify_lines(iter_line_batches(handle, digest=None if start else digest), public_key=public_key,
+            report = verify_lines(iter_line_batches(handle, digest=None if start else digest), public_key=chain,
                                   checkpoint_notes=split_notes(notes_text), trusted_notes=trusted_notes,
                                   on_entry=on_entry, require_signed=True, start=start)
     report.key_source = key_source
@@ -227,7 +248,7 @@ def verify_export(
         return fail("checkpoint-note", "checkpoint.note must hold exactly the newest checkpoint")
     else:
         try:
-            latest, _ = _open(latest_notes[0], public_key, trusted=False)
+            latest, _ = _open(latest_notes[0], chain, trusted=False)
         except AuditIntegrityError as exc:
             return fail(exc.problem, f"checkpoint.note: {exc}")
         if latest.tree_size != size or latest.root_hash.hex() != root:
@@ -244,7 +265,7 @@ def verify_export(
     return report
 
 
-def _resume_point(out: Path, held_text: str, public_key: Ed25519PublicKey, handle: Any) -> tuple[CompactRange, str] | None:
+def _resume_point(out: Path, held_text: str, public_key: Any, handle: Any) -> tuple[CompactRange, str] | None:
     """Authenticated (compact range, chain head) at the held checkpoint; ``handle`` is left after it."""
     from securetrain.audit.errors import AuditExportError, AuditIntegrityError
     from securetrain.audit.note import split_notes

@@ -39,18 +39,28 @@ from securetrain.audit.errors import (
     AuditIntegrityError,
     AuditPermissionError,
 )
+from securetrain.audit.handover import (
+    ROTATION_ACTION,
+    Handover,
+    KeyChain,
+    handover_note_of,
+    open_handover,
+    open_with_chain,
+    root_key,
+    sign_handover,
+    writer_chain,
+)
 from securetrain.audit.keys import default_origin, load_signing_key, public_key_pem
 from securetrain.audit.signers import CheckpointSigner, VaultTransitSigner
 from securetrain.audit.merkle import CompactRange, consistency_proof, inclusion_proof, leaf_hash, root_hash
 from securetrain.audit.models import TABLES, AuditCheckpointRow, AuditEntryRow, sqlite_tables
 from securetrain.audit.note import (
     Checkpoint,
-    find_signer,
     parse_checkpoint_text,
     parse_note,
+    raw_public_key,
     sign_checkpoint,
     verifier_key,
-    verify_note,
 )
 from securetrain.audit.triggers import SERVER_VIEW_SQL, postgres_ddl, postgres_upgrade_ddl, sqlite_ddl
 from securetrain.audit.verify import Record, VerifyReport, verify_records
@@ -178,6 +188,9 @@ class AuditLog:
         self._cache = CompactRange()
         self._cache_head = canon.GENESIS_HASH  # entry_hash of the last leaf in _cache
         self._cache_checked: set[tuple[int, bytes]] = set()  # reference checkpoints the cache reproduced
+        self._ho_notes: list[tuple[int, str]] = []  # (seq, note) of hand-overs found in the entries so far
+        self._ho_scanned = 0  # entries below this seq were searched for hand-overs
+        self._chain: KeyChain | None = None  # keys whose checkpoints the writer accepts as references
         self.backend = self.url.split(":", 1)[0].split("+", 1)[0]
         self._busy_timeout_s = busy_timeout_s
         self._engines: tuple[Engine, Engine, Engine | None] | None = None
@@ -362,9 +375,23 @@ class AuditLog:
 
     @property
     def origin(self) -> str:
-        """Checkpoint origin and note key name; by default tied to the public key."""
+        """Checkpoint origin and note key name; by default tied to the (first) public key.
+
+        After a key rotation the origin stays the log's: a writer holding the new key takes it from
+        the hand-over note that names its key (signed by that key, so the database cannot fake it).
+        """
         if self._origin is None:
-            self._origin = default_origin(self.public_key)
+            own = self.public_key
+            origin = None
+            for note in reversed(self.handover_notes()):
+                try:
+                    ho = open_handover(note)
+                except AuditIntegrityError:
+                    continue
+                if raw_public_key(own) in (ho.new_raw, ho.old_raw):
+                    origin = ho.origin
+                    break
+            self._origin = origin or default_origin(own)
         return self._origin
 
     def verifier_key(self) -> str:
@@ -472,12 +499,18 @@ class AuditLog:
             self.checkpoint()
         return batch
 
-    def _commit_batch(self, batch: list[_Pending]) -> bool:
-        """Append every request of ``batch`` in one transaction; True if a checkpoint is due."""
+    def _commit_batch(self, batch: list[_Pending], prepare: Any = None) -> bool:
+        """Append every request of ``batch`` in one transaction; True if a checkpoint is due.
+
+        ``prepare(conn)``, if given, runs under the write lock and returns the events of the batch's
+        only request (a key hand-over: its note signs the state it reads there).
+        """
         with self._lock:
             try:
                 with self._write_engine.begin() as conn:
                     self._take_lock(conn)
+                    if prepare is not None:
+                        batch[0].events = prepare(conn)
                     head, view = self._head_and_view(conn)
                     view_json = None if view is None else canon.canonical_bytes(view).decode()
                     seq, prev = (head.seq + 1, head.entry_hash) if head is not None else (0, canon.GENESIS_HASH)
@@ -652,6 +685,7 @@ class AuditLog:
         if not self.durable:
             self.flush()
         key, origin = self.signing_key, self.origin
+        self._key_chain()  # which keys' checkpoints are references; refuses a retired key
         published = self._published_reference()
         for _attempt in range(2):
             with self._lock:
@@ -659,6 +693,7 @@ class AuditLog:
                     self._take_lock(conn)
                     head = conn.execute(select(E.c.seq).order_by(E.c.seq.desc()).limit(1)).first()
                     size = 0 if head is None else head.seq + 1
+                    self._key_chain(conn, size)  # a hand-over committed meanwhile retires our key
                     stored = self._newest_valid_stored(conn)
                     refs = {ref[0]: ref[1] for ref in (stored, published) if ref is not None}
                     if max(refs, default=0) > size:
@@ -713,12 +748,102 @@ class AuditLog:
         return best
 
     def _verified_ref(self, note: str) -> tuple[int, bytes] | None:
+        """(size, root) of a checkpoint signed by our key, or by an earlier key within its hand-over size."""
+        chain = self._chain or writer_chain(self.public_key, [])[0]
         try:
-            text_ = verify_note(note, find_signer(note, self.public_key), self.public_key)
-            _o, size, root = parse_checkpoint_text(text_)
+            _o, size, root = open_with_chain(note, chain)
         except Exception:  # noqa: BLE001 - another key's or a malformed note is not a reference
             return None
         return size, root
+
+    # -- key rotation ---------------------------------------------------------------------
+    def _scan_handovers(self, conn: Connection | None = None, size: int | None = None) -> list[tuple[int, str]]:
+        """(seq, note) of every ``audit.key_rotated`` entry below ``size`` (searched incrementally)."""
+        with self._lock:
+            if conn is None or size is None:
+                with self._read_engine.connect() as c:
+                    head = c.execute(select(E.c.seq).order_by(E.c.seq.desc()).limit(1)).first()
+                    return self._scan_handovers(c, 0 if head is None else head.seq + 1)
+            if size > self._ho_scanned:
+                # Entries commit in seq order under the write lock, so every row below size is visible.
+                rows = conn.execute(select(E.c.seq, E.c.details).where(
+                    E.c.action == ROTATION_ACTION, E.c.seq >= self._ho_scanned, E.c.seq < size).order_by(E.c.seq))
+                for row in rows:
+                    try:
+                        note = handover_note_of(json.loads(row.details))
+                    except (TypeError, json.JSONDecodeError):
+                        note = None
+                    if note is not None:
+                        self._ho_notes.append((row.seq, note))
+                self._ho_scanned = size
+            return list(self._ho_notes)
+
+    def handover_notes(self, stop: int | None = None) -> list[str]:
+        """The key hand-over notes recorded in entries ``0 .. stop-1`` (all by default), oldest first."""
+        return [note for seq, note in self._scan_handovers() if stop is None or seq < stop]
+
+    def _key_chain(self, conn: Connection | None = None, size: int | None = None) -> KeyChain:
+        chain, retired = writer_chain(self.public_key, [n for _, n in self._scan_handovers(conn, size)])
+        if retired is not None:
+            log.critical("audit signing key %s was retired by a hand-over at size %d; refusing to sign",
+                         retired.old_vkey.split("+")[1], retired.tree_size)
+            raise AuditConfigError(
+                f"this writer's audit key was retired at tree size {retired.tree_size} by a hand-over to "
+                f"{retired.new_vkey}: it must not sign checkpoints any more",
+                hint="configure the new key (SECURETRAIN_AUDIT_KEY or signing_key=) on every writer")
+        self._chain = chain
+        return chain
+
+    def rotate_key(self, new_key: Ed25519PrivateKey | CheckpointSigner | str | os.PathLike[str]) -> Handover:
+        """Hand the log over to ``new_key`` and sign from now on with it.
+
+        Signs a checkpoint with the current key, then, under the log's write lock, records an
+        ``audit.key_rotated`` entry whose ``details.note`` is the hand-over note (origin, the newest
+        checkpoint's size and root, old and new verifier keys; signed by the old key and by the new
+        one), switches to the new key and signs a checkpoint with it. Other writers still holding
+        the old key refuse to sign from then on (:class:`AuditConfigError`); give them the new key.
+        """
+        new = new_key if isinstance(new_key, (Ed25519PrivateKey, CheckpointSigner)) else load_signing_key(new_key)
+        old = self.signing_key
+        old_raw, new_raw = raw_public_key(old.public_key()), raw_public_key(new.public_key())
+        if old_raw == new_raw:
+            raise AuditConfigError("the new audit key is the same key as the current one: a rotation needs a different key",
+                                   hint="create one with 'securetrain audit keygen --out NEW.pem'")
+        origin = self.origin
+        self.checkpoint()  # the old key's last checkpoint, after the usual consistency checks
+        made: list[Handover] = []
+
+        def prepare(conn: Connection) -> list[tuple[Any, ...]]:
+            head = conn.execute(select(E.c.seq).order_by(E.c.seq.desc()).limit(1)).first()
+            chain = self._key_chain(conn, 0 if head is None else head.seq + 1)
+            if new_raw in chain.windows or any(open_handover(n).old_raw == new_raw
+                                               for _, n in self._ho_notes if _opens(n)):
+                raise AuditConfigError("the new audit key was already used by this log",
+                                       hint="rotate to a freshly generated key")
+            stored = self._newest_valid_stored(conn)
+            if stored is None:
+                raise AuditIntegrityError("no valid checkpoint to hand over at", problem="checkpoint-row",
+                                          hint="run 'securetrain audit verify'")
+            size, root = stored
+            note = sign_handover(origin, size, root, old_name=origin, old_key=old, new_name=origin, new_key=new)
+            ho = open_handover(note)
+            made.append(ho)
+            details = canon.validate_details({
+                "note": note, "tree_size": size, "old_key_id": ho.old_vkey.split("+")[1],
+                "new_key_id": ho.new_vkey.split("+")[1]})
+            return [(ROTATION_ACTION, f"audit-key:{origin}", "success", details, canon.canonical_bytes(details).decode())]
+
+        req = _Pending([])
+        self._commit_batch([req], prepare=prepare)
+        if req.error is not None:
+            raise req.error
+        self._signing_key = new
+        self._signing_key_src = new_key
+        self._reopen_args["signing_key"] = new_key
+        self._chain = None
+        log.warning("audit signing key handed over at tree size %d to %s", made[0].tree_size, made[0].new_vkey)
+        self.checkpoint()  # the new key's first checkpoint covers the hand-over entry
+        return made[0]
 
     def _newest_valid_stored(self, conn: Connection) -> tuple[int, bytes] | None:
         """Newest stored checkpoint that verifies with our key (bogus rows are skipped and logged)."""
@@ -821,7 +946,8 @@ class AuditLog:
                 yield Record(raw, obj, stored_hash=row.entry_hash, stored_seq=row.seq)
 
     def verify(
-        self, *, trusted_checkpoints: Sequence[str] = (), public_key: Ed25519PublicKey | None = None,
+        self, *, trusted_checkpoints: Sequence[str] = (),
+        public_key: Ed25519PublicKey | Sequence[Ed25519PublicKey] | None = None,
         on_entry: Any = None,
     ) -> VerifyReport:
         """Recompute every hash, the Merkle root at each checkpoint and all signatures.
@@ -829,11 +955,12 @@ class AuditLog:
         ``public_key`` defaults to this log's own key; pass an independently held one to detect a
         database re-signed with a different key. ``trusted_checkpoints`` are notes kept elsewhere.
         """
-        key = public_key or self.public_key
+        handovers = self.handover_notes()  # every one recorded: one that does not link fails verification
+        key = public_key if public_key is not None else root_key(self.public_key, handovers)
         with self._read_engine.connect() as conn:  # raw notes: a malformed row is reported, not raised
             notes = [r.note for r in conn.execute(select(C.c.note).order_by(C.c.tree_size))]
         return verify_records(self._records(), public_key=key, checkpoint_notes=notes,
-                              trusted_notes=trusted_checkpoints, on_entry=on_entry)
+                              trusted_notes=trusted_checkpoints, on_entry=on_entry, handover_notes=handovers)
 
     def export(self, outdir: str | os.PathLike[str], *, checkpoint: bool = True) -> Path:
         from securetrain.audit.export import export_log
@@ -896,6 +1023,14 @@ class _Pending:
         self.entries: list[AuditEntry] = []
         self.error: BaseException | None = None
         self.done = False
+
+
+def _opens(note: str) -> bool:
+    try:
+        open_handover(note)
+    except AuditIntegrityError:
+        return False
+    return True
 
 
 #: Every open log in this process, so the at-fork hook can reset them in the child.

@@ -4,7 +4,9 @@ Checks, in order, for every entry: dense ``seq`` from 0, known format version an
 canonical encoding, ``prev_hash`` linking to the previous entry's hash, the stored ``entry_hash``
 (when there is one). Then every checkpoint — the log's own and the ones the auditor trusts — must
 carry a valid Ed25519 signature by the trusted key, and its root must equal the Merkle root of the
-first ``tree_size`` entries. A checkpoint larger than the log means the tail was removed.
+first ``tree_size`` entries. A checkpoint larger than the log means the tail was removed. After a
+key rotation, later keys are accepted only through signed hand-overs (:mod:`securetrain.audit.handover`),
+each within the tree sizes it may sign, and each hand-over's root is met like a checkpoint's.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import json
 import json.encoder
 import json.scanner
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -32,6 +34,7 @@ from securetrain.audit.canonical import (
     sha256_hex,
 )
 from securetrain.audit.errors import AuditEventError, AuditIntegrityError
+from securetrain.audit.handover import HandoverPoint, KeyChain, build_chain, open_with_chain, parse_handover
 from securetrain.audit.merkle import CompactRange, leaf_hash
 from securetrain.audit.note import Checkpoint, find_signer, parse_checkpoint_text, split_notes, verify_note
 
@@ -45,6 +48,8 @@ class VerifyReport:
     root_hash: str
     checkpoints_verified: int = 0
     trusted_verified: int = 0
+    #: key hand-overs followed (their tree size and root matched the log)
+    handovers_verified: int = 0
     latest_checkpoint_size: int | None = None
     error: AuditIntegrityError | None = None
     warnings: list[str] = field(default_factory=list)
@@ -65,6 +70,7 @@ class VerifyReport:
         return {
             "ok": self.ok, "entries": self.entries, "root_hash": self.root_hash,
             "checkpoints_verified": self.checkpoints_verified, "trusted_verified": self.trusted_verified,
+            "handovers_verified": self.handovers_verified,
             "latest_checkpoint_size": self.latest_checkpoint_size,
             "error": None if self.error is None else {"seq": self.error.seq, "problem": self.error.problem, "message": str(self.error)},
             "warnings": self.warnings, "key_source": self.key_source, "trusted": self.trusted,
@@ -250,11 +256,13 @@ class _Walk:
         while pending and pending[0][0].tree_size == tree.size:
             cp, is_trusted = pending.pop(0)
             if cp.root_hash != tree.root():
-                kind = "trusted" if is_trusted else "stored"
+                kind = _kind(cp, is_trusted)
                 raise _fail(tree.size - 1 if tree.size else None, "checkpoint-root",
                             f"Merkle root of the first {cp.tree_size} entries does not match the {kind} checkpoint "
                             "(history before it was rewritten)")
-            if is_trusted:
+            if isinstance(cp, HandoverPoint):
+                self.report.handovers_verified += 1
+            elif is_trusted:
                 self.report.trusted_verified += 1
             else:
                 self.report.checkpoints_verified += 1
@@ -336,7 +344,23 @@ class _Walk:
             self.on_entry(self.tree.size)
 
 
-def _open_notes(public_key: Ed25519PublicKey | None, checkpoint_notes: Iterable[str],
+#: The auditor's trusted key(s), or a key chain already built from them and the hand-overs.
+TrustedKeys = Ed25519PublicKey | Sequence[Ed25519PublicKey] | KeyChain | None
+
+
+def _kind(cp: Checkpoint, is_trusted: bool) -> str:
+    return "hand-over" if isinstance(cp, HandoverPoint) else "trusted" if is_trusted else "stored"
+
+
+def key_chain(public_key: TrustedKeys, handover_notes: Sequence[str] = ()) -> KeyChain | None:
+    """The chain verifiers follow: trusted keys, extended by valid hand-overs (raises if one does not link)."""
+    if public_key is None or isinstance(public_key, KeyChain):
+        return public_key
+    keys = [public_key] if isinstance(public_key, Ed25519PublicKey) else list(public_key)
+    return build_chain(keys, handover_notes)
+
+
+def _open_notes(public_key: TrustedKeys, checkpoint_notes: Iterable[str],
                 trusted_notes: Iterable[str]) -> tuple[list[tuple[Checkpoint, bool]], list[tuple[Checkpoint, bool]]]:
     own = [_open(n, public_key, trusted=False) for n in checkpoint_notes]
     trusted = [_open(n, public_key, trusted=True) for blob in trusted_notes for n in (split_notes(blob) or [blob])]
@@ -351,16 +375,17 @@ def _finish(walk: _Walk, own: list, trusted: list, *, require_signed: bool) -> N
                                          "checkpoint (appended after the export, or its checkpoints were removed)")
     if walk.pending:
         cp, is_trusted = walk.pending[0]
-        raise _fail(cr.size, "truncated", f"log has {cr.size} entries but a {'trusted' if is_trusted else 'stored'} "
+        raise _fail(cr.size, "truncated", f"log has {cr.size} entries but a {_kind(cp, is_trusted)} "
                                           f"checkpoint covers {cp.tree_size}: the tail was removed")
 
 
 def verify_records(
     records: Iterable[Record],
     *,
-    public_key: Ed25519PublicKey | None,
+    public_key: TrustedKeys,
     checkpoint_notes: Iterable[str] = (),
     trusted_notes: Iterable[str] = (),
+    handover_notes: Sequence[str] = (),
     on_entry: Callable[[int], None] | None = None,
     require_signed: bool = False,
 ) -> VerifyReport:
@@ -374,15 +399,17 @@ def verify_records(
         for rec in records:
             walk.record(rec)
 
-    return _run(public_key, checkpoint_notes, trusted_notes, on_entry, require_signed, walk_all, records)
+    return _run(public_key, checkpoint_notes, trusted_notes, on_entry, require_signed, walk_all, records,
+                handover_notes=handover_notes)
 
 
 def verify_lines(
     batches: Iterable[list[bytes]],
     *,
-    public_key: Ed25519PublicKey | None,
+    public_key: TrustedKeys,
     checkpoint_notes: Iterable[str] = (),
     trusted_notes: Iterable[str] = (),
+    handover_notes: Sequence[str] = (),
     on_entry: Callable[[int], None] | None = None,
     require_signed: bool = True,
     start: tuple[CompactRange, str] | None = None,
@@ -398,16 +425,18 @@ def verify_lines(
         for batch in batches:
             walk.lines(batch)
 
-    return _run(public_key, checkpoint_notes, trusted_notes, on_entry, require_signed, run, batches, start=start)
+    return _run(public_key, checkpoint_notes, trusted_notes, on_entry, require_signed, run, batches, start=start,
+                handover_notes=handover_notes)
 
 
 def verify_file_parallel(
     path: str | Any,
     *,
     workers: int,
-    public_key: Ed25519PublicKey | None,
+    public_key: TrustedKeys,
     checkpoint_notes: Iterable[str] = (),
     trusted_notes: Iterable[str] = (),
+    handover_notes: Sequence[str] = (),
     on_entry: Callable[[int], None] | None = None,
     chunk_bytes: int = 4 << 20,
 ) -> VerifyReport:
@@ -432,7 +461,8 @@ def verify_file_parallel(
             for rng, result in zip(ranges, pool.imap(_verify_chunk_args, ranges), strict=True):
                 walk.chunk(result, functools.partial(read_chunk_lines, *rng))
 
-    return _run(public_key, checkpoint_notes, trusted_notes, on_entry, True, run, None)
+    return _run(public_key, checkpoint_notes, trusted_notes, on_entry, True, run, None,
+                handover_notes=handover_notes)
 
 
 def read_chunk_lines(path: str, start: int, end: int) -> list[bytes]:
@@ -486,18 +516,26 @@ def verify_chunk(lines: list[bytes]) -> tuple:
     return len(lines), seq0, prev0, prev, leaves, True
 
 
-def _run(public_key: Ed25519PublicKey | None, checkpoint_notes: Iterable[str], trusted_notes: Iterable[str],
+def _run(public_key: TrustedKeys, checkpoint_notes: Iterable[str], trusted_notes: Iterable[str],
          on_entry: Callable[[int], None] | None, require_signed: bool, body: Callable[[_Walk], Any],
-         source: Any, *, start: tuple[CompactRange, str] | None = None) -> VerifyReport:
+         source: Any, *, start: tuple[CompactRange, str] | None = None,
+         handover_notes: Sequence[str] = ()) -> VerifyReport:
     report = VerifyReport(True, 0, CompactRange().root().hex())
     try:
-        own, trusted = _open_notes(public_key, checkpoint_notes, trusted_notes)
+        chain = key_chain(public_key, handover_notes)
+        if chain is None:  # no key: hand-overs are checked for form only, like the checkpoints
+            points = [HandoverPoint(h.origin, h.tree_size, h.root_hash, h.note)
+                      for h in (parse_handover(n)[1] for n in handover_notes)]
+        else:
+            points = chain.points()
+        own, trusted = _open_notes(chain, checkpoint_notes, trusted_notes)
+        trusted += [(p, False) for p in points]
     except AuditIntegrityError as exc:
         _close(source)
         return VerifyReport(False, 0, report.root_hash, error=exc.with_traceback(None))
     if own:
         report.latest_checkpoint_size = max(c.tree_size for c, _ in own)
-    if public_key is None and (own or trusted):
+    if chain is None and (own or trusted):
         report.warnings.append("no trusted public key given: checkpoint signatures were checked only for form")
     pending = sorted(own + trusted, key=lambda item: item[0].tree_size)
     if start is None:
@@ -534,7 +572,10 @@ def _close(source: Any) -> None:
         close()  # release the reader's connection/transaction now, not at garbage collection
 
 
-def _open(note: str, public_key: Ed25519PublicKey | None, *, trusted: bool) -> tuple[Checkpoint, bool]:
+def _open(note: str, public_key: TrustedKeys, *, trusted: bool) -> tuple[Checkpoint, bool]:
+    if public_key is not None and not isinstance(public_key, Ed25519PublicKey):
+        origin, size, root = open_with_chain(note, key_chain(public_key) or KeyChain())
+        return Checkpoint(origin, size, root, note), trusted
     if public_key is not None:
         name = find_signer(note, public_key)
         text = verify_note(note, name, public_key)
