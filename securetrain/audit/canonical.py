@@ -12,7 +12,9 @@ shortest decimal that round-trips, e.g. ``0.25`` -> ``"0.25"``); NaN and infinit
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import re
 import uuid
 from collections.abc import Mapping
@@ -68,6 +70,7 @@ def mac_address() -> str:
     return ":".join(f"{(node >> shift) & 0xFF:02x}" for shift in range(40, -1, -8))
 
 
+@functools.lru_cache(maxsize=4096)  # the same few key names, on every entry
 def _is_secret_key(key: str) -> bool:
     snake = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", key)  # sessionToken -> session_Token
     tokens = [t for t in re.split(r"[^a-z0-9]+", snake.lower()) if t]
@@ -119,15 +122,21 @@ def _check_value(value: Any, path: str, depth: int) -> Any:
 
 def validate_details(details: Mapping[str, Any] | None) -> dict[str, Any]:
     """Return a plain-JSON copy of ``details`` or raise :class:`AuditEventError`."""
+    return validated_details(details)[0]
+
+
+def validated_details(details: Mapping[str, Any] | None) -> tuple[dict[str, Any], bytes]:
+    """``validate_details`` and the canonical bytes of the result (the writer needs both)."""
     if details is None:
-        return {}
+        return {}, b"{}"
     if not isinstance(details, Mapping):
         raise AuditEventError(f"audit details must be a mapping, got {type(details).__name__}")
     clean = _check_value(details, "details", 0)
-    size = len(canonical_bytes(clean))
-    if size > MAX_DETAILS_BYTES:
-        raise AuditEventError(f"audit details are {size} bytes, limit is {MAX_DETAILS_BYTES}", hint="record digests, not data")
-    return clean
+    data = canonical_bytes_validated(clean)
+    if len(data) > MAX_DETAILS_BYTES:
+        raise AuditEventError(f"audit details are {len(data)} bytes, limit is {MAX_DETAILS_BYTES}",
+                              hint="record digests, not data")
+    return clean, data
 
 
 def _check_text(name: str, value: Any, *, limit: int = MAX_TEXT) -> str:
@@ -177,6 +186,30 @@ def canonical_bytes(obj: Mapping[str, Any]) -> bytes:
         return rfc8785.dumps(obj)
     except (rfc8785.CanonicalizationError, UnicodeError) as exc:
         raise AuditEventError(f"value has no RFC 8785 canonical form: {type(exc).__name__}") from None
+
+
+# json's C encoder with these settings writes exactly the RFC 8785 form of JSON holding no floats and
+# only integers within ±(2^53-1): the same escapes (\" \\ \b \f \n \r \t, other controls as
+# lowercase \u00xx, everything else raw UTF-8) and keys sorted by code point, which equals JCS's
+# UTF-16 order unless a key holds a character beyond U+FFFF. tests/audit/test_audit_canonical_fast.py
+# compares the two on generated data.
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False,
+                           check_circular=False).encode
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]").search
+
+
+def canonical_bytes_validated(obj: Mapping[str, Any]) -> bytes:
+    """:func:`canonical_bytes` for objects built from validated parts (``validate_details`` output,
+    entry fields): no floats, integers within ±(2^53-1). About 10x faster (the C encoder); falls back
+    to the RFC 8785 implementation when a character beyond U+FFFF could change the key order, and
+    for anything the fast encoder cannot write (lone surrogates, non-JSON values)."""
+    try:
+        text = _ENCODE(obj)
+        if text.isascii() or not _ASTRAL(text):
+            return text.encode()
+    except (TypeError, ValueError, UnicodeError):
+        pass
+    return canonical_bytes(obj)
 
 
 def sha256_hex(data: bytes) -> str:

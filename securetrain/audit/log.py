@@ -427,8 +427,8 @@ class AuditLog:
             else:
                 action, resource, outcome, details = ev
             canon.validate_event(action, resource, outcome)
-            clean = canon.validate_details(details)
-            prepared.append((action, resource, outcome, clean, canon.canonical_bytes(clean).decode()))
+            clean, details_bytes = canon.validated_details(details)
+            prepared.append((action, resource, outcome, clean, details_bytes.decode()))
         if not prepared:
             return []
         if not self.durable:
@@ -512,7 +512,7 @@ class AuditLog:
                     if prepare is not None:
                         batch[0].events = prepare(conn)
                     head, view = self._head_and_view(conn)
-                    view_json = None if view is None else canon.canonical_bytes(view).decode()
+                    view_json = None if view is None else canon.canonical_bytes_validated(view).decode()
                     seq, prev = (head.seq + 1, head.entry_hash) if head is not None else (0, canon.GENESIS_HASH)
                     start = seq
                     rows = []
@@ -524,7 +524,7 @@ class AuditLog:
                             obj = canon.entry_object(seq=seq, ts=ts, actor=self.actor, hostname=self.hostname,
                                                      mac=self.mac, action=action, resource=resource, outcome=outcome,
                                                      details=clean, prev_hash=prev, server_view=view)
-                            digest = canon.sha256_hex(canon.canonical_bytes(obj))
+                            digest = canon.sha256_hex(canon.canonical_bytes_validated(obj))
                             entry = AuditEntry(seq, ts, self.actor, self.hostname, self.mac, action, resource,
                                                outcome, clean, prev, digest, view)
                             entries.append(entry)

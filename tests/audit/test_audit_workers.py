@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -251,7 +252,9 @@ def test_fork_while_a_parent_thread_is_appending(tmp_path: Path, monkeypatch: py
     """SQLite keeps lock state in process memory: forking mid-transaction must not hand the child a
     'lock held' it can never release (it would time out on every append)."""
     monkeypatch.setenv("SECURETRAIN_DATA_DIR", str(tmp_path))
-    log = AuditLog(tmp_path / "audit.db", checkpoint_every=None, busy_timeout_s=3.0)
+    # A stale inherited lock would make every child append time out; 10 s keeps that failure quick
+    # while a loaded machine (the parent thread competes for the same write lock) still passes.
+    log = AuditLog(tmp_path / "audit.db", checkpoint_every=None, busy_timeout_s=10.0)
     stop = threading.Event()
 
     def busy() -> None:
@@ -259,6 +262,7 @@ def test_fork_while_a_parent_thread_is_appending(tmp_path: Path, monkeypatch: py
         while not stop.is_set():
             log.record("parent.write", f"p:{i}")
             i += 1
+            time.sleep(0.0005)  # still appending nearly all the time, without starving the children
 
     writer = threading.Thread(target=busy)
     writer.start()
