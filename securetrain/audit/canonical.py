@@ -212,5 +212,35 @@ def canonical_bytes_validated(obj: Mapping[str, Any]) -> bytes:
     return canonical_bytes(obj)
 
 
+def _refuse_number(_text: str) -> Any:
+    raise ValueError("no floats or non-finite numbers in audit entries")
+
+
+def _safe_int(text: str) -> int:
+    value = int(text)
+    if abs(value) > MAX_SAFE_INT:
+        raise ValueError("integer outside the I-JSON range")
+    return value
+
+
+# Only integers of 16 or more digits can leave ±(2^53-1); without such a run the C scanner parses
+# integers itself (the Python hook per integer is the slow part of a strict parse).
+_PLAIN_SCAN = json.JSONDecoder(parse_float=_refuse_number, parse_constant=_refuse_number).decode
+_CHECKED_SCAN = json.JSONDecoder(parse_float=_refuse_number, parse_constant=_refuse_number, parse_int=_safe_int).decode
+_LONG_DIGITS = re.compile("[0-9]{16}").search
+
+
+def parse_canonical_object(text: str) -> dict[str, Any] | None:
+    """The JSON object ``text`` if it holds no float and no integer beyond ±(2^53-1) and is already
+    in RFC 8785 form; else None (the caller takes its exact, slower path, which names the problem)."""
+    try:
+        value = (_CHECKED_SCAN if _LONG_DIGITS(text) else _PLAIN_SCAN)(text)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    if type(value) is not dict or canonical_bytes_validated(value) != text.encode():
+        return None
+    return value
+
+
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()

@@ -128,6 +128,8 @@ class Record:
     obj: Any
     stored_hash: str | None = None
     stored_seq: int | None = None
+    #: ``raw`` was produced from ``obj`` by a canonical encoder (so re-encoding to compare is skipped).
+    canonical: bool = False
 
 
 # ---- fast acceptance of canonical entry lines -----------------------------------------------
@@ -215,11 +217,18 @@ def fast_accept(raw: bytes, seq: int, prev_hash: str) -> bool:
             and (text.isascii() or _ASTRAL(text) is None) and _details_canonical(text[head.end() - 1 : end + 1]))
 
 
-def check_entry(raw: bytes, obj: Any, seq: int, prev_hash: str) -> None:
-    """The exact (slow) check of one entry; raises :class:`AuditIntegrityError` naming the problem."""
+def check_entry(raw: bytes, obj: Any, seq: int, prev_hash: str, *, raw_is_canonical: bool = False) -> None:
+    """The exact (slow) check of one entry; raises :class:`AuditIntegrityError` naming the problem.
+
+    ``raw_is_canonical``: the caller encoded ``raw`` from ``obj`` itself, canonically (database rows)."""
     check_object(obj, seq)
     if obj["seq"] != seq:
         raise _fail(seq, "seq", f"entry claims seq {obj['seq']}, expected {seq}")
+    if raw_is_canonical:
+        if obj["prev_hash"] != prev_hash:
+            raise _fail(seq, "prev_hash", "prev_hash does not match the previous entry's hash "
+                                          "(this or the previous entry was altered, or entries were removed)")
+        return
     try:
         canonical = canonical_bytes(obj)
     except AuditEventError:  # e.g. an integer beyond 2^53 or a lone surrogate: tampered data
@@ -332,7 +341,7 @@ class _Walk:
         if rec.stored_seq is not None and rec.stored_seq != expected:
             raise _fail(expected, "seq-gap", f"expected seq {expected}, found row with seq {rec.stored_seq} "
                                              "(an entry was deleted, inserted or reordered)")
-        check_entry(rec.raw, rec.obj, expected, self.prev)
+        check_entry(rec.raw, rec.obj, expected, self.prev, raw_is_canonical=rec.canonical)
         digest = sha256_hex(rec.raw)
         if rec.stored_hash is not None and rec.stored_hash != digest:
             raise _fail(expected, "entry_hash", "stored entry_hash does not match the entry's content")

@@ -644,3 +644,29 @@ def test_writer_refuses_to_sign_a_history_rewritten_in_the_database(log: AuditLo
         log.checkpoint()  # the long-running writer notices too (its cached tree disagrees)
     assert [c.tree_size for c in fresh.checkpoints()] == signed  # nothing new was signed
     fresh.close()
+
+
+@pytest.mark.parametrize("stored", [
+    '{"rows":0.5}',                # a float: the format stores floats as strings
+    '{"rows":1e3}',                # an exponent
+    '{ "rows":1}',                 # whitespace
+    '{"z":1,"a":2}',               # keys out of order
+    '{"name":"\\u00e9"}',          # an escape JCS does not use
+    '{"rows":12345678901234567}',  # beyond 2^53-1
+    '[1]',                         # not an object
+])
+def test_database_details_outside_the_canonical_form_are_reported(log: AuditLog, stored: str) -> None:
+    """The verifier's fast path (C encoder) accepts only canonical, float-free details; the rest take the
+    exact path, which reports them."""
+    entry = list(log.entries())[3]
+    new_hash = entry.entry_hash
+    try:  # re-hashed where the value has a canonical form, so only the format check can catch it
+        value = json.loads(stored)
+        if isinstance(value, dict):
+            new_hash = canonical.sha256_hex(canonical.canonical_bytes(entry.hashed_object() | {"details": value}))
+    except AuditEventError:
+        pass
+    raw_db(log).execute("UPDATE audit_entries SET details=?, entry_hash=? WHERE seq=3", (stored, new_hash))
+    report = log.verify()
+    assert not report.ok and report.error is not None and report.error.seq == 3, report.error
+    assert report.error.problem in {"details", "canonical"}  # the format check, not only a later checkpoint
