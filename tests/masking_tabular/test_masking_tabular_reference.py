@@ -151,3 +151,16 @@ def test_generalised_dates_equal_reference() -> None:
     assert out.column("m").to_pylist() == [None if d is None else f"{d.year:04d}-{d.month:02d}" for d in days]
     assert out.column("y").to_pylist() == [None if d is None else f"{d.year:04d}" for d in days]
     assert out.column("ts").to_pylist() == out.column("m").to_pylist()
+
+
+def test_base32_of_macs_equals_base64_for_every_length_and_prefix() -> None:
+    import os
+
+    from securetrain.masking.tabular.transforms import _b32_prefix
+
+    macs = os.urandom(32 * 37)
+    for length in range(1, 53):
+        for prefix in ("", "tok_", "pré-"):
+            got = _b32_prefix(macs, 37, length, prefix.encode()).to_pylist()
+            assert got == [prefix + base64.b32encode(macs[32 * i:32 * i + 32]).decode().lower()[:length]
+                           for i in range(37)]

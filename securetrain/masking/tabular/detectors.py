@@ -374,11 +374,11 @@ class _TextFinder:
         ``max_bytes`` first: they cannot occur, and would widen every fixed-width value)."""
         return _fixed_width(needles) if self.fixed else _np_strings(needles)
 
-    def find(self, rows: np.ndarray, needles: np.ndarray, start: np.ndarray | None = None) -> np.ndarray:
-        """Position of each needle in its row's text at or after ``start`` (-1: not found). Byte
-        positions on the fixed-width path, character positions otherwise: equal for ASCII rows,
-        the only rows whose positions are used."""
-        hay = self._hay[rows]
+    def find(self, rows: np.ndarray | None, needles: np.ndarray, start: np.ndarray | None = None) -> np.ndarray:
+        """Position of each needle in its row's text (``rows`` None: one needle per row, in order)
+        at or after ``start`` (-1: not found). Byte positions on the fixed-width path, character
+        positions otherwise: equal for ASCII rows, the only rows whose positions are used."""
+        hay = self._hay if rows is None else self._hay[rows]
         return np.asarray(np.strings.find(hay, needles) if start is None else np.strings.find(hay, needles, start),
                           dtype=np.int64)
 
@@ -472,7 +472,9 @@ def scrub_row_values(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSour
         else:
             lower_vals = lower(pc.utf8_trim_whitespace(raw))
             whole = has_text & _bool(pc.greater_equal(pc.utf8_length(lower_vals), min_length))
-        candidates: list[tuple[np.ndarray, pa.Array]] = [(all_rows[whole], lower_vals.filter(pa.array(whole)))]
+        # Every row a candidate (the usual free-text case): no filtered copies, no gather of the text.
+        candidates: list[tuple[np.ndarray, pa.Array]] = [
+            (all_rows, lower_vals) if whole.all() else (all_rows[whole], lower_vals.filter(pa.array(whole)))]
         if parts and src.parts:
             candidates.append(_part_candidates(lower_vals, has_text, min_length, value_set))
         for row_idx, needles in candidates:
@@ -484,7 +486,7 @@ def scrub_row_values(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSour
             if not fits.all():
                 row_idx, needles = row_idx[fits], needles.filter(pa.array(fits))
             sub = finder.needles(needles)
-            pos = finder.find(row_idx, sub)
+            pos = finder.find(None if row_idx is all_rows else row_idx, sub)
             found = pos >= 0
             if found.any():
                 hit_rows.append(row_idx[found])

@@ -59,7 +59,8 @@ def as_string(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 
 _B32 = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz234567", dtype=np.uint8)
-_B32_SHIFTS = np.arange(35, -1, -5, dtype=np.uint64)  # 8 characters per 40-bit group, high bits first
+# Two base32 characters per 10-bit value, as one little-endian uint16 (first character low).
+_B32_PAIRS = (_B32[np.arange(1024) >> 5].astype(np.uint16) | (_B32[np.arange(1024) & 31].astype(np.uint16) << 8))
 _MAC_BYTES = 32
 
 
@@ -68,24 +69,28 @@ def _b32_prefix(macs: bytes, n: int, length: int, prefix: bytes = b"") -> pa.Arr
     vectorised (identical to ``prefix + base64.b32encode(mac).lower()[:length]``, which is pure
     Python and slow).
 
-    Base32 maps each 5-byte group to 8 characters, so the MACs are cut into 40-bit integers and
-    each integer into eight 5-bit indices with shifts (zero-padded past the 32 MAC bytes, which
-    only the unused tail of a 52nd character would touch). The prefix is written into the same
-    fixed-width buffer, so no string concatenation pass follows."""
+    Base32 maps each 5-byte group to 8 characters; each group is cut into four 10-bit values
+    with a few uint16 operations, and a 1024-entry table gives the two characters of each (so
+    the work is on small integers, not one 64-bit value per character). Past the 32 MAC bytes
+    the input is zero-padded, which only the unused tail of a 52nd character would touch. The
+    prefix is written into the same fixed-width buffer, so no string concatenation pass follows."""
     if n == 0:
         return pa.array([], pa.string())
     groups = -(-length // 8)
-    raw = np.zeros((n, 5 * groups), dtype=np.uint64)
-    used = min(5 * groups, _MAC_BYTES)
-    raw[:, :used] = np.frombuffer(macs, dtype=np.uint8).reshape(n, _MAC_BYTES)[:, :used]
-    grouped = raw.reshape(n, groups, 5)
-    value = ((grouped[..., 0] << 32) | (grouped[..., 1] << 24) | (grouped[..., 2] << 16) | (grouped[..., 3] << 8)
-             | grouped[..., 4])
-    idx = (value[..., None] >> _B32_SHIFTS) & np.uint64(31)
+    mac = np.frombuffer(macs, dtype=np.uint8).reshape(n, _MAC_BYTES)
+    if 5 * groups > _MAC_BYTES:
+        mac = np.concatenate((mac, np.zeros((n, 5 * groups - _MAC_BYTES), dtype=np.uint8)), axis=1)
+    g = mac[:, :5 * groups].reshape(n, groups, 5).astype(np.uint16)
+    ten = np.empty((n, groups, 4), dtype=np.uint16)
+    ten[..., 0] = (g[..., 0] << 2) | (g[..., 1] >> 6)
+    ten[..., 1] = ((g[..., 1] & 0x3F) << 4) | (g[..., 2] >> 4)
+    ten[..., 2] = ((g[..., 2] & 0x0F) << 6) | (g[..., 3] >> 2)
+    ten[..., 3] = ((g[..., 3] & 0x03) << 8) | g[..., 4]
+    b32 = _B32_PAIRS[ten].reshape(n, 4 * groups).view(np.uint8)  # (n, 8 * groups) characters
     width = len(prefix) + length
     chars = np.empty((n, width), dtype=np.uint8)
     chars[:, :len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
-    chars[:, len(prefix):] = _B32[idx.reshape(n, 8 * groups)[:, :length]]
+    chars[:, len(prefix):] = b32[:, :length]
     # A string array straight over the fixed-width buffer (offsets i * width): no cast pass.
     offsets = np.arange(0, (n + 1) * width, width, dtype=np.int32)
     return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(chars)])
