@@ -23,6 +23,16 @@ from typing import TYPE_CHECKING, BinaryIO
 import torch
 
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
+from securetrain.crypto._container.codec import (
+    _byte_view,
+    _cpu_contig,
+    _prepare,
+    build_header,
+    parse_header,
+    refuse,
+    split_header,
+)
+from securetrain.crypto._container.format import DEFAULT_SEGMENT_SIZE, DecryptingReader, EncryptingWriter, readinto_full
 from securetrain.crypto.errors import (
     BindingError,
     CryptoError,
@@ -32,16 +42,6 @@ from securetrain.crypto.errors import (
 )
 from securetrain.crypto.keys import KeyProvider
 from securetrain.crypto.private_file import private_writer
-from securetrain.crypto.safetensors_codec import (
-    _byte_view,
-    _cpu_contig,
-    _prepare,
-    build_header,
-    parse_header,
-    refuse,
-    split_header,
-)
-from securetrain.crypto.stream import DEFAULT_SEGMENT_SIZE, DecryptingReader, EncryptingWriter, readinto_full
 from securetrain.errors import IntegrityError, SecureTrainError
 from securetrain.training.checkpoint_store import CheckpointInfo, LoadedCheckpoint
 
@@ -450,7 +450,7 @@ class EncryptedCheckpointStore:
         except (OSError, ValueError, KeyError, TypeError):
             pass
         # Missing or stale (e.g. re-wrapped by key rotation): recompute from the file itself.
-        from securetrain.crypto.stream import inspect_file
+        from securetrain.crypto._container.format import inspect_file
 
         h = hashlib.sha256()
         with open(path, "rb") as f:

@@ -34,9 +34,11 @@ from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 from cryptography.hazmat.primitives.keywrap import InvalidUnwrap, aes_key_unwrap, aes_key_wrap
 
 from securetrain.crypto import vault as _vault
+from securetrain.crypto._container.wrap_algs import WRAP_AES256_KW
+from securetrain.crypto._container.wrap_algs import (
+    WRAP_OPAQUE as WRAP_OPAQUE,  # re-exported (the container reads it here)
+)
 from securetrain.crypto.errors import KeyNotFoundError, KeyringError, KeyringPermissionError, WrongKeyError
-from securetrain.crypto.wrap_algs import WRAP_AES256_KW
-from securetrain.crypto.wrap_algs import WRAP_OPAQUE as WRAP_OPAQUE  # re-exported (the container reads it here)
 from securetrain.io.atomic import atomic_write_bytes
 
 KEY_BYTES = 32

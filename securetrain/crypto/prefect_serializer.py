@@ -22,10 +22,10 @@ import torch
 from prefect.serializers import Serializer
 from pydantic import Field
 
+from securetrain.crypto._container.codec import decode_tensors, encode_tensors
+from securetrain.crypto._container.format import decrypt_bytes, encrypt_bytes
 from securetrain.crypto.errors import UnsafePayloadError
 from securetrain.crypto.keys import KeyProvider, provider_from_env
-from securetrain.crypto.safetensors_codec import decode_tensors, encode_tensors
-from securetrain.crypto.stream import decrypt_bytes, encrypt_bytes
 from securetrain.errors import SecureTrainError
 
 AAD = b"securetrain prefect result v1"

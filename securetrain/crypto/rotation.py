@@ -58,7 +58,7 @@ def find_containers(paths: Iterable[Path]) -> list[Path]:
 
 def key_ids_in_use(files: Iterable[Path]) -> dict[str, list[Path]]:
     """Key id -> containers whose header has a stanza for it (unreadable headers are skipped)."""
-    from securetrain.crypto.stream import inspect_file
+    from securetrain.crypto._container.format import inspect_file
 
     used: dict[str, list[Path]] = {}
     for path in files:
@@ -112,7 +112,7 @@ def rotate_keyring(
         raise RotationRefusedError(f"no containers (*.stenc) under {', '.join(map(str, paths))}",
                                    hint="nothing would be re-wrapped; nothing was changed")
 
-    from securetrain.crypto.stream import rewrap_file
+    from securetrain.crypto._container.format import rewrap_file
 
     with keyring_lock(ring_path):
         ring = LocalKeyring.load(ring_path, passphrase)

@@ -47,6 +47,18 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
+from securetrain.crypto._container.codec import (
+    _byte_view,
+    _cpu_contig,
+    _prepare,
+    build_header,
+    decode_tensors,
+    encode_tensors,
+    parse_header,
+    refuse,
+    split_header,
+)
+from securetrain.crypto._container.format import GCM_MAX_PLAINTEXT_BYTES
 from securetrain.crypto.errors import (
     HeaderFormatError,
     KeyNotFoundError,
@@ -58,18 +70,6 @@ from securetrain.crypto.errors import (
     UnsafePayloadError,
 )
 from securetrain.crypto.keys import validate_key_id
-from securetrain.crypto.safetensors_codec import (
-    _byte_view,
-    _cpu_contig,
-    _prepare,
-    build_header,
-    decode_tensors,
-    encode_tensors,
-    parse_header,
-    refuse,
-    split_header,
-)
-from securetrain.crypto.stream import GCM_MAX_PLAINTEXT_BYTES
 
 MAGIC = b"STTM"
 VERSION = 2  # written; 1 and 2 are opened

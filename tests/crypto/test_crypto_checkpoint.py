@@ -18,7 +18,7 @@ import safetensors.torch
 import torch
 
 from securetrain.audit.recorder import MemoryAuditRecorder
-from securetrain.crypto import stream as S
+from securetrain.crypto._container import format as S
 from securetrain.crypto.checkpoint import CheckpointError, EncryptedCheckpointStore, binding_context, read_checkpoint
 from securetrain.crypto.errors import BindingError, SegmentAuthError, UnsafePayloadError, WrongKeyError
 from securetrain.crypto.keys import LocalKeyring, SecretKey
@@ -299,7 +299,8 @@ def test_sidecar_recomputed_after_rotation(ring: LocalKeyring, tmp_path) -> None
 
 CHILD = textwrap.dedent("""
     import os, sys, time, torch
-    from securetrain.crypto import private_file, stream
+    from securetrain.crypto import private_file
+    from securetrain.crypto._container import format as stream
     from securetrain.crypto.keys import EnvKeyProvider
     from securetrain.crypto.checkpoint import EncryptedCheckpointStore
     private_file.USE_O_TMPFILE = sys.argv[2] == "tmpfile"
@@ -356,7 +357,7 @@ def test_sigkill_mid_write_leaves_previous_checkpoint(tmp_path, mode: str) -> No
 @pytest.mark.parametrize("target", [0x280, 0x380, 0x480, 0x580])
 def test_header_length_that_looks_like_pickle_magic_still_loads(ring: LocalKeyring, tmp_path, target: int) -> None:
     """Regression: a safetensors header of 640 bytes starts with 80 02 - a pickle protocol marker."""
-    from securetrain.crypto.safetensors_codec import _prepare, build_header
+    from securetrain.crypto._container.codec import _prepare, build_header
 
     store = EncryptedCheckpointStore(tmp_path, ring, digest=True)  # the prediction below includes the digest
     state = {"w": torch.ones(3)}

@@ -10,7 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from securetrain.crypto import cli as crypto_cli
-from securetrain.crypto import stream as S
+from securetrain.crypto._container import format as S
 from securetrain.crypto.errors import HeaderAuthError, KeyNotFoundError, KeyringPermissionError, SegmentAuthError
 from securetrain.crypto.keys import LocalKeyring
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from securetrain.audit.recorder import MemoryAuditRecorder
-from securetrain.crypto import stream as S
+from securetrain.crypto._container import format as S
 from securetrain.crypto.errors import (
     CryptoError,
     HeaderAuthError,

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from securetrain.audit.recorder import MemoryAuditRecorder
 from securetrain.crypto import cli as crypto_cli
-from securetrain.crypto import stream as S
+from securetrain.crypto._container import format as S
 from securetrain.crypto.errors import KeyringError
 from securetrain.crypto.keys import LocalKeyring, validate_key_id
 from securetrain.crypto.rotation import (

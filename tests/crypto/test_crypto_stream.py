@@ -11,7 +11,7 @@ import struct
 import pytest
 
 from securetrain.audit.recorder import MemoryAuditRecorder
-from securetrain.crypto import stream as S
+from securetrain.crypto._container import format as S
 from securetrain.crypto.errors import (
     HeaderAuthError,
     HeaderFormatError,

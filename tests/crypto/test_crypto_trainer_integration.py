@@ -8,9 +8,9 @@ import torch
 from torch.utils.data import TensorDataset
 
 from securetrain.audit.recorder import MemoryAuditRecorder
+from securetrain.crypto._container.format import inspect_file
 from securetrain.crypto.checkpoint import EncryptedCheckpointStore
 from securetrain.crypto.keys import LocalKeyring, SecretKey
-from securetrain.crypto.stream import inspect_file
 from securetrain.training.config import TrainingConfig
 from securetrain.training.trainer import Trainer
 
