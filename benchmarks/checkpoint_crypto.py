@@ -37,7 +37,7 @@ class Sink(io.RawIOBase):
 def throughput(size: int, repeat: int) -> None:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-    from securetrain.crypto._container import format as S
+    from securetrain.crypto import _container as S
     from securetrain.crypto.keys import LocalKeyring
 
     data = bytearray(os.urandom(size))

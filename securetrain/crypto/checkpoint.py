@@ -17,22 +17,28 @@ import secrets
 import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 import torch
 
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
-from securetrain.crypto._container.codec import (
-    _byte_view,
-    _cpu_contig,
-    _prepare,
+from securetrain.crypto._container import (
+    DEFAULT_SEGMENT_SIZE,
+    ByteSink,
+    DecryptingReader,
+    EncryptingWriter,
+    Header,
     build_header,
+    byte_view,
+    cpu_contiguous,
     parse_header,
+    prepare_tensors,
+    readinto_full,
     refuse,
     split_header,
 )
-from securetrain.crypto._container.format import DEFAULT_SEGMENT_SIZE, DecryptingReader, EncryptingWriter, readinto_full
 from securetrain.crypto.errors import (
     BindingError,
     CryptoError,
@@ -98,21 +104,45 @@ def check_binding(context: bytes, version: int, expected: bytes, *, name: str, a
                        hint="a checkpoint from another run or step was copied here; restore the original")
 
 
-def write_checkpoint(dst: BinaryIO, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str],
+@dataclass(frozen=True)
+class WrittenCheckpoint:
+    """What :func:`write_checkpoint` wrote: the container header, the KEK id and the optional tensor digest."""
+
+    header: Header
+    key_id: str
+    tensors_sha256: str | None  # the metadata's tensor digest (``digest=True``), else None
+
+
+@dataclass(frozen=True)
+class DecryptedCheckpoint:
+    """What :func:`read_checkpoint` read, after every segment (and a signature, if required) verified."""
+
+    tensors: dict[str, torch.Tensor] = field(repr=False)
+    metadata: dict[str, str]
+    header: Header
+    signer: bytes | None  # fingerprint of the verified writer signature (``verify_keys``), else None
+
+    @property
+    def key_id(self) -> str:
+        """The KEK id of the stanza that opened the file (the first one the header lists)."""
+        return self.header.key_ids[0]
+
+
+def write_checkpoint(dst: ByteSink, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str],
                      provider: KeyProvider, *, key_id: str | None = None,
                      segment_size: int = DEFAULT_SEGMENT_SIZE, digest: bool = False,
                      on_progress: Callable[[int], None] | None = None,
                      recipients: Sequence[tuple[KeyProvider, str | None]] = (),
                      context: bytes = b"", signer: Ed25519PrivateKey | None = None,
-                     ) -> tuple[EncryptingWriter, str | None]:
+                     ) -> WrittenCheckpoint:
     """Stream ``tensors`` + ``metadata`` as safetensors into an encrypted container on ``dst``."""
-    items = _prepare(tensors)
+    items = prepare_tensors(tensors)
     kid = key_id or provider.current_key_id()
     tensors_sha = None
     if digest:  # a pre-pass: the digest goes in the header, which precedes the data
         h = hashlib.sha256()
         for _, t in items:
-            h.update(_byte_view(_cpu_contig(t)))
+            h.update(byte_view(cpu_contiguous(t)))
         tensors_sha = h.hexdigest()
     meta = {str(k): str(v) for k, v in metadata.items()}
     meta[META_FORMAT] = FORMAT_TAG
@@ -125,19 +155,19 @@ def write_checkpoint(dst: BinaryIO, tensors: Mapping[str, torch.Tensor], metadat
                               context=context, signer=signer)
     writer.write(struct.pack("<Q", len(hjson)) + hjson)
     for _, t in items:
-        view = _byte_view(_cpu_contig(t))
+        view = byte_view(cpu_contiguous(t))
         writer.write(view)
         if on_progress:
             on_progress(len(view))
     writer.close()
-    return writer, tensors_sha
+    return WrittenCheckpoint(header=writer.header, key_id=writer.key_id, tensors_sha256=tensors_sha)
 
 
 def read_checkpoint(src: BinaryIO, provider: KeyProvider, *, verify_digest: bool = False,
                     device: str | torch.device = "cpu", expect_context: bytes | None = None,
                     accept_unbound: bool = False, verify_keys: Sequence[Ed25519PublicKey] = (),
                     name: str = "checkpoint",
-                    ) -> tuple[dict[str, torch.Tensor], dict[str, str], DecryptingReader]:
+                    ) -> DecryptedCheckpoint:
     """Authenticate, decrypt and parse a checkpoint container; refuses anything but safetensors.
 
     ``expect_context``: the header's authenticated binding must equal it (checked before any
@@ -149,11 +179,11 @@ def read_checkpoint(src: BinaryIO, provider: KeyProvider, *, verify_digest: bool
                       accept_unbound=accept_unbound)
     length = reader.header.plaintext_length
     first = bytearray(8)
-    if readinto_full(reader, memoryview(first)) != 8:  # type: ignore[arg-type]
+    if readinto_full(reader, memoryview(first)) != 8:
         raise UnsafePayloadError("payload is too short to be a safetensors checkpoint")
     hlen = split_header(bytes(first), length)
     hbytes = bytearray(hlen)
-    readinto_full(reader, memoryview(hbytes))  # type: ignore[arg-type]
+    readinto_full(reader, memoryview(hbytes))
     if hbytes[:1] != b"{":
         raise refuse(bytes(first), "header is not a JSON object")
     entries, meta = parse_header(bytes(hbytes), length - 8 - hlen)
@@ -162,17 +192,17 @@ def read_checkpoint(src: BinaryIO, provider: KeyProvider, *, verify_digest: bool
     for name, dtype, shape, nbytes in entries:
         t = torch.empty(shape, dtype=dtype)
         if nbytes:
-            view = _byte_view(t)
-            if readinto_full(reader, view) != nbytes:  # type: ignore[arg-type]
+            view = byte_view(t)
+            if readinto_full(reader, view) != nbytes:
                 raise UnsafePayloadError("payload ended inside tensor data")
             if h is not None:
                 h.update(view)
         tensors[name] = t if str(device) == "cpu" else t.to(device)
-    if readinto_full(reader, memoryview(bytearray(1))) != 0 or not reader.finished:  # type: ignore[arg-type]
+    if readinto_full(reader, memoryview(bytearray(1))) != 0 or not reader.finished:
         raise UnsafePayloadError("payload has bytes beyond the tensors its header lists")
     if h is not None and meta.get(META_DIGEST) and h.hexdigest() != meta[META_DIGEST]:
         raise DigestMismatchError("tensor digest does not match the checkpoint metadata")
-    return tensors, meta, reader
+    return DecryptedCheckpoint(tensors=tensors, metadata=meta, header=reader.header, signer=reader.signer)
 
 
 class _HashedSink:
@@ -302,8 +332,8 @@ class EncryptedCheckpointStore:
             with private_writer(path) as fout:
                 sink = _HashedSink(fout)
                 try:
-                    writer, tensors_sha = write_checkpoint(
-                        sink, tensors, meta, self.keyring, key_id=self.key_id,  # type: ignore[arg-type]
+                    written = write_checkpoint(
+                        sink, tensors, meta, self.keyring, key_id=self.key_id,
                         segment_size=self.segment_size, digest=self.digest, recipients=self.recipients,
                         context=binding_context(self.store_id, step), signer=self.signer)
                 except BaseException:
@@ -317,11 +347,11 @@ class EncryptedCheckpointStore:
             self.audit.record("checkpoint.write", path.name, outcome="failure",
                               details={"step": step, "error": type(exc).__name__})
             raise
-        info = CheckpointInfo(path=path, step=step, sha256=sha256, key_id=writer.key_id)
+        info = CheckpointInfo(path=path, step=step, sha256=sha256, key_id=written.key_id)
         self._write_sidecar(info, st)
         self.audit.record("checkpoint.write", path.name, details={
-            "step": step, "key_id": writer.key_id, "sha256": info.sha256, "bytes": sink.hasher.count,
-            "tensors": len(tensors), "tensors_sha256": tensors_sha})
+            "step": step, "key_id": written.key_id, "sha256": info.sha256, "bytes": sink.hasher.count,
+            "tensors": len(tensors), "tensors_sha256": written.tensors_sha256})
         self._prune()
         return info
 
@@ -348,7 +378,7 @@ class EncryptedCheckpointStore:
                     hasher.advance(os.fstat(raw.fileno()).st_size)
                     hasher.close()
                 try:
-                    tensors, meta, reader = read_checkpoint(
+                    loaded = read_checkpoint(
                         raw, self.keyring, expect_context=binding_context(self.store_id, info.step),
                         accept_unbound=self.accept_unbound, verify_keys=self.verify_keys, name=info.path.name)
                 except BaseException:
@@ -359,8 +389,8 @@ class EncryptedCheckpointStore:
             if verify and digest != info.sha256:
                 raise DigestMismatchError(f"{info.path.name}: sha256 differs from the recorded {info.sha256[:16]}...",
                                      hint="the file changed after its digest was recorded (sidecar or audit log)")
-            if meta.get(META_STEP) != str(info.step):
-                raise BindingError(f"{info.path.name} holds step {meta.get(META_STEP)!r}, not {info.step}",
+            if loaded.metadata.get(META_STEP) != str(info.step):
+                raise BindingError(f"{info.path.name} holds step {loaded.metadata.get(META_STEP)!r}, not {info.step}",
                                      hint="checkpoint files were renamed or swapped")
         except FileNotFoundError:
             raise CheckpointError(f"checkpoint file missing: {info.path}") from None
@@ -368,13 +398,13 @@ class EncryptedCheckpointStore:
             self.audit.record("checkpoint.read", info.path.name, outcome="failure",
                               details={"step": info.step, "error": type(exc).__name__})
             raise
-        key_id = reader.header.key_ids[0]
+        key_id = loaded.key_id
         self.audit.record("checkpoint.read", info.path.name, details={
-            "step": info.step, "key_id": key_id, "sha256": info.sha256, "tensors": len(tensors),
-            "sha256_verified": verify, "bound": bool(reader.header.context),
-            "signer": reader.signer.hex() if reader.signer else None})
-        return LoadedCheckpoint(info=CheckpointInfo(info.path, info.step, info.sha256, key_id), tensors=tensors,
-                                metadata=meta)
+            "step": info.step, "key_id": key_id, "sha256": info.sha256, "tensors": len(loaded.tensors),
+            "sha256_verified": verify, "bound": bool(loaded.header.context),
+            "signer": loaded.signer.hex() if loaded.signer else None})
+        return LoadedCheckpoint(info=CheckpointInfo(info.path, info.step, info.sha256, key_id), tensors=loaded.tensors,
+                                metadata=loaded.metadata)
 
     def load_newest_verified(self, audit: AuditRecorder | None = None) -> LoadedCheckpoint | None:
         """The newest checkpoint that verifies, falling back past damaged or substituted ones.
@@ -450,7 +480,7 @@ class EncryptedCheckpointStore:
         except (OSError, ValueError, KeyError, TypeError):
             pass
         # Missing or stale (e.g. re-wrapped by key rotation): recompute from the file itself.
-        from securetrain.crypto._container.format import inspect_file
+        from securetrain.crypto._container import inspect_file
 
         h = hashlib.sha256()
         with open(path, "rb") as f:

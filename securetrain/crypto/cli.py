@@ -95,7 +95,7 @@ def encrypt_cmd(
     segment_size: int = typer.Option(1 << 20, help="Plaintext bytes per AES-GCM segment."),
 ) -> None:
     """Encrypt any file into the streaming AEAD container."""
-    from securetrain.crypto._container.format import encrypt_stream
+    from securetrain.crypto._container import encrypt_stream
     from securetrain.crypto.private_file import private_writer
 
     provider = _provider(keyring)
@@ -122,7 +122,7 @@ def decrypt_cmd(
     import hashlib
 
     from securetrain.audit.cli_support import command_recorder
-    from securetrain.crypto._container.format import decrypt_stream
+    from securetrain.crypto._container import decrypt_stream
     from securetrain.crypto.private_file import private_writer, sweep_stale_temps
 
     provider = _provider(keyring)
@@ -154,7 +154,7 @@ def inspect_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Show the header (no key needed, nothing authenticated, no secrets shown)."""
-    from securetrain.crypto._container.format import inspect_file
+    from securetrain.crypto._container import inspect_file
 
     info = inspect_file(path).describe()
     info["file_bytes"] = path.stat().st_size
@@ -178,7 +178,7 @@ def verify_cmd(
     signer_key: list[str] = SignerOpt,
 ) -> None:
     """Authenticate the header and every segment (and the signature) without writing any plaintext."""
-    from securetrain.crypto._container.format import verify_stream
+    from securetrain.crypto._container import verify_stream
 
     provider = _provider(keyring)
     verify_keys = _verify_keys(signer_key)

@@ -34,10 +34,7 @@ from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 from cryptography.hazmat.primitives.keywrap import InvalidUnwrap, aes_key_unwrap, aes_key_wrap
 
 from securetrain.crypto import vault as _vault
-from securetrain.crypto._container.wrap_algs import WRAP_AES256_KW
-from securetrain.crypto._container.wrap_algs import (
-    WRAP_OPAQUE as WRAP_OPAQUE,  # re-exported (the container reads it here)
-)
+from securetrain.crypto._container import WRAP_AES256_KW
 from securetrain.crypto.errors import KeyNotFoundError, KeyringError, KeyringPermissionError, WrongKeyError
 from securetrain.io.atomic import atomic_write_bytes
 
@@ -45,7 +42,7 @@ KEY_BYTES = 32
 FINGERPRINT_BYTES = 8
 KEY_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}")  # use with fullmatch()
 
-# Stanza wrap algorithms (container header field ``wrap_alg``): WRAP_AES256_KW, WRAP_OPAQUE (wrap_algs).
+# Stanza wrap algorithms (container header field ``wrap_alg``): WRAP_AES256_KW, WRAP_OPAQUE (_container.wrap_algs).
 
 ENV_KEK = "SECURETRAIN_KEK"
 ENV_KEK_ID = "SECURETRAIN_KEK_ID"

@@ -22,8 +22,7 @@ import torch
 from prefect.serializers import Serializer
 from pydantic import Field
 
-from securetrain.crypto._container.codec import decode_tensors, encode_tensors
-from securetrain.crypto._container.format import decrypt_bytes, encrypt_bytes
+from securetrain.crypto._container import decode_tensors, decrypt_bytes, encode_tensors, encrypt_bytes
 from securetrain.crypto.errors import UnsafePayloadError
 from securetrain.crypto.keys import KeyProvider, provider_from_env
 from securetrain.errors import SecureTrainError

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from securetrain.crypto.errors import DigestMismatchError
 from securetrain.crypto.keys import KeyProvider
@@ -58,7 +58,7 @@ class OpenedTensors:
 
 
 class _HashingWriter:
-    def __init__(self, handle) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, handle: BinaryIO) -> None:
         self._handle = handle
         self.hash = hashlib.sha256()
         self.count = 0
@@ -82,9 +82,9 @@ def seal_tensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike[st
     target = Path(path)
     with private_writer(target) as handle:
         sink = _HashingWriter(handle)
-        writer, _ = write_checkpoint(sink, tensors, dict(metadata or {}), keys, key_id=key_id)  # type: ignore[arg-type]
+        written = write_checkpoint(sink, tensors, dict(metadata or {}), keys, key_id=key_id)
         sink.flush()
-    return SealedFile(path=target, sha256=sink.hash.hexdigest(), key_id=writer.key_id, size=sink.count,
+    return SealedFile(path=target, sha256=sink.hash.hexdigest(), key_id=written.key_id, size=sink.count,
                       tensor_count=len(tensors))
 
 
@@ -104,6 +104,6 @@ def open_tensors(path: str | os.PathLike[str], keys: KeyProvider, *, expect_sha2
             raise DigestMismatchError(f"{source.name}: SHA-256 {sha256[:16]}… is not the expected {expect_sha256[:16]}…",
                                       hint="the file was replaced or edited; restore the one that was sealed")
         handle.seek(0)
-        tensors, meta, reader = read_checkpoint(handle, keys, device=device)
-    return OpenedTensors(path=source, sha256=sha256, key_id=reader.header.key_ids[0], tensors=MappingProxyType(tensors),
-                         metadata=MappingProxyType(dict(meta)))
+        loaded = read_checkpoint(handle, keys, device=device)
+    return OpenedTensors(path=source, sha256=sha256, key_id=loaded.key_id, tensors=MappingProxyType(loaded.tensors),
+                         metadata=MappingProxyType(dict(loaded.metadata)))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
@@ -58,7 +58,7 @@ def find_containers(paths: Iterable[Path]) -> list[Path]:
 
 def key_ids_in_use(files: Iterable[Path]) -> dict[str, list[Path]]:
     """Key id -> containers whose header has a stanza for it (unreadable headers are skipped)."""
-    from securetrain.crypto._container.format import inspect_file
+    from securetrain.crypto._container import inspect_file
 
     used: dict[str, list[Path]] = {}
     for path in files:
@@ -71,13 +71,15 @@ def key_ids_in_use(files: Iterable[Path]) -> dict[str, list[Path]]:
     return used
 
 
-@dataclass
+@dataclass(frozen=True)
 class RotationResult:
+    """What :func:`rotate_keyring` did (returned when every re-wrap succeeded and nothing blocked removal)."""
+
     new_key: SecretKey
-    previous_key_ids: list[str]
-    rewrapped: list[Path] = field(default_factory=list)
-    failed: list[tuple[Path, str]] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)
+    previous_key_ids: tuple[str, ...]
+    rewrapped: tuple[Path, ...] = ()
+    failed: tuple[tuple[Path, str], ...] = ()  # (path, error type); always empty in a returned result
+    removed: tuple[str, ...] = ()  # key ids removed from the keyring (kept in ``escrow``)
     escrow: Path | None = None
 
 
@@ -112,51 +114,55 @@ def rotate_keyring(
         raise RotationRefusedError(f"no containers (*.stenc) under {', '.join(map(str, paths))}",
                                    hint="nothing would be re-wrapped; nothing was changed")
 
-    from securetrain.crypto._container.format import rewrap_file
+    from securetrain.crypto._container import rewrap_file
 
     with keyring_lock(ring_path):
         ring = LocalKeyring.load(ring_path, passphrase)
         previous = ring.key_ids()
         key = ring.rotate(new_key_id)
         ring.save(ring_path, passphrase)  # the new key is durable before any file depends on it
-        result = RotationResult(new_key=key, previous_key_ids=previous)
+        rewrapped: list[Path] = []
+        failed: list[tuple[Path, str]] = []
+        removed: list[str] = []
+        escrow: Path | None = None
         for path in files:
             try:
                 rewrap_file(path, ring, audit=audit)
-                result.rewrapped.append(path)
+                rewrapped.append(path)
             except (SecureTrainError, OSError) as exc:
-                result.failed.append((path, type(exc).__name__))
+                failed.append((path, type(exc).__name__))
             if on_file is not None:
                 on_file(path)
         blocked: dict[str, list[Path]] = {}
         if remove_old:
             in_use = key_ids_in_use(files)
             blocked = {kid: in_use[kid] for kid in previous if kid in in_use}
-            if not result.failed and not blocked and result.rewrapped:
+            if not failed and not blocked and rewrapped:
                 old_keys = [k for k in (ring.get(kid) for kid in previous) if k is not None]
-                result.escrow = _escrow_keys(ring_path, passphrase, old_keys, audit)
+                escrow = _escrow_keys(ring_path, passphrase, old_keys, audit)
                 for kid in previous:
                     ring.remove(kid)
                 ring.save(ring_path, passphrase)
-                result.removed = list(previous)
+                removed = list(previous)
         audit.record("key.rotate", f"keyring:{ring_path.name}", details={
             "new_key_id": key.key_id, "key_fingerprint": key.fingerprint, "previous_key_ids": previous,
-            "rewrapped": len(result.rewrapped), "failed": len(result.failed), "removed_key_ids": result.removed,
-            "escrowed": bool(result.removed)})
-    if result.failed:
-        names = ", ".join(f"{p.name} ({err})" for p, err in result.failed[:5])
+            "rewrapped": len(rewrapped), "failed": len(failed), "removed_key_ids": removed,
+            "escrowed": bool(removed)})
+    if failed:
+        names = ", ".join(f"{p.name} ({err})" for p, err in failed[:5])
         raise RewrapFailedError(
-            f"{len(result.failed)} of {len(files)} container(s) were not re-wrapped: {names}; "
+            f"{len(failed)} of {len(files)} container(s) were not re-wrapped: {names}; "
             f"new key {key.key_id} is current, previous keys kept",
             hint="fix or move those files, then rotate again (or re-wrap them with `securetrain keys rotate`)")
-    if paths and not result.rewrapped:
+    if paths and not rewrapped:
         raise RotationRefusedError("nothing was re-wrapped; previous keys kept")
     if blocked:
         what = "; ".join(f"{kid} ({', '.join(p.name for p in ps[:3])})" for kid, ps in blocked.items())
         raise KeyStillInUseError(
             f"not removing keys that still wrap data keys under the re-wrap paths: {what}",
             hint="those stanzas belong to other recipients or failed re-wraps; previous keys kept")
-    return result
+    return RotationResult(new_key=key, previous_key_ids=tuple(previous), rewrapped=tuple(rewrapped),
+                          failed=tuple(failed), removed=tuple(removed), escrow=escrow)
 
 
 # -- escrow ------------------------------------------------------------------------------------

@@ -47,18 +47,18 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
-from securetrain.crypto._container.codec import (
-    _byte_view,
-    _cpu_contig,
-    _prepare,
+from securetrain.crypto._container import (
+    GCM_MAX_PLAINTEXT_BYTES,
     build_header,
+    byte_view,
+    cpu_contiguous,
     decode_tensors,
     encode_tensors,
     parse_header,
+    prepare_tensors,
     refuse,
     split_header,
 )
-from securetrain.crypto._container.format import GCM_MAX_PLAINTEXT_BYTES
 from securetrain.crypto.errors import (
     HeaderFormatError,
     KeyNotFoundError,
@@ -230,10 +230,10 @@ class TensorSealer:
 
     def _write(self, emit: Callable[[Any], object], tensors: Mapping[str, torch.Tensor],
                metadata: Mapping[str, str] | None) -> int:
-        items = _prepare(tensors)
+        items = prepare_tensors(tensors)
         hjson, data_len = build_header(items, metadata or {})
         head = struct.pack("<Q", len(hjson)) + hjson
-        regions = [memoryview(head)] + [_byte_view(_cpu_contig(t)) for _, t in items]
+        regions = [memoryview(head)] + [byte_view(cpu_contiguous(t)) for _, t in items]
         seg = self.segment_size
         nseg = sum(-(-len(r) // seg) for r in regions)
         if nseg > MAX_SEGMENTS:
@@ -403,7 +403,7 @@ class TensorOpener:
         for name, dtype, shape, nbytes in entries:
             t = torch.empty(shape, dtype=dtype)  # allocated only when its bytes are about to arrive
             if nbytes:
-                opener.region(_byte_view(t))
+                opener.region(byte_view(t))
             tensors[name] = t
         if isinstance(src, _BytesSource) and not src.at_end():
             raise TrailingDataError("bytes follow the last segment of the tensor message")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from securetrain.crypto._container.wrap_algs import WRAP_OPAQUE
+from securetrain.crypto._container import WRAP_OPAQUE
 from securetrain.crypto.errors import KeyNotFoundError, KeyringError, WrongKeyError
 from securetrain.errors import SecureTrainError
 

@@ -1,7 +1,7 @@
 """The data owner's secret CKKS context at rest: sealed in the project's AEAD container.
 
 The secret context (``DataOwner.secret_context()``) holds the CKKS secret key, so on disk it is
-wrapped in the streaming AES-256-GCM container of :mod:`securetrain.crypto._container` under a KEK
+wrapped in the streaming AES-256-GCM container (:func:`securetrain.crypto.encrypt_bytes`) under a KEK
 from :func:`securetrain.crypto.keys.provider_from_env` (keyring, Vault transit or
 ``SECURETRAIN_KEK``). :data:`SECRET_CONTEXT_AD` is bound into every segment, so another
 container sealed under the same KEK (a checkpoint, say) cannot be swapped in: it fails
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SECRET_CONTEXT_AD = b"securetrain he secret context v1"
-SEALED_MAGIC = b"\x89STENC\r\n"  # == securetrain.crypto._container.MAGIC (checked in tests)
+SEALED_MAGIC = b"\x89STENC\r\n"  # the container magic (tests check it against securetrain.crypto._container.MAGIC)
 
 KEY_SOURCE_HINT = ("pass --keyring FILE (passphrase in SECURETRAIN_KEYRING_PASSPHRASE), or set SECURETRAIN_KEYRING, "
                    "SECURETRAIN_VAULT_TRANSIT_KEY or SECURETRAIN_KEK (see docs/keys.md)")

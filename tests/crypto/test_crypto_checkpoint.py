@@ -18,7 +18,7 @@ import safetensors.torch
 import torch
 
 from securetrain.audit.recorder import MemoryAuditRecorder
-from securetrain.crypto._container import format as S
+from securetrain.crypto import _container as S
 from securetrain.crypto.checkpoint import CheckpointError, EncryptedCheckpointStore, binding_context, read_checkpoint
 from securetrain.crypto.errors import BindingError, SegmentAuthError, UnsafePayloadError, WrongKeyError
 from securetrain.crypto.keys import LocalKeyring, SecretKey
@@ -81,10 +81,10 @@ def test_plaintext_is_standard_safetensors_with_digest(ring: LocalKeyring, tmp_p
     info = store.save(1, state, {})
     plain = S.decrypt_bytes(info.path.read_bytes(), ring)
     assert_same(safetensors.torch.load(plain), {k: v.contiguous() for k, v in state.items()})
-    _, meta, _ = read_checkpoint(io.BytesIO(info.path.read_bytes()), ring, verify_digest=True)
+    meta = read_checkpoint(io.BytesIO(info.path.read_bytes()), ring, verify_digest=True).metadata
     assert len(meta["securetrain.tensors_sha256"]) == 64
-    _, meta, _ = read_checkpoint(io.BytesIO(EncryptedCheckpointStore(tmp_path / "d", ring).save(1, state, {}).path
-                                            .read_bytes()), ring)
+    meta = read_checkpoint(io.BytesIO(EncryptedCheckpointStore(tmp_path / "d", ring).save(1, state, {}).path
+                                      .read_bytes()), ring).metadata
     assert "securetrain.tensors_sha256" not in meta  # default: one SHA-256 pass (the file's), no tensor pre-pass
 
 
@@ -300,7 +300,7 @@ def test_sidecar_recomputed_after_rotation(ring: LocalKeyring, tmp_path) -> None
 CHILD = textwrap.dedent("""
     import os, sys, time, torch
     from securetrain.crypto import private_file
-    from securetrain.crypto._container import format as stream
+    from securetrain.crypto import _container as stream
     from securetrain.crypto.keys import EnvKeyProvider
     from securetrain.crypto.checkpoint import EncryptedCheckpointStore
     private_file.USE_O_TMPFILE = sys.argv[2] == "tmpfile"
@@ -357,7 +357,7 @@ def test_sigkill_mid_write_leaves_previous_checkpoint(tmp_path, mode: str) -> No
 @pytest.mark.parametrize("target", [0x280, 0x380, 0x480, 0x580])
 def test_header_length_that_looks_like_pickle_magic_still_loads(ring: LocalKeyring, tmp_path, target: int) -> None:
     """Regression: a safetensors header of 640 bytes starts with 80 02 - a pickle protocol marker."""
-    from securetrain.crypto._container.codec import _prepare, build_header
+    from securetrain.crypto._container import build_header, prepare_tensors
 
     store = EncryptedCheckpointStore(tmp_path, ring, digest=True)  # the prediction below includes the digest
     state = {"w": torch.ones(3)}
@@ -365,7 +365,7 @@ def test_header_length_that_looks_like_pickle_magic_still_loads(ring: LocalKeyri
         meta = {"pad": "x" * pad, "securetrain.step": "1", "securetrain.format": "securetrain-checkpoint-v1",
                 "securetrain.key_id": "ckpt-kek"}
         # mirror the store's metadata so we can predict the header length it will write
-        h, _ = build_header(_prepare(state), {**meta, "securetrain.tensors_sha256": "0" * 64})
+        h, _ = build_header(prepare_tensors(state), {**meta, "securetrain.tensors_sha256": "0" * 64})
         if len(h) == target:
             break
     else:
@@ -430,7 +430,7 @@ def test_cuda_tensors_round_trip(ring: LocalKeyring, tmp_path) -> None:
     for k, v in state.items():
         assert loaded.tensors[k].device.type == "cpu" and torch.equal(loaded.tensors[k], v.cpu())
     with open(store.path_for(1), "rb") as f:
-        tensors, _, _ = read_checkpoint(f, ring, device="cuda")
+        tensors = read_checkpoint(f, ring, device="cuda").tensors
     assert tensors["w"].is_cuda and torch.equal(tensors["w"], state["w"])
 
 

@@ -9,8 +9,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from securetrain.crypto import _container as S
 from securetrain.crypto import cli as crypto_cli
-from securetrain.crypto._container import format as S
 from securetrain.crypto.errors import HeaderAuthError, KeyNotFoundError, KeyringPermissionError, SegmentAuthError
 from securetrain.crypto.keys import LocalKeyring
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from securetrain.audit.recorder import MemoryAuditRecorder
-from securetrain.crypto._container import format as S
+from securetrain.crypto import _container as S
 from securetrain.crypto.errors import (
     CryptoError,
     HeaderAuthError,
@@ -214,7 +214,9 @@ def test_rotation_rewraps_without_reencrypting(keyring_file, tmp_path) -> None:
     new_key = ring.rotate("k2")
     ring.save(path, log2_n=FAST)
     audit = MemoryAuditRecorder()
-    old, new = S.rewrap_file(c, ring, audit=audit)
+    result = S.rewrap_file(c, ring, audit=audit)
+    old, new = result.old, result.new
+    assert result.key_id == "k2" and result.path == c
     assert audit.events == [{"action": "key.rewrap", "resource": "model.stenc", "outcome": "success", "details": {
         "old_key_ids": ["k1"], "new_key_id": "k2", "new_kek_fingerprint": new_key.fingerprint}}]
     after = c.read_bytes()

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from securetrain.crypto import _container as S
 from securetrain.crypto import private_file as P
-from securetrain.crypto._container import format as S
 from securetrain.crypto.keys import EnvKeyProvider
 
 KEK = "11" * 32
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = textwrap.dedent("""
     import sys, time
     from securetrain.crypto import private_file
-    from securetrain.crypto._container import format as S
+    from securetrain.crypto import _container as S
     from securetrain.crypto.keys import EnvKeyProvider
     mode, src, dst = sys.argv[1:4]
     if mode == "named":

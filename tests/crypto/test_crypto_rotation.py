@@ -11,8 +11,8 @@ import typer
 from typer.testing import CliRunner
 
 from securetrain.audit.recorder import MemoryAuditRecorder
+from securetrain.crypto import _container as S
 from securetrain.crypto import cli as crypto_cli
-from securetrain.crypto._container import format as S
 from securetrain.crypto.errors import KeyringError
 from securetrain.crypto.keys import LocalKeyring, validate_key_id
 from securetrain.crypto.rotation import (
@@ -111,7 +111,7 @@ def test_remove_old_escrows_then_purge(setup) -> None:
     old_copy = (ckpts / "a.stenc").read_bytes()  # a backup still under k1
     audit = MemoryAuditRecorder()
     result = rotate_keyring(kr, rewrap=[ckpts], new_key_id="k2", remove_old=True, audit=audit)
-    assert result.removed == ["k1"] and [p.name for p in result.rewrapped] == ["a.stenc"]
+    assert result.removed == ("k1",) and [p.name for p in result.rewrapped] == ["a.stenc"]
     assert _ids(kr) == ["k2"]
     assert (escrow_path(kr).stat().st_mode & 0o777) == 0o600
     assert PASS.encode() not in escrow_path(kr).read_bytes()

@@ -11,7 +11,7 @@ import struct
 import pytest
 
 from securetrain.audit.recorder import MemoryAuditRecorder
-from securetrain.crypto._container import format as S
+from securetrain.crypto import _container as S
 from securetrain.crypto.errors import (
     HeaderAuthError,
     HeaderFormatError,
@@ -546,7 +546,7 @@ def test_key_commitment_rejects_substituted_data_key(ring: LocalKeyring, blob: b
     h = S.read_header(io.BytesIO(blob))
     evil_dk = os.urandom(32)
     stanza = S.Stanza("kek-a", 1, h.stanzas[0].fingerprint, ring.wrap("kek-a", evil_dk))
-    keys = S._derive(evil_dk, h.salt)
+    keys = S.derive_keys(evil_dk, h.salt)
     body = h.fixed + bytes([1]) + stanza.encode() + h.commitment
     forged = body + hmac.new(keys.mac_key, body, hashlib.sha256).digest() + blob[h.header_length:]
     got, err = collect(forged, ring)

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from securetrain.crypto._container import format as S
+from securetrain.crypto import _container as S
 from securetrain.crypto.errors import LimitExceededError, TruncatedError
 from securetrain.crypto.keys import LocalKeyring
 

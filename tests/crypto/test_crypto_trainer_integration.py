@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from securetrain.audit.recorder import MemoryAuditRecorder
-from securetrain.crypto._container.format import inspect_file
+from securetrain.crypto._container import inspect_file
 from securetrain.crypto.checkpoint import EncryptedCheckpointStore
 from securetrain.crypto.keys import LocalKeyring, SecretKey
 from securetrain.training.config import TrainingConfig

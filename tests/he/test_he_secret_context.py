@@ -17,7 +17,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from securetrain.audit.recorder import MemoryAuditRecorder  # noqa: E402
 from securetrain.cli.main import app  # noqa: E402
-from securetrain.crypto._container import format as stream  # noqa: E402
+from securetrain.crypto import _container as stream  # noqa: E402
 from securetrain.crypto.errors import (  # noqa: E402
     HeaderAuthError,
     KeyNotFoundError,

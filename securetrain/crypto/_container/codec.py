@@ -30,14 +30,16 @@ DTYPES: dict[torch.dtype, str] = {
 FROM_DTYPE = {v: k for k, v in DTYPES.items()}
 
 
-def _byte_view(tensor: torch.Tensor) -> memoryview:
+def byte_view(tensor: torch.Tensor) -> memoryview:
+    """The raw bytes of a contiguous CPU tensor, without a copy (an empty view for an empty tensor)."""
     flat = tensor.reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
     return flat.view(torch.uint8).numpy().data.cast("B")
 
 
-def _prepare(tensors: Mapping[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+def prepare_tensors(tensors: Mapping[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    """Validate names, types and dtypes; the detached tensors in name order (the order they are written)."""
     items = []
     for name in sorted(tensors):
         t = tensors[name]
@@ -51,7 +53,8 @@ def _prepare(tensors: Mapping[str, torch.Tensor]) -> list[tuple[str, torch.Tenso
     return items
 
 
-def _cpu_contig(t: torch.Tensor) -> torch.Tensor:
+def cpu_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the CPU in contiguous layout (a no-op for a tensor that already is)."""
     return t.to("cpu").contiguous()
 
 
@@ -70,14 +73,14 @@ def build_header(items: list[tuple[str, torch.Tensor]], meta: Mapping[str, str])
 
 def encode_tensors(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> bytes:
     """Serialize to safetensors bytes (loadable by ``safetensors.torch.load``)."""
-    items = _prepare(tensors)
+    items = prepare_tensors(tensors)
     hjson, size = build_header(items, metadata or {})
     out = bytearray(8 + len(hjson) + size)
     out[:8] = struct.pack("<Q", len(hjson))
     out[8:8 + len(hjson)] = hjson
     pos = 8 + len(hjson)
     for _, t in items:
-        view = _byte_view(_cpu_contig(t))
+        view = byte_view(cpu_contiguous(t))
         out[pos:pos + len(view)] = view
         pos += len(view)
     return bytes(out)
@@ -99,7 +102,7 @@ def decode_tensors(data: bytes | bytearray | memoryview) -> tuple[dict[str, torc
     for name, dtype, shape, nbytes in entries:
         t = torch.empty(shape, dtype=dtype)
         if nbytes:
-            _byte_view(t)[:] = view[pos:pos + nbytes]
+            byte_view(t)[:] = view[pos:pos + nbytes]
         pos += nbytes
         tensors[name] = t
     return tensors, meta
