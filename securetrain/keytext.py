@@ -19,6 +19,7 @@ import binascii
 import re
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from securetrain.errors import SecureTrainError
@@ -80,7 +81,7 @@ def group_or_other_readable(path: Path) -> bool:
         return False
 
 
-def check_key_file_mode(path: Path, *, warn=None) -> bool:  # type: ignore[no-untyped-def]
+def check_key_file_mode(path: Path, *, warn: Callable[[str], object] | None = None) -> bool:
     """Warn (one line on stderr, or through ``warn``) when ``path`` is readable by group/others."""
     if not group_or_other_readable(path):
         return False

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, TypedDict, Unpack
 
 import torch
 
@@ -225,6 +225,22 @@ class _HashedSink:
 _NAME = re.compile(r"^step-(\d{12})\.stenc$")
 
 
+class StoreOptions(TypedDict, total=False):
+    """Keyword options of :class:`EncryptedCheckpointStore` (for :meth:`~EncryptedCheckpointStore.from_env`)."""
+
+    key_id: str | None
+    keep_last: int | None
+    audit: AuditRecorder | None
+    segment_size: int
+    digest: bool
+    verify_sha256: bool | None
+    recipients: Sequence[tuple[KeyProvider, str | None]]
+    store_id: str | None
+    signer: Ed25519PrivateKey | None
+    verify_keys: Sequence[Ed25519PublicKey]
+    accept_unbound: bool
+
+
 class EncryptedCheckpointStore:
     """A :class:`~securetrain.training.checkpoint_store.CheckpointStore` of AEAD-encrypted safetensors.
 
@@ -297,11 +313,11 @@ class EncryptedCheckpointStore:
 
     @classmethod
     def from_env(cls, directory: str | os.PathLike[str], *, keyring: str | os.PathLike[str] | None = None,
-                 **kwargs: object) -> EncryptedCheckpointStore:
+                 **kwargs: Unpack[StoreOptions]) -> EncryptedCheckpointStore:
         """A store whose KEK comes from ``keyring``/``SECURETRAIN_KEYRING`` or ``SECURETRAIN_KEK``."""
         from securetrain.crypto.keys import provider_from_env
 
-        return cls(directory, provider_from_env(keyring), **kwargs)  # type: ignore[arg-type]
+        return cls(directory, provider_from_env(keyring), **kwargs)
 
     def __repr__(self) -> str:
         return f"EncryptedCheckpointStore({str(self.directory)!r}, key_id={self.key_id!r})"

@@ -162,8 +162,8 @@ def inspect_cmd(
         console.print_json(json.dumps(info))
         return
     for key, value in info.items():
-        if key == "keys":
-            for k in value:  # type: ignore[attr-defined]
+        if key == "keys" and isinstance(value, list):
+            for k in value:
                 console.print(f"key: {k['key_id']} ({k['wrap']}, KEK fingerprint {k['kek_fingerprint']})",
                               markup=False, highlight=False)
         else:

@@ -27,9 +27,10 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from types import FrameType
+from typing import Any, BinaryIO
 
 from securetrain.io.atomic import fsync_dir
 
@@ -265,7 +266,8 @@ class BackgroundFileHasher:
 # -- signal paths for named temps -----------------------------------------------------------
 
 _FATAL_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, n))
-_installed: dict[int, object] = {}
+_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None  # what signal.signal returns
+_installed: dict[int, _Handler] = {}
 
 
 def _on_fatal_signal(signum: int, frame: object) -> None:
@@ -293,7 +295,7 @@ def _unregister(name: str) -> None:
             return
         for sig, previous in list(_installed.items()):
             if signal.getsignal(sig) is _on_fatal_signal:
-                signal.signal(sig, previous)  # type: ignore[arg-type]
+                signal.signal(sig, previous)
             del _installed[sig]
 
 

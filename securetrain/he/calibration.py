@@ -50,6 +50,14 @@ def approximated_steps(plan: HEPlan) -> list[int]:
     return [i for i, s in enumerate(plan.steps) if isinstance(s, PolyStep) and s.input_range is not None]
 
 
+def poly_step(plan: HEPlan, index: int) -> PolyStep:
+    """Step ``index`` of ``plan`` as the :class:`PolyStep` that :func:`approximated_steps` listed."""
+    step = plan.steps[index]
+    if not isinstance(step, PolyStep):
+        raise TypeError(f"plan step {index} is a {type(step).__name__}, not a polynomial")
+    return step
+
+
 def calibrate(plan: HEPlan, features: np.ndarray, *, margin: float = DEFAULT_MARGIN) -> Calibration:
     """Plaintext pass of ``plan`` on ``features`` (n_samples, n_inputs)."""
     x = np.asarray(features, dtype=np.float64)

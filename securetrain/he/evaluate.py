@@ -26,6 +26,7 @@ from securetrain.he.calibration import (
     approximated_steps,
     calibrate,
     packed_abs_max,
+    poly_step,
     pow2_ceil,
 )
 from securetrain.he.errors import HEError, HEModelError, HEParameterError
@@ -144,11 +145,11 @@ def _auto_ranges(plan: HEPlan, paths: list[str], x: np.ndarray, approx: dict[str
     cal = calibrate(plan, x)
     changed = False
     for path, idx, pre in zip(paths, steps, cal.preactivation_abs_max, strict=True):
-        name = plan.steps[idx].source  # type: ignore[union-attr]
+        name = poly_step(plan, idx).source
         fixed = [v for key in (path, name) if (v := user.get(key)) is not None and v[1] is not None]
         if path.startswith("<") or fixed:
             continue  # the output sigmoid / a caller-chosen R: measured and refused, never widened
-        current = plan.steps[idx].input_range  # type: ignore[union-attr]
+        current = poly_step(plan, idx).input_range
         if current is not None and pow2_ceil(pre) > current:
             approx[path] = (None, pow2_ceil(pre))
             changed = True
@@ -230,7 +231,7 @@ def evaluate_encrypted(
         model_sha = plan.sha256()
         resource = f"he-model:{model_sha[:16]}"
         cal = calibrate(plan, cal_x)
-        ranges = _named(plan, paths, [plan.steps[i].input_range for i in approximated_steps(plan)])  # type: ignore[union-attr]
+        ranges = _named(plan, paths, [poly_step(plan, i).input_range for i in approximated_steps(plan)])
         out_of_range = _named(plan, paths, list(cal.out_of_interval))
         _check_intervals(plan, paths, cal, out_of_interval, max_out_of_interval)
         p = params if params is not None else choose_params(plan.depth, scale_bits=None, integer_bits=None,
@@ -384,7 +385,7 @@ def bundle_blocks(bundle: bytes) -> int:
 
 def _named(plan: HEPlan, paths: list[str], values: list[Any]) -> dict[str, Any]:
     steps = approximated_steps(plan)
-    keys = paths if len(paths) == len(steps) else [f"step{i}:{plan.steps[i].source}" for i in steps]  # type: ignore[union-attr]
+    keys = paths if len(paths) == len(steps) else [f"step{i}:{poly_step(plan, i).source}" for i in steps]
     return dict(zip(keys, values, strict=True))
 
 
@@ -395,12 +396,13 @@ def _check_intervals(plan: HEPlan, paths: list[str], cal: Calibration, policy: s
     for path, (idx, frac, pre) in names.items():
         if frac <= limit:
             continue
-        r = plan.steps[idx].input_range  # type: ignore[union-attr]
-        msg = (f"{frac:.1%} of the calibration inputs of the approximated {plan.steps[idx].source} at {path!r} "  # type: ignore[union-attr]
+        step = poly_step(plan, idx)
+        r = step.input_range
+        msg = (f"{frac:.1%} of the calibration inputs of the approximated {step.source} at {path!r} "
                f"lie outside its fitted interval [-{r:g}, {r:g}] (largest |input| {pre:.3g}); the polynomial "
                "diverges there and the encrypted result would be wrong")
         hint = ("compute probabilities at the data owner (probabilities_at='data_owner', the default), or widen "
-                f"the interval: approximations={{'{plan.steps[idx].source}': (degree, {pow2_ceil(pre):g})}}")  # type: ignore[union-attr]
+                f"the interval: approximations={{'{step.source}': (degree, {pow2_ceil(pre):g})}}")
         if policy == "refuse":
             raise HEModelError(msg, hint=hint)
         warnings.warn(f"{msg} ({hint})", RuntimeWarning, stacklevel=3)

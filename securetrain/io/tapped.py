@@ -6,17 +6,17 @@ exactly the bytes read and never copies them.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
-from typing import BinaryIO
 
 
 class TappedReader:
-    def __init__(self, raw: BinaryIO, on_data: Callable[[bytes | memoryview], object]) -> None:
+    def __init__(self, raw: io.BufferedIOBase, on_data: Callable[[bytes | memoryview], object]) -> None:
         self.raw = raw
         self.on_data = on_data
 
     def readinto(self, view: memoryview) -> int:
-        n = self.raw.readinto(view) or 0  # type: ignore[attr-defined]
+        n = self.raw.readinto(view) or 0
         if n:
             self.on_data(view[:n])
         return n

@@ -380,8 +380,9 @@ class Trainer:
         cfg = self.config
         self._per_epoch = feeder.batches_in_epoch()
         total = cfg.max_steps
-        if self._per_epoch is not None and cfg.epochs is not None:
-            by_epochs = cfg.epochs * self._steps_per_epoch()  # type: ignore[operator]
+        per_epoch = self._steps_per_epoch()
+        if per_epoch is not None and cfg.epochs is not None:
+            by_epochs = cfg.epochs * per_epoch
             total = min(total, by_epochs) if total else by_epochs
         self._total_steps = total
 

@@ -51,7 +51,7 @@ def deid(
     from securetrain.cli.console import console, progress_bar
     from securetrain.masking.dicom.keys import ENV_KEY, DeidKeys
     from securetrain.masking.dicom.policy import load_policy
-    from securetrain.masking.dicom.tree import FileOutcome, deidentify_tree, plan_tree
+    from securetrain.masking.dicom.tree import FileOutcome, FileResult, deidentify_tree, plan_tree
 
     pol = load_policy(policy)  # validate before any work
     secret = _read_key(key_file, "de-identification key", ENV_KEY)
@@ -65,7 +65,7 @@ def deid(
         bar = progress.add_task("de-identifying" if not dry_run else "dry run", total=total, status="")
         refused = 0
 
-        def advance(result) -> None:  # type: ignore[no-untyped-def]
+        def advance(result: FileResult) -> None:
             nonlocal refused
             refused += result.outcome in (FileOutcome.REJECTED, FileOutcome.QUARANTINED)
             progress.update(bar, advance=1, status=f"{refused} not written" if refused else "")

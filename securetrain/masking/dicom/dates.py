@@ -59,8 +59,13 @@ def shift_da(value: str, days: int) -> str | None:
         parts = value.split("-")
         if len(parts) != 2 or not any(p.strip() for p in parts):
             return None
-        out = [(_shift_date_part(p.strip(), days) if p.strip() else "") for p in parts]
-        return None if any(o is None for o in out) else "-".join(out)  # type: ignore[arg-type]
+        out: list[str] = []
+        for part in parts:
+            shifted = _shift_date_part(part.strip(), days) if part.strip() else ""
+            if shifted is None:
+                return None
+            out.append(shifted)
+        return "-".join(out)
     if "." in value and len(value) == 10:  # ACR-NEMA style YYYY.MM.DD
         value = value.replace(".", "")
     return _shift_date_part(value, days)
