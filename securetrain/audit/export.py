@@ -149,7 +149,7 @@ def verify_export(
     from securetrain.audit.handover import root_key
     from securetrain.audit.verify import (
         VerifyReport,
-        _open,
+        open_checkpoint_note,
         iter_line_batches,
         key_chain,
         verify_file_parallel,
@@ -248,7 +248,7 @@ def verify_export(
         return fail("checkpoint-note", "checkpoint.note must hold exactly the newest checkpoint")
     else:
         try:
-            latest, _ = _open(latest_notes[0], chain, trusted=False)
+            latest, _ = open_checkpoint_note(latest_notes[0], chain, trusted=False)
         except AuditIntegrityError as exc:
             return fail(exc.problem, f"checkpoint.note: {exc}")
         if latest.tree_size != size or latest.root_hash.hex() != root:
@@ -269,13 +269,13 @@ def _resume_point(out: Path, held_text: str, public_key: Any, handle: Any) -> tu
     """Authenticated (compact range, chain head) at the held checkpoint; ``handle`` is left after it."""
     from securetrain.audit.errors import AuditExportError, AuditIntegrityError
     from securetrain.audit.note import split_notes
-    from securetrain.audit.verify import MAX_LINE_BYTES, _open
+    from securetrain.audit.verify import MAX_LINE_BYTES, open_checkpoint_note
 
     def fail(message: str) -> AuditIntegrityError:
         return AuditIntegrityError(message, problem="incremental")
 
     notes = split_notes(held_text) or [held_text]
-    held = max((_open(n, public_key, trusted=True)[0] for n in notes), key=lambda c: c.tree_size)
+    held = max((open_checkpoint_note(n, public_key, trusted=True)[0] for n in notes), key=lambda c: c.tree_size)
     size = held.tree_size
     if size == 0:
         return None  # nothing held: a full verification

@@ -371,8 +371,8 @@ def key_chain(public_key: TrustedKeys, handover_notes: Sequence[str] = ()) -> Ke
 
 def _open_notes(public_key: TrustedKeys, checkpoint_notes: Iterable[str],
                 trusted_notes: Iterable[str]) -> tuple[list[tuple[Checkpoint, bool]], list[tuple[Checkpoint, bool]]]:
-    own = [_open(n, public_key, trusted=False) for n in checkpoint_notes]
-    trusted = [_open(n, public_key, trusted=True) for blob in trusted_notes for n in (split_notes(blob) or [blob])]
+    own = [open_checkpoint_note(n, public_key, trusted=False) for n in checkpoint_notes]
+    trusted = [open_checkpoint_note(n, public_key, trusted=True) for blob in trusted_notes for n in (split_notes(blob) or [blob])]
     return own, trusted
 
 
@@ -581,7 +581,8 @@ def _close(source: Any) -> None:
         close()  # release the reader's connection/transaction now, not at garbage collection
 
 
-def _open(note: str, public_key: TrustedKeys, *, trusted: bool) -> tuple[Checkpoint, bool]:
+def open_checkpoint_note(note: str, public_key: TrustedKeys, *, trusted: bool) -> tuple[Checkpoint, bool]:
+    """Parse a signed checkpoint note, verified against ``public_key`` (a key, keys or key chain) when given."""
     if public_key is not None and not isinstance(public_key, Ed25519PublicKey):
         origin, size, root = open_with_chain(note, key_chain(public_key) or KeyChain())
         return Checkpoint(origin, size, root, note), trusted

@@ -243,7 +243,7 @@ class AcceleratorBackend(DeviceBackend):
 
     def __init__(self, index: int = 0) -> None:
         super().__init__(index)
-        acc = _current_accelerator()
+        acc = current_accelerator()
         self.device_type = acc.type if acc is not None else "none"
 
     def availability(self) -> tuple[bool, str | None]:
@@ -269,7 +269,7 @@ class AcceleratorBackend(DeviceBackend):
             pass
 
 
-def _current_accelerator() -> torch.device | None:
+def current_accelerator() -> torch.device | None:
     try:
         if torch.accelerator.is_available():
             return torch.accelerator.current_accelerator()

@@ -29,7 +29,7 @@ from securetrain.devices.builtin import (
     CpuBackend,
     CudaBackend,
     PrivateUse1Backend,
-    _current_accelerator,
+    current_accelerator,
     plugin_installed,
     privateuse1_name,
 )
@@ -139,7 +139,7 @@ def _auto_candidates(index: int) -> list[DeviceBackend]:
                 log.warning("ignoring device backend %r: %s", factory, exc)
         candidates.extend(b for b in plugins if b.device_type == renamed)
         candidates.append(PrivateUse1Backend(index))
-    acc = _current_accelerator()
+    acc = current_accelerator()
     if acc is not None:
         candidates.append(CudaBackend(index) if acc.type == "cuda" else AcceleratorBackend(index))
     candidates.append(CpuBackend(index))

@@ -22,7 +22,7 @@ import numpy as np
 
 from securetrain.he.errors import HEModelError
 from securetrain.he.plan import HEPlan, PolyStep
-from securetrain.he.strategy import Node, Ops, _NumpyBackend, run_plan
+from securetrain.he.strategy import Node, NumpyBackend, Ops, run_plan
 
 DEFAULT_MARGIN = 2.0
 
@@ -71,7 +71,7 @@ def calibrate(plan: HEPlan, features: np.ndarray, *, margin: float = DEFAULT_MAR
         nonlocal worst
         worst = max(worst, float(np.max(np.abs(node.payload))))
 
-    run_plan(plan, [Node(x[:, j].copy(), 0) for j in range(plan.n_inputs)], Ops(_NumpyBackend(), on_node=visit))
+    run_plan(plan, [Node(x[:, j].copy(), 0) for j in range(plan.n_inputs)], Ops(NumpyBackend(), on_node=visit))
     pre_max: list[float] = []
     outside: list[float] = []
     h = x

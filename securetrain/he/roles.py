@@ -28,7 +28,7 @@ from securetrain.he._lazy import require_tenseal
 from securetrain.he.errors import HEFormatError, HEKeyError, HEModelError, HEParameterError
 from securetrain.he.params import HEParams
 from securetrain.he.plan import HEPlan, LinearStep, PolyStep
-from securetrain.he.strategy import Node, Ops, _NullBackend, max_abs_bound, run_plan
+from securetrain.he.strategy import Node, NullBackend, Ops, max_abs_bound, run_plan
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ class DataOwner:
             blocks, bs = min(self.params.slots // n, cols), n
         groups = math.ceil(cols / blocks)
         jobs = [(b, g) for b in range(math.ceil(n / bs)) for g in range(groups)]
-        ops = Ops(_NullBackend(), threads=threads or _default_threads())
+        ops = Ops(NullBackend(), threads=threads or _default_threads())
         lock = threading.Lock()
 
         def column_block(b: int, g: int) -> list[float]:
@@ -442,7 +442,7 @@ def _count_ops(plan: HEPlan) -> int:
         nonlocal count
         count += 1
 
-    run_plan(plan, [Node(None, 0) for _ in range(plan.n_inputs)], Ops(_NullBackend(), on_node=inc))
+    run_plan(plan, [Node(None, 0) for _ in range(plan.n_inputs)], Ops(NullBackend(), on_node=inc))
     return count
 
 

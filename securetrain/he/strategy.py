@@ -195,7 +195,7 @@ def run_plan(plan: HEPlan, inputs: Sequence[Node], ops: Ops) -> list[Node]:
 # --- backends -----------------------------------------------------------------------------------
 
 
-class _NumpyBackend:
+class NumpyBackend:
     def mul_plain(self, x: np.ndarray, c: float) -> np.ndarray:
         return x * c
 
@@ -209,7 +209,7 @@ class _NumpyBackend:
         return x + c
 
 
-class _NullBackend:
+class NullBackend:
     def mul_plain(self, x: None, c: float) -> None:
         return None
 
@@ -249,12 +249,12 @@ def evaluate_numpy(plan: HEPlan, features: np.ndarray) -> np.ndarray:
     x = np.asarray(features, dtype=np.float64)
     if x.ndim != 2 or x.shape[1] != plan.n_inputs:
         raise ValueError(f"expected features of shape (n, {plan.n_inputs}), got {x.shape}")
-    out = run_plan(plan, [Node(x[:, j].copy(), 0) for j in range(plan.n_inputs)], Ops(_NumpyBackend()))
+    out = run_plan(plan, [Node(x[:, j].copy(), 0) for j in range(plan.n_inputs)], Ops(NumpyBackend()))
     return np.stack([n.payload for n in out], axis=1)
 
 
 def plan_depth(plan: HEPlan) -> int:
-    out = run_plan(plan, [Node(None, 0) for _ in range(plan.n_inputs)], Ops(_NullBackend()))
+    out = run_plan(plan, [Node(None, 0) for _ in range(plan.n_inputs)], Ops(NullBackend()))
     return max(n.level for n in out)
 
 

@@ -46,7 +46,8 @@ CLASSIFICATION_METRICS = ("loss", "accuracy", "auc")
 
 
 # --------------------------------------------------------------------------------- helpers
-def _checkpoint_store(config: PipelineConfig, secrets: RunSecrets, audit: AuditRecorder | None, *, best: bool = False):
+def run_checkpoint_store(config: PipelineConfig, secrets: RunSecrets, audit: AuditRecorder | None, *, best: bool = False):
+    """The run's encrypted checkpoint store (``best``: the one holding the best validation's weights)."""
     from securetrain.crypto.checkpoint import EncryptedCheckpointStore
 
     if best:  # the best validation's weights: kept apart so rotation never drops them
@@ -232,8 +233,8 @@ def train(
         eval_data=data.eval if len(data.eval) else None,
         metrics_fn=getattr(task, "metrics", None),
         predict_fn=getattr(task, "predict", None),
-        store=_checkpoint_store(config, secrets, audit),
-        best_store=_checkpoint_store(config, secrets, audit, best=True),
+        store=run_checkpoint_store(config, secrets, audit),
+        best_store=run_checkpoint_store(config, secrets, audit, best=True),
         callbacks=[history, *callbacks],
         audit=audit,
         backend=backend,
@@ -244,8 +245,8 @@ def train(
         raise PipelinePreempted(f"training {what} at step {result.steps} (checkpoint written)",
                                 hint="run the same command again to resume", exit_code=result.exit_code,
                                 steps=result.steps)
-    store = _checkpoint_store(config, secrets, None)
-    best_store = _checkpoint_store(config, secrets, None, best=True)
+    store = run_checkpoint_store(config, secrets, None)
+    best_store = run_checkpoint_store(config, secrets, None, best=True)
     best_info = best_store.latest()
     rates = [m.samples_per_s for m in history.history if m.samples_per_s > 0]
     return TrainingSummary(
@@ -292,9 +293,9 @@ def load_trained_model(config: PipelineConfig, secrets: RunSecrets, audit: Audit
                        data: TaskData | None = None, *, which: str = "last"):
     """The model restored from the latest (``which="best"``: the best validation's) encrypted
     checkpoint, authenticated before use."""
-    store = _checkpoint_store(config, secrets, audit, best=which == "best")
+    store = run_checkpoint_store(config, secrets, audit, best=which == "best")
     if which == "best" and store.latest() is None:
-        store = _checkpoint_store(config, secrets, audit)  # no validation ran: the last weights
+        store = run_checkpoint_store(config, secrets, audit)  # no validation ran: the last weights
     loaded = store.load()
     tensors = loaded.tensors
     from securetrain.training import sharded

@@ -237,11 +237,11 @@ def _check_audit_and_statement(run_dir: Path, config: Any, policy: ReleasePolicy
 def _model_bytes(run_dir: Path, config: Any, statement: dict[str, Any], failures: list[str]) -> bytes | None:
     """Decrypt the statement's container; refuse if it, or the plaintext, differs or is not the newest."""
     from securetrain.pipeline.secrets import load_run_secrets
-    from securetrain.pipeline.stages import _checkpoint_store
+    from securetrain.pipeline.stages import run_checkpoint_store
 
     model = statement["predicate"]["model"]
     secrets = load_run_secrets(config)
-    store = _checkpoint_store(config, secrets, None, best=model.get("checkpoint") == "best")
+    store = run_checkpoint_store(config, secrets, None, best=model.get("checkpoint") == "best")
     latest = store.latest()
     container = statement["subject"][1]
     if latest is None or latest.path.name != container["name"]:

@@ -164,12 +164,12 @@ def _data_dir(config: Any, prepared: Any) -> Path | None:
 
 
 def _model_checkpoint(config: Any, secrets: Any) -> tuple[str, Any]:
-    from securetrain.pipeline.stages import _checkpoint_store
+    from securetrain.pipeline.stages import run_checkpoint_store
 
-    best = _checkpoint_store(config, secrets, None, best=True)
+    best = run_checkpoint_store(config, secrets, None, best=True)
     if best.latest() is not None:
         return "best", best
-    return "last", _checkpoint_store(config, secrets, None)
+    return "last", run_checkpoint_store(config, secrets, None)
 
 
 def sign_run_provenance(config: Any, audit_log: Any, prepared: Any, training: Any, secrets: Any) -> dict[str, Any]:

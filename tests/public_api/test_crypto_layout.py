@@ -1,6 +1,6 @@
 """The crypto package's layout (issue 12): container internals in the private ``_container`` package,
-no ``_private`` names imported across module boundaries, frozen results instead of tuples, and the
-deprecated ``securetrain.crypto.stream`` alias re-exporting only public names."""
+no ``_private`` names imported across module boundaries (anywhere in securetrain), frozen results
+instead of tuples, and the deprecated ``securetrain.crypto.stream`` alias re-exporting only public names."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def _private_cross_imports(paths: list[Path]) -> list[str]:
     bad = []
     for path in paths:
         for module, name in _imports(path):
-            if name.startswith("_"):
+            if name.startswith("_") and not name.startswith("__"):  # dunders (__version__) are public
                 bad.append(f"{path}: from {module} import {name}")
     return bad
 
@@ -53,6 +53,12 @@ def test_crypto_modules_import_no_private_names_of_each_other() -> None:
     bad = _private_cross_imports(sorted((PACKAGE / "crypto").rglob("*.py")))
     # Importing the private package itself is how crypto modules reach its public helpers.
     assert [b.replace(str(ROOT), "") for b in bad if not b.endswith("from securetrain.crypto import _container")] == []
+
+
+def test_no_securetrain_module_imports_a_private_name_of_another() -> None:
+    bad = _private_cross_imports(sorted(PACKAGE.rglob("*.py")))
+    allowed = "from securetrain.crypto import _container"  # crypto's own private subpackage
+    assert [b.replace(str(ROOT), "") for b in bad if not b.endswith(allowed)] == []
 
 
 def test_the_scan_finds_a_private_cross_import(tmp_path: Path) -> None:

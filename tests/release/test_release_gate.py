@@ -117,14 +117,14 @@ def test_refused_with_stale_provenance(run: Path, keys: dict[str, Path], tmp_pat
     """Approvals cover one statement; a newer checkpoint (or a re-signed statement) makes them stale."""
     from securetrain.pipeline.runner import open_run_audit
     from securetrain.pipeline.secrets import load_run_secrets
-    from securetrain.pipeline.stages import _checkpoint_store
+    from securetrain.pipeline.stages import run_checkpoint_store
 
     pol = policy(keys["alice"].parent, ["alice", "bob"])
     approve(run, keys["alice"], policy_path=pol)
     approve(run, keys["bob"], policy_path=pol)
     config = load_run(run)
     with open_run_audit(config) as log:  # the model is retrained after approval: a newer best checkpoint
-        store = _checkpoint_store(config, load_run_secrets(config), log, best=True)
+        store = run_checkpoint_store(config, load_run_secrets(config), log, best=True)
         latest = store.load()
         store.save(latest.info.step + 1, latest.tensors, latest.metadata)
     failures = _refused(run, tmp_path / "out" / "m.safetensors", pol)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from securetrain.masking.dicom.burned_in.ocr import OcrEngine, Word
-from securetrain.masking.dicom.burned_in.preprocess import _FRAME, full_frame_views, line_crop, text_candidates
+from securetrain.masking.dicom.burned_in.preprocess import CROP_FRAME, full_frame_views, line_crop, text_candidates
 from securetrain.masking.dicom.burned_in.regions import Region
 
 
@@ -138,10 +138,10 @@ def _extend_lines(frames: list[np.ndarray], confirmed: list, engine: OcrEngine, 
         for w in cw:
             if not rule.maskable(w):
                 continue
-            x0 = ox + (w.left - _FRAME) / scale
-            y0 = oy + (w.top - _FRAME) / scale
-            x1 = ox + (w.left + w.width - _FRAME) / scale
-            y1 = oy + (w.top + w.height - _FRAME) / scale
+            x0 = ox + (w.left - CROP_FRAME) / scale
+            y0 = oy + (w.top - CROP_FRAME) / scale
+            x1 = ox + (w.left + w.width - CROP_FRAME) / scale
+            y1 = oy + (w.top + w.height - CROP_FRAME) / scale
             r = Region(int(x0), int(y0), int(np.ceil(x1)), int(np.ceil(y1)), "ocr").clipped(shape[0], shape[1])
             if r is not None:
                 out.append(r)

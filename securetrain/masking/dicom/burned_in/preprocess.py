@@ -200,10 +200,10 @@ def line_crop(img8: np.ndarray, box: tuple[int, int, int, int], polarity: str, *
     crop = (crop - lo) * (255.0 / (hi - lo)) if hi > lo else np.full(crop.shape, 255.0)
     out, scale = _upscale(crop.astype(np.uint8), y1 - y0)
     # A white frame around the crop: Tesseract drops glyphs that touch the page edge.
-    return np.pad(out, _FRAME, constant_values=255), scale, cx0, cy0
+    return np.pad(out, CROP_FRAME, constant_values=255), scale, cx0, cy0
 
 
-_FRAME = 10
+CROP_FRAME = 10
 
 
 def text_candidates(img8: np.ndarray, frame_index: int, *, min_contrast: int = 40, pad: int = 4) -> list[Candidate]:
