@@ -89,7 +89,7 @@ def run(size: int, repeat: int, seg: int, rounds: int) -> dict[str, float]:
                         assert frame is not None and len(opener.open(frame)) == 8
                     else:
                         result = opener.recv(conn)
-                        assert result is not None and len(result[0]) == 8
+                        assert result is not None and len(result.tensors) == 8
                 best[mode] = min(best[mode], time.perf_counter() - t0)
     finally:
         conn.close()

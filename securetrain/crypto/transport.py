@@ -36,7 +36,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import torch
@@ -311,6 +311,14 @@ class _SocketSource:
             got += k
 
 
+@dataclass(frozen=True)
+class OpenedMessage:
+    """An authenticated, decrypted message: its tensors and the sender's string metadata."""
+
+    tensors: dict[str, torch.Tensor] = field(repr=False)
+    metadata: dict[str, str]
+
+
 class TensorOpener:
     """Opens messages addressed to ``identity`` from known ``peers`` ({party_id: public key}).
 
@@ -333,24 +341,22 @@ class TensorOpener:
         self._lock = threading.Lock()
 
     def open(self, message: bytes | bytearray | memoryview) -> dict[str, torch.Tensor]:
-        return self.open_with_metadata(message)[0]
+        return self.open_with_metadata(message).tensors
 
-    def open_with_metadata(
-        self, message: bytes | bytearray | memoryview
-    ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    def open_with_metadata(self, message: bytes | bytearray | memoryview) -> OpenedMessage:
         view = memoryview(message).cast("B")
         if len(view) > 4 and view[:4] == MAGIC and view[4] == 2:
             src = _BytesSource(view)
-            return self._open_v2(src, src.take(5, "header"))
-        return self._open_v1(bytes(view))
+            return OpenedMessage(*self._open_v2(src, src.take(5, "header")))
+        return OpenedMessage(*self._open_v1(bytes(view)))
 
-    def recv(self, sock: socket.socket) -> tuple[dict[str, torch.Tensor], dict[str, str]] | None:
+    def recv(self, sock: socket.socket) -> OpenedMessage | None:
         """Read and open one v2 message from ``sock``; ``None`` on a clean close between messages."""
         src = _SocketSource(sock)
         first = src.first(5)
         if first is None:
             return None
-        return self._open_v2(src, bytes(first))
+        return OpenedMessage(*self._open_v2(src, bytes(first)))
 
     # -- version 2 ----------------------------------------------------------------------------
     def _open_v2(self, src: Any, first: bytes | memoryview) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

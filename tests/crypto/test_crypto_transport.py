@@ -43,8 +43,9 @@ def tensors(i: int = 0) -> dict[str, torch.Tensor]:
 def test_round_trip_and_metadata(parties) -> None:
     _, _, sealer, opener = parties
     msg = T.seal(tensors(1), sealer, {"round": "1"})
-    got, meta = opener.open_with_metadata(msg)
-    assert meta == {"round": "1"}
+    opened = opener.open_with_metadata(msg)
+    got, meta = opened.tensors, opened.metadata
+    assert isinstance(opened, T.OpenedMessage) and meta == {"round": "1"} and "grad" not in repr(opened)
     for k, v in tensors(1).items():
         assert torch.equal(got[k], v) and got[k].dtype == v.dtype
     assert b"grad" not in msg[60:], "tensor names travel encrypted"

@@ -48,7 +48,9 @@ def test_stream_round_trip_over_a_socket(parties) -> None:
     with a, b:
         sent = [sealer.send(a, state, {"round": str(i)}) for i in range(3)]
         for i in range(3):
-            got, meta = opener.recv(b)  # type: ignore[misc]
+            opened = opener.recv(b)
+            assert opened is not None
+            got, meta = opened.tensors, opened.metadata
             assert _same(got, state) and meta == {"round": str(i)}
         a.shutdown(socket.SHUT_WR)
         assert opener.recv(b) is None
