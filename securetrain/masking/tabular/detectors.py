@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from securetrain.masking.tabular.transforms import _offsets_and_data, as_string, lower, luhn_valid
+from securetrain.masking.tabular.transforms import as_string, lower, luhn_valid, offsets_and_data
 
 # Resolution order for overlapping findings: specific shapes before generic digit runs and names.
 DETECTOR_ORDER = ("email", "iban", "pan", "ssn", "phone", "person")
@@ -340,7 +340,7 @@ def _fixed_width(arr: pa.Array) -> np.ndarray:
     lengths = pc.binary_length(arr)
     shortest, longest = (int(v.as_py()) for v in pc.min_max(lengths).values())
     width = max(1, longest)
-    _, data = _offsets_and_data(arr)
+    _, data = offsets_and_data(arr)
     if shortest == longest == width:  # already fixed width (ids, card numbers...): a view
         return np.frombuffer(data, dtype=f"S{width}", count=len(arr))
     if data.size == 0 or int(data.max()) < 0x80:  # ASCII: code points are bytes
@@ -510,7 +510,7 @@ def _plain_ascii_rows(s: pa.Array) -> np.ndarray:
     """Per row: the text is ASCII without NUL bytes (then Python's lower() keeps every position,
     word characters are [0-9A-Za-z_], and numpy's fixed-width find positions are exact)."""
     ok = _bool(pc.string_is_ascii(s))
-    _, data = _offsets_and_data(s)
+    _, data = offsets_and_data(s)
     if data.size and int(data.min()) == 0:
         ok &= ~_bool(pc.match_substring(s, "\x00"))
     return ok
@@ -530,7 +530,7 @@ def _rewrite(s: pa.Array, finder: _TextFinder, rows: np.ndarray, needles: pa.Arr
     drops. Other rows (non-ASCII or NUL text, an empty needle, too many spans) go through
     _replace_words itself."""
     n = len(s)
-    offsets, data = _offsets_and_data(s)
+    offsets, data = offsets_and_data(s)
     row_len = np.diff(offsets)
     enc = pc.dictionary_encode(needles)
     dictionary = enc.dictionary

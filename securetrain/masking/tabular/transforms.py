@@ -179,7 +179,7 @@ def _tokens_of_distinct(values: pa.Array, token_key: bytes, *, domain: str, pref
     return tokens_for_array(values, token_key, domain=domain, prefix=prefix, length=length)
 
 
-def _offsets_and_data(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+def offsets_and_data(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """Zero-copy numpy views of a string array's value offsets (n+1, rebased to 0) and UTF-8 bytes."""
     n = len(arr)
     _, offs_buf, data_buf = arr.buffers()
@@ -199,7 +199,7 @@ def keep_bytes(arr: pa.Array, keep: np.ndarray) -> pa.Array:
     Nulls stay null.
     """
     arr = as_string(arr)
-    offsets, data = _offsets_and_data(arr)
+    offsets, data = offsets_and_data(arr)
     mask = keep[data]
     cum = np.zeros(len(data) + 1, dtype=np.int64)
     np.cumsum(mask, out=cum[1:])
@@ -225,7 +225,7 @@ def lower(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
     """``utf8_lower``, but through the ~30x faster ``ascii_lower`` when every byte of the column is
     ASCII (then the two are identical; one numpy max over the buffer decides)."""
     arr = as_string(arr)
-    _, data = _offsets_and_data(arr)
+    _, data = offsets_and_data(arr)
     if data.size == 0 or int(data.max()) < 0x80:
         return pc.ascii_lower(arr)
     return pc.utf8_lower(arr)
