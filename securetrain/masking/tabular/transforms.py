@@ -201,9 +201,9 @@ def keep_bytes(arr: pa.Array, keep: np.ndarray) -> pa.Array:
     arr = as_string(arr)
     offsets, data = offsets_and_data(arr)
     mask = keep[data]
-    cum = np.zeros(len(data) + 1, dtype=np.int64)
+    cum = np.zeros(len(data) + 1, dtype=np.int32)  # string data is < 2 GiB: int32 offsets suffice
     np.cumsum(mask, out=cum[1:])
-    new_offsets = cum[offsets].astype(np.int32)
+    new_offsets = cum[offsets]
     out = pa.Array.from_buffers(pa.string(), len(arr),
                                 [None, pa.py_buffer(new_offsets), pa.py_buffer(data[mask].tobytes())])
     if arr.null_count:
@@ -288,7 +288,10 @@ def pan(arr: pa.Array, token_key: bytes, *, mode: str, validate_luhn: bool, pref
     """Card numbers: keep last 4 (PCI DSS allows it), tokenise, or both. Returns (out, n_invalid)."""
 
     def on_values(digits: pa.Array) -> tuple[pa.Array, np.ndarray]:
-        shape_ok = _bool_np(pc.match_substring_regex(digits, r"^\d{12,19}$"))
+        # ^\d{12,19}$ (RE2: ASCII digits), without a regex pass: ASCII decimal and 12-19 bytes long.
+        size = pc.binary_length(digits)
+        shape_ok = _bool_np(pc.and_(pc.ascii_is_decimal(digits),
+                                    pc.and_(pc.greater_equal(size, 12), pc.less_equal(size, 19))))
         valid = shape_ok & (luhn_valid(pc.if_else(pa.array(shape_ok), digits, pa.scalar(None, pa.string())))
                             if validate_luhn else shape_ok)
         last4 = pc.utf8_slice_codeunits(digits, -4)
