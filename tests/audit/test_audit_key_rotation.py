@@ -19,6 +19,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from typer.testing import CliRunner
 
+from conftest import POSTGRES_URL
+
 from securetrain.audit import canonical
 from securetrain.audit.anchors import FileAnchor
 from securetrain.audit.errors import AuditConfigError, AuditIntegrityError
@@ -357,7 +359,6 @@ def test_rotation_on_postgres(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     psycopg = pytest.importorskip("psycopg")
     import uuid
 
-    from conftest import POSTGRES_URL
 
     libpq = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
     try:
