@@ -126,3 +126,31 @@ def test_no_hit_returns_the_input_unchanged() -> None:
     got, changed = scrub_row_values(text, [RowSource("a", pa.array(["zzz"] * 2501), "[A]")], min_length=3,
                                     parts=True)
     assert changed == 0 and got.to_pylist() == text.to_pylist()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_scrub_of_a_category_column_equals_per_row_reference(seed: int) -> None:
+    # Few distinct texts (<= MAX_CATEGORIES): the path that looks source values up among the
+    # categories' word-aligned substrings (with a byte-length shortcut for ASCII sources).
+    rng = random.Random(100 + seed)
+    categories = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 4))) for _ in range(40)]
+    categories += ["ann lee", "Ann-Lee", "straße", "c123", "İsmail Öztürk"]
+    values = [v for v in VALUES if v is None or v == v.strip()]
+    n = 3000
+    texts = [rng.choice(categories) if rng.random() > 0.03 else None for _ in range(n)]
+    sources = [RowSource("name", pa.array([rng.choice(values) for _ in range(n)], pa.string()), "[NAME]", parts=True),
+               RowSource("cid", pa.array([rng.choice(values) for _ in range(n)], pa.string()), "[CID]"),
+               RowSource("num", pa.array([f"{rng.randint(0, 10**6):06d}" for _ in range(n)], pa.string()), "[NUM]")]
+    for parts in (True, False):
+        got, changed = scrub_row_values(pa.array(texts, pa.string()), sources, min_length=3, parts=parts)
+        want, want_changed = _reference(texts, sources, min_length=3, parts=parts)
+        assert (got.to_pylist(), changed) == (want, want_changed)
+        assert changed > 0
+
+
+def test_category_lookup_keeps_values_whose_case_mapping_changes_their_length() -> None:
+    # 'İ' lower-cases to two code points (one byte longer): no byte-length shortcut for it.
+    texts = ["pay İsmail now", "hello"] * 1200
+    source = RowSource("name", pa.array(["İsmail"] * 2400, pa.string()), "[NAME]")
+    got, changed = scrub_row_values(pa.array(texts, pa.string()), [source], min_length=3, parts=False)
+    assert got.to_pylist()[:2] == ["pay [NAME] now", "hello"] and changed == 1200

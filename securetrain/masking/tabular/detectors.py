@@ -451,6 +451,12 @@ def scrub_row_values(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSour
     if aligned is not None and not aligned:
         return s, 0
     value_set = pa.array(sorted(aligned), pa.string()) if aligned is not None else None
+    # Byte lengths the category substrings have: an ASCII source value of another length cannot
+    # be one of them (lower-casing ASCII keeps the length), so most sources skip the hash lookup.
+    set_lengths = None
+    if value_set is not None:
+        set_lengths = np.zeros(int(pc.max(pc.binary_length(value_set)).as_py()) + 2, dtype=bool)
+        set_lengths[pc.binary_length(value_set).to_numpy(zero_copy_only=False)] = True
     has_text = _bool(pc.is_valid(s))
     all_rows = np.arange(n)
     finder: _TextFinder | None = None
@@ -465,7 +471,14 @@ def scrub_row_values(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSour
         if value_set is not None:
             # Categories: two cheap kernels per source (lower-case, hash lookup in the small set);
             # trimming and lengths only for the few rows that pass.
-            whole = has_text & _bool(pc.is_in(lower(raw), value_set=value_set))
+            assert set_lengths is not None
+            _, raw_data = offsets_and_data(raw)
+            lengths = pc.fill_null(pc.binary_length(raw), 0).to_numpy(zero_copy_only=False)
+            if (raw_data.size == 0 or int(raw_data.max()) < 0x80) and \
+                    not set_lengths[np.minimum(lengths, len(set_lengths) - 1)].any():
+                whole = np.zeros(n, dtype=bool)
+            else:
+                whole = has_text & _bool(pc.is_in(lower(raw), value_set=value_set))
             if not whole.any() and not (parts and src.parts):
                 continue
             lower_vals = lower(pc.utf8_trim_whitespace(raw))
