@@ -111,3 +111,42 @@ def test_bad_schema_name_refused() -> None:
         AuditLog(POSTGRES_URL, schema="x; DROP TABLE y")
     with pytest.raises(AuditError):
         AuditLog("postgresql+psycopg://postgres@127.0.0.1:1/none", schema="s")
+
+
+def test_append_reconnects_once_when_the_idle_writer_connection_was_closed(schema: str) -> None:
+    """The writer keeps one connection (no pre-ping per append): a connection the server closed
+    while idle fails in the first round trip, before anything is written, and is retried once."""
+    with AuditLog(POSTGRES_URL, schema=schema, checkpoint_every=None) as log:
+        log.record("data.read", "ds:0")
+        pid = log._pg_conn.info.backend_pid
+        with psycopg.connect(LIBPQ, autocommit=True) as admin:
+            assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)
+        entry = log.record("data.read", "ds:1")
+        assert entry is not None and entry.seq == 1
+        assert log._pg_conn.info.backend_pid != pid
+        assert [e.seq for e in log.entries()] == [0, 1] and log.verify().ok
+
+
+def test_refused_append_rolls_back_and_the_next_append_succeeds(schema: str) -> None:
+    """A trigger refusal in the insert round trip is reported as such (never retried), the
+    transaction is rolled back and the writer connection stays usable."""
+    from securetrain.audit.errors import AuditRefusedError
+
+    with AuditLog(POSTGRES_URL, schema=schema, checkpoint_every=None) as log:
+        log.record("data.read", "ds:0")
+        pid = log._pg_conn.info.backend_pid
+        real = log._chain_batch
+
+        def forked(batch, head, view):  # noqa: ANN001, ANN202 - a writer bypassing the chain
+            start, results, cols = real(batch, head, view)
+            cols[9][0] = "f" * 64  # prev_hash of the first new row no longer links
+            return start, results, cols
+
+        log._chain_batch = forked  # type: ignore[method-assign]
+        with pytest.raises(AuditRefusedError, match="append-only"):
+            log.append_many([("data.read", "ds:1", "success", None), ("data.read", "ds:2", "success", None)])
+        log._chain_batch = real  # type: ignore[method-assign]
+        assert log.size() == 1
+        assert log.record("data.read", "ds:3").seq == 1  # type: ignore[union-attr]
+        assert log._pg_conn.info.backend_pid == pid  # rolled back, not dropped
+        assert log.verify().ok
