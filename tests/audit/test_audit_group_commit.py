@@ -137,3 +137,28 @@ def test_async_failure_is_raised_on_the_next_call(tmp_path: Path, monkeypatch: p
         log.record("async.test", "r1")
     with pytest.raises(AuditError, match="database gone"):  # close reports it too, and stays closed
         log.close()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock")
+def test_sqlite_writer_turn_is_only_a_scheduler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writers take turns through ``<db>.lock`` before BEGIN IMMEDIATE; a turn held elsewhere
+    forever (a stuck or foreign process) delays an append by at most busy_timeout_s, after which
+    SQLite's own lock decides, and the chain stays dense."""
+    import fcntl
+
+    monkeypatch.setenv("SECURETRAIN_DATA_DIR", str(tmp_path))
+    log = AuditLog(tmp_path / "audit.db", checkpoint_every=None, busy_timeout_s=0.3)
+    log.record("turn.test", "r0")
+    assert (tmp_path / "audit.db.lock").is_file()
+    fd = os.open(tmp_path / "audit.db.lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another open file description: a rival writer
+        t0 = time.monotonic()
+        entry = log.record("turn.test", "r1")
+        assert entry is not None and entry.seq == 1
+        assert 0.25 <= time.monotonic() - t0 < 5
+    finally:
+        os.close(fd)
+    assert log.record("turn.test", "r2").seq == 2  # type: ignore[union-attr]
+    assert log.verify().ok
+    log.close()
