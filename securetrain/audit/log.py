@@ -595,11 +595,14 @@ class AuditLog:
                     head, view = self._head_and_view(conn)
                     view_json = None if view is None else canon.canonical_bytes_validated(view).decode()
                     start, results, cols = self._chain_batch(batch, head, view)
-                    rows = [dict(zip(_ROW_KEYS, values, strict=True)) for values in zip(*cols, strict=True)]
-                    if view_json is not None:
-                        for row in rows:
-                            row["server_view"] = view_json
-                    conn.execute(insert(E), rows)
+                    if self.backend == "sqlite":  # plain executemany: no per-row parameter processing
+                        conn.exec_driver_sql(_SQLITE_INSERT, list(zip(*cols, strict=True)))
+                    else:
+                        rows = [dict(zip(_ROW_KEYS, values, strict=True)) for values in zip(*cols, strict=True)]
+                        if view_json is not None:
+                            for row in rows:
+                                row["server_view"] = view_json
+                        conn.execute(insert(E), rows)
             except DBAPIError as exc:
                 err = classify(exc, backend=self.backend)
                 for req in batch:
@@ -1258,6 +1261,8 @@ class _Head:
 #: Stored columns of an entry as built by ``AuditLog._chain_batch`` (``server_view`` apart).
 _ROW_KEYS = ("seq", "ts", "actor", "hostname", "mac", "action", "resource", "outcome", "details", "prev_hash",
              "entry_hash")
+_SQLITE_INSERT = (f"INSERT INTO {E.name} ({', '.join(_ROW_KEYS)}) "  # nosec B608 - constant names
+                  f"VALUES ({', '.join('?' * len(_ROW_KEYS))})")
 
 
 #: The per-row columns the PostgreSQL append sends as JSON (see ``AuditLog._pg_sql``). Strings are
