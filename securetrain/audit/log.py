@@ -334,8 +334,7 @@ class AuditLog:
         processes contending for it mostly sleep while it is free. Waiting here (polling every
         0.05-2 ms; shorter polls take CPU from the lock holder on small machines) hands the database
         on within a millisecond or two. After ``busy_timeout_s`` (or when the file cannot be opened
-        or locked) it falls back to SQLite's
-        own wait. Re-entrant; call under ``self._lock``.
+        or locked) it falls back to SQLite's own wait. Re-entrant; call under ``self._lock``.
         """
         fcntl = _fcntl
         if self._turn_path is None or self._turn_depth or fcntl is None:
