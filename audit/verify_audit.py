@@ -27,9 +27,9 @@ import html
 import json
 import json.encoder
 import json.scanner
-import multiprocessing
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -341,9 +341,35 @@ def read_chunk_lines(path: str, start: int, end: int) -> list:
     return lines
 
 
-def chunk_worker(rng: tuple) -> tuple:
-    """Check a range relative to its first entry's own seq/prev_hash: (count, seq0, prev0, last, leaves, ok)."""
-    lines = read_chunk_lines(*rng)
+def chunk_worker_main(argv: list) -> None:
+    """Worker process (``--chunk-worker PATH SIZE STEP K W``): checks byte ranges K, K+W, ... and writes, per
+    range, a JSON header [count, ok, seq0, prev0, last] and then the range's 32-byte leaf hashes."""
+    path, (size, step, first, stride) = argv[0], map(int, argv[1:])
+    out = sys.stdout.buffer
+    for lo in range(first * step, size, stride * step):
+        count, seq0, prev0, last, leaves, ok = chunk_worker(read_chunk_lines(path, lo, min(lo + step, size)))
+        out.write(json.dumps([count, ok, seq0, prev0, last]).encode() + b"\n")
+        if ok:
+            out.write(b"".join(leaves))
+        out.flush()
+
+
+def read_chunk_result(stream) -> tuple | None:  # noqa: ANN001
+    """One range's result from a worker (as chunk_worker returns it), or None if the worker broke off."""
+    try:
+        count, ok, seq0, prev0, last = json.loads(stream.readline())
+        if not ok:
+            return count, None, None, None, [], False
+        blob = stream.read(32 * count)
+        if type(count) is not int or len(blob) != 32 * count:
+            return None
+        return count, seq0, prev0, last, [blob[j : j + 32] for j in range(0, len(blob), 32)], True
+    except (ValueError, TypeError, OSError):
+        return None
+
+
+def chunk_worker(lines: list) -> tuple:
+    """Check lines relative to the first one's own seq/prev_hash: (count, seq0, prev0, last, leaves, ok)."""
     if not lines:
         return 0, None, None, None, [], True
     try:
@@ -569,6 +595,17 @@ def load_keys(args: argparse.Namespace, export: Path, warnings: list[str], hando
 
 
 # ---- the verification run -----------------------------------------------------------------
+def default_workers(size: int) -> int:
+    """1 for entries.jsonl under 8 MiB (~20,000 entries: starting workers costs more), else the usable CPUs (<= 8)."""
+    if size < 8 << 20:
+        return 1
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, 8))
+
+
 def verify(args: argparse.Namespace) -> dict:
     export = Path(args.export)
     warnings: list[str] = []
@@ -653,21 +690,38 @@ def verify(args: argparse.Namespace) -> dict:
 
             path = export / "entries.jsonl"
             size = path.stat().st_size
-            workers = args.workers if args.workers is not None else (min(os.cpu_count() or 1, 8) if size >= 16 << 20 else 1)
+            workers = args.workers if args.workers is not None else default_workers(size)
             if workers > 1 and not args.since_checkpoint:
-                # Byte ranges checked by worker processes, each relative to its own first entry; chained
-                # here. A range with any problem is re-checked sequentially (same messages as above).
-                step = args.chunk_bytes
+                # Byte ranges checked by worker processes (worker k of W: ranges k, k+W, ...), each
+                # relative to its own first entry; chained here, in order, while this process hashes the
+                # file. A range with any problem (or whose worker died) is re-checked sequentially (same
+                # messages as above). Plain child processes of this script, streaming raw leaf hashes:
+                # a multiprocessing pool would re-import __main__ per worker and pickle every hash.
+                step = max(args.chunk_bytes, 1)
                 ranges = [(str(path), lo, min(lo + step, size)) for lo in range(0, size, step)]
-                with multiprocessing.get_context("spawn").Pool(workers) as pool:
-                    for rng, (count, seq0, prev0, last, leaves, ok) in zip(ranges, pool.imap(chunk_worker, ranges)):
-                        if count and (not ok or seq0 != tree.size or prev0 != prev):
+                workers = min(workers, len(ranges))
+                cmd = [sys.executable, *(["-I"] if sys.flags.isolated else []), str(Path(__file__).resolve()),
+                       "--chunk-worker", str(path), str(size), str(step)]
+                procs = [subprocess.Popen([*cmd, str(k), str(workers)], stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) for k in range(workers)]
+                dead: set = set()  # workers that broke off: their later ranges are re-checked here
+                try:
+                    for i, rng in enumerate(ranges):
+                        got = None if i % workers in dead else read_chunk_result(procs[i % workers].stdout)
+                        if got is None or not got[5] or got[1] != tree.size or got[2] != prev:
+                            if got is None and i % workers not in dead:
+                                dead.add(i % workers)
+                                procs[i % workers].kill()
                             check(read_chunk_lines(*rng))
-                        elif count:
-                            add(leaves)
-                            prev = last
-                while block := handle.read(1 << 20):
-                    digest.update(block)
+                        elif got[0]:
+                            add(got[4])
+                            prev = got[3]
+                        digest.update(handle.read(rng[2] - rng[1]))
+                finally:
+                    for proc in procs:
+                        if proc.poll() is None:
+                            proc.kill()
+                        proc.wait()
             else:
                 for batch in line_batches(handle, digest):
                     check(batch)
@@ -815,6 +869,10 @@ def write_html(result: dict, path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--chunk-worker"]:  # a worker process started by verify() (see --workers)
+        chunk_worker_main(argv[1:])
+        return 0
     parser = argparse.ArgumentParser(description="Verify a securetrain audit-log export offline.")
     parser.add_argument("export", nargs="?", help="directory written by 'securetrain audit export'")
     parser.add_argument("--proof", help="check a proof printed by 'securetrain audit prove' instead of an export")
@@ -827,8 +885,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--since-checkpoint", help="incremental: a checkpoint note you hold from an earlier full "
                         "verification (or an anchor file: its newest note); only newer entries are parsed")
     parser.add_argument("--workers", type=int, help="processes checking entries (default: CPU count for "
-                        "entries.jsonl of 16 MiB or more, else 1)")
-    parser.add_argument("--chunk-bytes", type=int, default=4 << 20, help=argparse.SUPPRESS)  # tests: tiny ranges
+                        "entries.jsonl of 8 MiB or more, else 1)")
+    parser.add_argument("--chunk-bytes", type=int, default=1 << 20, help=argparse.SUPPRESS)  # tests: tiny ranges
     parser.add_argument("--html", help="also write an HTML report here")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)

@@ -110,7 +110,7 @@ def verify(
         help="With --export: incremental check from this held checkpoint (or anchor file): only newer entries are parsed."),
     workers: Optional[int] = typer.Option(
         None, "--workers", min=1,
-        help="With --export: processes checking entries (default: CPU count for 16 MiB of entries or more, else 1)."),
+        help="With --export: processes checking entries (default: CPU count for 8 MiB of entries or more, else 1)."),
     signing_key: Optional[Path] = _SIGNING_KEY,
     schema: Optional[str] = _SCHEMA,
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),

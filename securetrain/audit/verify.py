@@ -438,6 +438,10 @@ def verify_lines(
                 handover_notes=handover_notes)
 
 
+#: Byte range one worker checks at a time (small ranges balance the workers; ~2,400 entries each).
+PARALLEL_CHUNK_BYTES = 1 << 20
+
+
 def verify_file_parallel(
     path: str | Any,
     *,
@@ -447,31 +451,94 @@ def verify_file_parallel(
     trusted_notes: Iterable[str] = (),
     handover_notes: Sequence[str] = (),
     on_entry: Callable[[int], None] | None = None,
-    chunk_bytes: int = 4 << 20,
+    chunk_bytes: int = PARALLEL_CHUNK_BYTES,
+    digest: Any = None,
 ) -> VerifyReport:
     """:func:`verify_lines` over a whole ``entries.jsonl``, the per-entry checks spread over processes.
 
     The file is cut into byte ranges (each line belongs to the range its first byte falls in);
-    workers check every entry of a range relative to the range's first entry and return its leaf
-    hashes; this process chains the ranges (first ``seq``/``prev_hash`` against the previous
-    range), builds the Merkle tree and meets the checkpoints. A range with any problem is
-    re-checked here sequentially, so the reported failure is the same as a sequential run's.
-    Memory stays bounded: the ranges are consumed in order as they complete.
+    worker ``k`` of ``W`` checks ranges ``k, k+W, k+2W, ...``, every entry relative to its range's
+    first entry, and streams back the range's leaf hashes (32 bytes each, no pickling); this process
+    chains the ranges (first ``seq``/``prev_hash`` against the previous range), builds the Merkle
+    tree and meets the checkpoints, and feeds ``digest`` (a hashlib object) the file's bytes range
+    by range while the workers run. A range with any problem (or whose worker died) is re-checked
+    here sequentially, so the reported failure is the same as a sequential run's. Memory stays
+    bounded: each worker is at most one range ahead of this process (pipe back-pressure).
+
+    Workers are plain ``python -c`` processes that import only this module: a multiprocessing
+    ``spawn`` pool would re-import the parent's ``__main__`` (the whole CLI for the ``securetrain``
+    console script) in every worker, and pickle every leaf hash as a separate object.
     """
-    import multiprocessing
     import os
+    import subprocess
+    import sys
+    from pathlib import Path
 
     size = os.path.getsize(path)
-    ranges = [(str(path), lo, min(lo + chunk_bytes, size)) for lo in range(0, size, chunk_bytes)]
+    step = max(int(chunk_bytes), 1)
+    ranges = [(str(path), lo, min(lo + step, size)) for lo in range(0, size, step)]
+    workers = max(1, min(workers, len(ranges)))
+    root = str(Path(__file__).resolve().parents[2])
+    code = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
+            "from securetrain.audit.verify import _chunk_worker_main; _chunk_worker_main(sys.argv[1:])")
 
     def run(walk: _Walk) -> None:
-        ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold threads and locks
-        with ctx.Pool(workers) as pool:
-            for rng, result in zip(ranges, pool.imap(_verify_chunk_args, ranges), strict=True):
-                walk.chunk(result, functools.partial(read_chunk_lines, *rng))
+        procs = [subprocess.Popen([sys.executable, "-c", code, root, str(path), str(size), str(step), str(k), str(workers)],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                 for k in range(workers)]
+        alive = [True] * workers
+        try:
+            with open(path, "rb") as handle:
+                for i, rng in enumerate(ranges):
+                    k = i % workers
+                    result = _read_chunk_result(procs[k].stdout) if alive[k] else None
+                    if result is None:
+                        if all(alive):
+                            walk.report.warnings.append("a verification worker process failed; its byte ranges "
+                                                        "were checked sequentially")
+                        alive[k] = False
+                        result = (1, None, None, None, [], False)  # re-check this range here
+                    walk.chunk(result, functools.partial(read_chunk_lines, *rng))
+                    if digest is not None:
+                        digest.update(handle.read(rng[2] - rng[1]))
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+                if proc.stdout is not None:
+                    proc.stdout.close()
 
     return _run(public_key, checkpoint_notes, trusted_notes, on_entry, True, run, None,
                 handover_notes=handover_notes)
+
+
+def _read_chunk_result(stream: Any) -> tuple | None:
+    """One range's result from a worker: its JSON header line, then ``count`` 32-byte leaf hashes."""
+    try:
+        count, ok, seq0, prev0, last = json.loads(stream.readline())
+        if not ok:
+            return count, None, None, None, [], False
+        blob = stream.read(32 * count)
+        if type(count) is not int or len(blob) != 32 * count:
+            return None
+        return count, seq0, prev0, last, [blob[j : j + 32] for j in range(0, len(blob), 32)], True
+    except (ValueError, TypeError, OSError):
+        return None
+
+
+def _chunk_worker_main(argv: list[str]) -> None:
+    """Worker process of :func:`verify_file_parallel`: ``PATH SIZE STEP K W`` checks ranges K, K+W, ..."""
+    import sys
+
+    path, (size, step, first, stride) = argv[0], map(int, argv[1:])
+    out = sys.stdout.buffer
+    for lo in range(first * step, size, stride * step):
+        count, seq0, prev0, last, leaves, ok = verify_chunk(read_chunk_lines(path, lo, min(lo + step, size)))
+        out.write(json.dumps([count, ok, seq0, prev0, last]).encode() + b"\n")
+        if ok:
+            out.write(b"".join(leaves))
+        out.flush()
 
 
 def read_chunk_lines(path: str, start: int, end: int) -> list[bytes]:

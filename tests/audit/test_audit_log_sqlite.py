@@ -357,7 +357,7 @@ def test_export_verifies_with_standalone_verifier(log: AuditLog, tmp_path: Path)
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert imported <= {"__future__", "argparse", "base64", "binascii", "hashlib", "html", "json", "re", "sys",
-                        "pathlib", "cryptography", "multiprocessing", "os"}, imported
+                        "pathlib", "cryptography", "subprocess", "os"}, imported
 
 
 def _tamper_line(out: Path, seq: int, fn) -> None:  # noqa: ANN001

@@ -463,3 +463,34 @@ def test_parallel_verification_matches_sequential(log: AuditLog, tmp_path: Path,
     assert seq.ok is (tamper is None)
     r = cli("verify", "--export", str(out), "--public-key", str(held_key), "--workers", "2", "--json")
     assert r.exit_code == (0 if tamper is None else 1) and json.loads(r.output)["root_hash"] == seq.root_hash, r.output
+
+
+@pytest.mark.parametrize("tamper", [None, 9])
+def test_parallel_verification_survives_dead_workers(log: AuditLog, tmp_path: Path, held_key: Path,
+                                                     monkeypatch: pytest.MonkeyPatch, tamper) -> None:  # noqa: ANN001
+    """Workers that die (here: cannot even start) change nothing but the speed: every range is re-checked here."""
+    import importlib.util
+
+    _grow(log, 20)
+    out = log.export(tmp_path / "exp")
+    if tamper is not None:
+        lines = (out / "entries.jsonl").read_bytes().splitlines(keepends=True)
+        lines[tamper] = lines[tamper].replace(b'"outcome":"success"', b'"outcome":"failure"')
+        (out / "entries.jsonl").write_bytes(b"".join(lines))
+        _refresh_manifest(out, "entries.jsonl")
+    from securetrain.audit.keys import load_public_key_pem
+
+    key = load_public_key_pem((out / "public_key.pem").read_bytes())
+    seq = verify_export(out, public_key=key, workers=1)
+    spec = importlib.util.spec_from_file_location("verify_audit_dead_workers", VERIFIER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    one = module.main([str(out), "--vkey", str(held_key), "--workers", "1", "--json"])
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # every worker exits at once, printing nothing
+    par = verify_export(out, public_key=key, workers=2, chunk_bytes=500)
+    assert (par.ok, par.entries, par.root_hash, str(par.error)) == (seq.ok, seq.entries, seq.root_hash, str(seq.error))
+    assert seq.ok is (tamper is None) and (tamper is None or (par.error is not None and par.error.seq == tamper + 1))  # the chain breaks at the next entry
+    assert any("worker process failed" in w for w in par.warnings)
+    two = module.main([str(out), "--vkey", str(held_key), "--workers", "2", "--chunk-bytes", "500", "--json"])
+    assert two == one == (0 if tamper is None else 1)
