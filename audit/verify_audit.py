@@ -227,9 +227,12 @@ def _refuse(_text: str) -> None:
     raise ValueError("not allowed in audit entries")
 
 
+MAX_INT = 2**53 - 1
+
+
 def _safe_int(text: str) -> int:
     value = int(text)
-    if abs(value) > 2**53 - 1:
+    if abs(value) > MAX_INT:
         raise ValueError("integer outside the I-JSON range")
     return value
 
@@ -238,8 +241,8 @@ DETAILS_DECODER = json.JSONDecoder(parse_float=_refuse, parse_int=_safe_int, par
 DETAILS_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 # The C scanner and encoder, called directly (JSONDecoder.decode/JSONEncoder.encode add Python work).
 scan_details = json.scanner.c_make_scanner(DETAILS_DECODER) if json.scanner.c_make_scanner else DETAILS_DECODER.scan_once
-# Without the Python parse_int hook the C scanner parses integers itself: used when no run of 16
-# digits (the only integers that can exceed 2^53-1) occurs in the text.
+# Without the Python parse_int hook the C scanner parses integers itself; details_canonical then
+# checks their range.
 PLAIN_DECODER = json.JSONDecoder(parse_float=_refuse, parse_constant=_refuse)
 scan_plain = json.scanner.c_make_scanner(PLAIN_DECODER) if json.scanner.c_make_scanner else PLAIN_DECODER.scan_once
 LONG_DIGITS = re.compile("[0-9]{16}").search
@@ -251,9 +254,20 @@ def details_canonical(text: str) -> bool:
     if text == "{}":
         return True
     try:
-        obj, end = (scan_details if LONG_DIGITS(text) else scan_plain)(text, 0)
+        obj, end = scan_plain(text, 0)
         if end != len(text) or type(obj) is not dict:
             return False
+        for value in obj.values():  # integers must lie within +-(2^53-1)
+            kind = type(value)
+            if kind is int:
+                if not -MAX_INT <= value <= MAX_INT:
+                    return False
+            elif kind is not str and kind is not bool and value is not None:
+                # nested: integers anywhere; re-parsed with the range-checking hook when any run of
+                # 16 digits (the only integers that can exceed 2^53-1) occurs in the text
+                if LONG_DIGITS(text):
+                    obj = scan_details(text, 0)[0]
+                break
         return ("".join(c_encode(obj, 0)) if c_encode else DETAILS_ENCODER.encode(obj)) == text
     except (ValueError, RecursionError, StopIteration):
         return False

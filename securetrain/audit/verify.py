@@ -178,8 +178,8 @@ _c_make_scanner: Any = getattr(json.scanner, "c_make_scanner", None)
 _c_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
 _scan_details = (_c_make_scanner(_DETAILS_DECODER) if _c_make_scanner
                  else cast(Any, _DETAILS_DECODER).scan_once)
-# Without a Python parse_int hook the C scanner parses integers itself; it is used when no run of
-# 16 digits (the only integers that can exceed 2^53-1) occurs in the text.
+# Without a Python parse_int hook the C scanner parses integers itself; the caller then checks
+# their range (see _details_canonical).
 _PLAIN_DECODER = json.JSONDecoder(parse_float=_refuse, parse_constant=_refuse)
 _scan_plain = _c_make_scanner(_PLAIN_DECODER) if _c_make_scanner else cast(Any, _PLAIN_DECODER).scan_once
 _LONG_DIGITS = re.compile("[0-9]{16}").search
@@ -191,9 +191,21 @@ def _details_canonical(text: str) -> bool:
     if text == "{}":
         return True
     try:
-        obj, end = (_scan_details if _LONG_DIGITS(text) else _scan_plain)(text, 0)
+        obj, end = _scan_plain(text, 0)
         if end != len(text) or type(obj) is not dict:
             return False
+        for value in obj.values():  # integers must lie within ±(2^53-1)
+            kind = type(value)
+            if kind is int:
+                if not -MAX_SAFE_INT <= value <= MAX_SAFE_INT:
+                    return False
+            elif kind is not str and kind is not bool and value is not None:
+                # Nested: integers anywhere. Re-parsed with the range-checking hook when a run of 16
+                # digits (the only integers that can exceed 2^53-1) occurs in the text. (A flat
+                # object is checked above: cheaper than searching the text for such a run.)
+                if _LONG_DIGITS(text):
+                    obj = _scan_details(text, 0)[0]
+                break
         return ("".join(_c_encode(obj, 0)) if _c_encode else _DETAILS_ENCODER.encode(obj)) == text
     except (ValueError, RecursionError, StopIteration):
         return False

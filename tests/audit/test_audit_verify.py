@@ -494,3 +494,23 @@ def test_parallel_verification_survives_dead_workers(log: AuditLog, tmp_path: Pa
     assert any("worker process failed" in w for w in par.warnings)
     two = module.main([str(out), "--vkey", str(held_key), "--workers", "2", "--chunk-bytes", "500", "--json"])
     assert two == one == (0 if tamper is None else 1)
+
+
+@pytest.mark.parametrize("details,ok", [
+    ('{"a":9007199254740991,"b":-9007199254740991}', True),
+    ('{"a":9007199254740992}', False),
+    ('{"a":-9007199254740992}', False),
+    ('{"a":[9007199254740992]}', False),
+    ('{"a":{"b":-9007199254740992}}', False),
+    ('{"a":[1],"b":9007199254740992}', False),
+    ('{"b":9007199254740992,"c":[1]}', False),
+    ('{"a":[1,{"b":123456789012345}],"c":true,"d":null}', True),
+    ('{"a":1.5}', False),
+    ('{"a":1e3}', False),
+])
+def test_fast_path_integer_range(details: str, ok: bool) -> None:
+    """The fast path checks flat details' integers itself and nested ones with the hooked scanner."""
+    from securetrain.audit import verify as library
+
+    assert library._details_canonical(details) is ok
+    assert _standalone_module().details_canonical(details) is ok
