@@ -177,17 +177,28 @@ def show(db: Optional[str] = _DB, tail: int = typer.Option(20, "--tail", "-n", h
          schema: Optional[str] = _SCHEMA) -> None:
     """Print the newest entries as a table."""
     from rich.table import Table
+    from rich.text import Text
 
     from securetrain.cli.console import console
 
     with _open(db, schema=schema) as log:
         entries = log.tail(tail)
+    with_view = any(e.server_view is not None for e in entries)  # PostgreSQL: the server's view of the writer
     table = Table(title="audit log")
-    for col in ("seq", "time (UTC)", "actor", "host", "action", "resource", "outcome", "details", "hash"):
+    columns = ["seq", "time (UTC)", "actor", "host", "action", "resource", "outcome", "details", "hash"]
+    if with_view:
+        columns[4:4] = ["server role@addr", "server time"]
+    for col in columns:
         table.add_column(col, overflow="fold")
     for e in entries:
-        table.add_row(str(e.seq), e.ts, e.actor, e.hostname, e.action, e.resource, e.outcome,
-                      json.dumps(e.details, sort_keys=True)[:80], e.entry_hash[:12])
+        cells = [str(e.seq), e.ts, e.actor, e.hostname, e.action, e.resource, e.outcome,
+                 json.dumps(e.details, sort_keys=True)[:80], e.entry_hash[:12]]
+        if with_view:
+            view = e.server_view or {}
+            cells[4:4] = [f"{view.get('role', '-')}@{view.get('addr') or 'local'}" if view else "-",
+                          str(view.get("time", "-"))]
+        # Text, not markup: entry fields are data (a resource such as "[/x]" must print as written).
+        table.add_row(*(Text(str(c)) for c in cells))
     console.print(table)
 
 

@@ -464,6 +464,19 @@ def test_cli_verify_show_prove(log: AuditLog, tmp_path: Path) -> None:
     assert r.exit_code == 1 and "seq=2" in r.output
 
 
+def test_cli_show_prints_entry_fields_as_text_not_markup(log: AuditLog) -> None:
+    """Entry fields are data: rich markup in them must print as written (and "[/x]" must not crash)."""
+    from typer.testing import CliRunner
+
+    from securetrain.cli.main import app
+
+    log.record("dataset.read", "dataset:[/x][bold]loud[/bold]")
+    r = CliRunner().invoke(app, ["audit", "show", "--db", log.url, "--tail", "1"], env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    assert "[/x]" in r.output and "loud" in r.output, r.output  # printed as written, not consumed as markup
+    assert "server role" not in r.output  # SQLite entries carry no server view
+
+
 def test_opening_a_missing_log_for_reading_fails_closed(tmp_path: Path) -> None:
     from securetrain.audit.errors import AuditConfigError
 

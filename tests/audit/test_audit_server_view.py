@@ -289,3 +289,18 @@ def test_a_pre_upgrade_log_keeps_verifying_and_new_entries_get_the_view(
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
             conn.execute(f'DROP OWNED BY "{writer}"')
             conn.execute(f'DROP ROLE IF EXISTS "{writer}"')
+
+
+def test_cli_show_displays_the_server_view(schema: str) -> None:
+    from typer.testing import CliRunner
+
+    from securetrain.cli.main import app
+
+    with AuditLog(POSTGRES_URL, schema=schema, actor="claims-to-be-alice") as log:
+        log.record("data.read", "file:a")
+    with psycopg.connect(LIBPQ, autocommit=True) as conn:
+        role = conn.execute("SELECT current_user").fetchone()[0]
+    r = CliRunner().invoke(app, ["audit", "show", "--db", POSTGRES_URL, "--schema", schema, "--tail", "1"],
+                           env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "server role@addr" in r.output and f"{role}@" in r.output, r.output
