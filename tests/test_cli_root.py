@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from securetrain.cli.main import app
@@ -91,3 +92,16 @@ def test_empty_input_folder_says_so(tmp_path) -> None:
                 "--key-file", str(key))
     assert proc.returncode == 2, proc.stderr
     assert "contains no files" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_console_messages_with_markup_like_data_do_not_crash(capsys: pytest.CaptureFixture[str]) -> None:
+    """A path such as 'out[/x]' is an unbalanced rich closing tag: the message prints as plain text."""
+    from rich.console import Console
+
+    from securetrain.cli.console import _Console
+
+    out = _Console(file=None, force_terminal=False, width=200)
+    out.print("wrote runs/out[/x]/model.stenc")
+    assert "runs/out[/x]/model.stenc" in capsys.readouterr().out
+    with pytest.raises(Exception, match="closing tag"):  # what a plain rich console does with it
+        Console(width=200).print("wrote runs/out[/x]/model.stenc")
