@@ -3,11 +3,30 @@
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 POSTGRES_URL = os.environ.get("SECURETRAIN_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+POSTGRES_LIBPQ = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
+
+
+@pytest.fixture
+def pg_schema(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fresh schema name on the test PostgreSQL (the test is skipped when it is unreachable),
+    dropped afterwards; ``SECURETRAIN_DATA_DIR`` is the test's ``tmp_path``."""
+    psycopg = pytest.importorskip("psycopg")
+    try:
+        psycopg.connect(POSTGRES_LIBPQ, connect_timeout=3).close()
+    except psycopg.OperationalError:
+        pytest.skip(f"PostgreSQL not reachable at {POSTGRES_LIBPQ}")
+    monkeypatch.setenv("SECURETRAIN_DATA_DIR", str(tmp_path))
+    name = f"st_test_{uuid.uuid4().hex[:12]}"
+    yield name
+    with psycopg.connect(POSTGRES_LIBPQ, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
 
 
 @pytest.fixture(autouse=True)

@@ -355,40 +355,26 @@ def test_cli_keygen_rotate_key_export_verify(tmp_path: Path, monkeypatch: pytest
 
 # -- PostgreSQL ----------------------------------------------------------------------------------------
 @pytest.mark.postgres
-def test_rotation_on_postgres(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    psycopg = pytest.importorskip("psycopg")
-    import uuid
-
-
-    libpq = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
-    try:
-        psycopg.connect(libpq, connect_timeout=3).close()
-    except psycopg.OperationalError:
-        pytest.skip(f"PostgreSQL not reachable at {libpq}")
-    monkeypatch.setenv("SECURETRAIN_DATA_DIR", str(tmp_path))
-    schema = f"st_audit_rot_{uuid.uuid4().hex[:10]}"
+def test_rotation_on_postgres(tmp_path: Path, pg_schema: str) -> None:
+    schema = pg_schema
     old_path, new_path = tmp_path / "old.pem", tmp_path / "new.pem"
     old, _ = create_signing_key(old_path), create_signing_key(new_path)
-    try:
-        with AuditLog(POSTGRES_URL, schema=schema, signing_key=old_path, checkpoint_every=5) as log:
-            log.append_many([("train.start", f"run:{i}", "success", {"step": i}) for i in range(7)])
-            handover = log.rotate_key(new_path)
-            log.append_many([("train.step", f"run:{i}", "success", {"step": i}) for i in range(4)])
-            origin = log.origin
-        assert handover.tree_size == 7
-        # a second writer process with the new key: same origin, signs; one with the old key refuses
-        with AuditLog(POSTGRES_URL, schema=schema, signing_key=new_path, checkpoint_every=None) as log:
-            assert log.origin == origin
-            log.record("train.end", "run:0")
-            assert log.checkpoint().tree_size == log.size()
-            assert log.verify().ok and log.verify(public_key=old.public_key()).ok
-            out = log.export(tmp_path / "export")
-        with AuditLog(POSTGRES_URL, schema=schema, signing_key=old_path, checkpoint_every=None) as stale:
-            stale.record("train.end", "run:1")
-            with pytest.raises(AuditConfigError, match="retired"):
-                stale.checkpoint()
-        assert verify_export(out, public_key=old.public_key()).ok
-        assert standalone(out, "--vkey", verifier_key(origin, old.public_key())).returncode == 0
-    finally:
-        with psycopg.connect(libpq, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    with AuditLog(POSTGRES_URL, schema=schema, signing_key=old_path, checkpoint_every=5) as log:
+        log.append_many([("train.start", f"run:{i}", "success", {"step": i}) for i in range(7)])
+        handover = log.rotate_key(new_path)
+        log.append_many([("train.step", f"run:{i}", "success", {"step": i}) for i in range(4)])
+        origin = log.origin
+    assert handover.tree_size == 7
+    # a second writer process with the new key: same origin, signs; one with the old key refuses
+    with AuditLog(POSTGRES_URL, schema=schema, signing_key=new_path, checkpoint_every=None) as log:
+        assert log.origin == origin
+        log.record("train.end", "run:0")
+        assert log.checkpoint().tree_size == log.size()
+        assert log.verify().ok and log.verify(public_key=old.public_key()).ok
+        out = log.export(tmp_path / "export")
+    with AuditLog(POSTGRES_URL, schema=schema, signing_key=old_path, checkpoint_every=None) as stale:
+        stale.record("train.end", "run:1")
+        with pytest.raises(AuditConfigError, match="retired"):
+            stale.checkpoint()
+    assert verify_export(out, public_key=old.public_key()).ok
+    assert standalone(out, "--vkey", verifier_key(origin, old.public_key())).returncode == 0

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -20,23 +18,9 @@ pytestmark = pytest.mark.postgres
 LIBPQ = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
 
 
-def _reachable() -> bool:
-    try:
-        psycopg.connect(LIBPQ, connect_timeout=3).close()
-        return True
-    except psycopg.OperationalError:
-        return False
-
-
 @pytest.fixture
-def schema(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    if not _reachable():
-        pytest.skip(f"PostgreSQL not reachable at {LIBPQ}")
-    monkeypatch.setenv("SECURETRAIN_DATA_DIR", str(tmp_path))
-    name = f"st_audit_test_{uuid.uuid4().hex[:10]}"
-    yield name
-    with psycopg.connect(LIBPQ, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+def schema(pg_schema: str) -> str:
+    return pg_schema
 
 
 def test_postgres_roundtrip_and_tamper(schema: str) -> None:

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -37,16 +36,8 @@ COLUMNS = "seq, ts, actor, hostname, mac, action, resource, outcome, details, pr
 
 
 @pytest.fixture
-def schema(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    try:
-        psycopg.connect(LIBPQ, connect_timeout=3).close()
-    except psycopg.OperationalError:
-        pytest.skip(f"PostgreSQL not reachable at {LIBPQ}")
-    monkeypatch.setenv("SECURETRAIN_DATA_DIR", str(tmp_path))
-    name = f"st_audit_srv_{uuid.uuid4().hex[:10]}"
-    yield name
-    with psycopg.connect(LIBPQ, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+def schema(pg_schema: str) -> str:
+    return pg_schema
 
 
 def test_postgres_entries_carry_a_server_asserted_view_the_chain_covers(schema: str) -> None:
