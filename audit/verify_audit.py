@@ -7,9 +7,13 @@ securetrain (and not rfc8785) so an auditor can read all of it. Usage::
     python verify_audit.py EXPORT_DIR (--vkey KEY | --public-key PEM | --trust-embedded-key) \
         [--trusted-checkpoint OLD.note ...] [--since-checkpoint HELD.note] [--html report.html] [--json]
 
+    python verify_audit.py --proof PROOF.json (--vkey KEY | --public-key PEM) [--trusted-checkpoint HELD.note]
+
 --vkey/--public-key are repeatable. After an audit-key rotation, checkpoints by the new key are
 accepted through the export's handovers.notes (signed by the old and the new key), starting from
-the key(s) you trust; the old key's checkpoints after the hand-over size are refused.
+the key(s) you trust; the old key's checkpoints after the hand-over size are refused. A proof
+from 'securetrain audit prove' carries the same hand-over notes (its "handovers"), each with a
+consistency proof to the proven tree.
 
 Exit status: 0 verified against the key you pinned, 1 verification failed (first bad entry named),
 2 usage or I/O error, 3 self-consistent only: checked against the export's own public_key.pem
@@ -573,7 +577,8 @@ def split_notes(blob: str) -> list[str]:
     return [n for n in notes if n.strip()]
 
 
-def load_keys(args: argparse.Namespace, export: Path, warnings: list[str], handovers: list) -> tuple[Keys, bool]:
+def load_keys(args: argparse.Namespace, export: Path, warnings: list[str], handovers: list,
+              label: str = "handovers.notes") -> tuple[Keys, bool]:
     """The keys to verify with (hand-overs followed), and whether the auditor pinned them (not the export)."""
     def as_list(value) -> list:  # noqa: ANN001 - callers such as verify_provenance.py pass one string
         return [] if not value else [value] if isinstance(value, str) else list(value)
@@ -596,7 +601,7 @@ def load_keys(args: argparse.Namespace, export: Path, warnings: list[str], hando
         current = keys[0]
         for note in reversed(handovers):
             try:
-                _, _, _, old_vkey, new_vkey = parse_handover(note, "handovers.notes")
+                _, _, _, old_vkey, new_vkey = parse_handover(note, label)
                 if raw_key(parse_vkey(new_vkey)[1]) == raw_key(current):
                     current = parse_vkey(old_vkey)[1]
             except Failure:
@@ -604,7 +609,7 @@ def load_keys(args: argparse.Namespace, export: Path, warnings: list[str], hando
         keys = [current]
     chain = Keys(keys)
     for i, note in enumerate(handovers):
-        chain.follow(note, f"handovers.notes #{i}")
+        chain.follow(note, f"{label} #{i}")
     return chain, pinned
 
 
@@ -824,13 +829,43 @@ def check_latest(export: Path, manifest: dict, pub: Keys, size: int, root: bytes
                       f"root {root.hex()})")
 
 
+def proof_handovers(proof: dict) -> tuple[list, list]:
+    """The proof's hand-over notes and, per note, its consistency proof to the proven size (docs/audit-format.md)."""
+    items = proof.get("handovers", [])  # absent in proofs made before key rotation existed
+    if not isinstance(items, list) or any(
+            not isinstance(h, dict) or not isinstance(h.get("note"), str) or not isinstance(h.get("consistency"), list)
+            or not all(isinstance(x, str) for x in h["consistency"]) for h in items):
+        raise Failure('the proof\'s handovers must be a list of {"note": <hand-over note>, "consistency": [hex...]}')
+    return [h["note"] for h in items], [[bytes.fromhex(x) for x in h["consistency"]] for h in items]
+
+
+def check_handover_links(points: list, links: list, origin: str, size: int, root: bytes) -> None:
+    """The proven tree extends the tree each followed hand-over signs (what an export's entries show)."""
+    for (ho_origin, m, ho_root), nodes in zip(points, links):
+        if ho_origin != origin:
+            raise Failure(f"the hand-over at size {m} is for log {ho_origin!r}, the checkpoint for {origin!r}")
+        if m > size:
+            raise Failure(f"the hand-over at size {m} lies beyond the proven tree of {size} entries")
+        linked = (not nodes and ho_root == hashlib.sha256(b"").digest()) if m == 0 else \
+            verify_consistency(m, size, nodes, ho_root, root)
+        if not linked:
+            raise Failure(f"the proven tree of {size} entries does not extend the tree of {m} entries the hand-over "
+                          "signs (its consistency proof does not verify)")
+
+
 def verify_proof(args: argparse.Namespace) -> dict:
-    """Check the JSON printed by 'securetrain audit prove' (inclusion) or 'prove --consistency' against the key."""
+    """Check the JSON printed by 'securetrain audit prove' (inclusion) or 'prove --consistency' against the key.
+
+    The proof's checkpoint may be signed by a newer key: its ``handovers`` are followed from the
+    trusted key(s) exactly as an export's handovers.notes, and each must link to the proven tree.
+    """
     result = {"ok": False, "error": None, "seq": None, "warnings": [], "checks": [], "trusted": False,
               "entries": 0, "root_hash": None}
     try:
         proof = json.loads(Path(args.proof).read_text(encoding="utf-8"))
-        pub, result["trusted"] = load_keys(args, Path(args.export or "."), result["warnings"], [])
+        notes, links = proof_handovers(proof)
+        pub, result["trusted"] = load_keys(args, Path(args.export or "."), result["warnings"], notes,
+                                           label="the proof's hand-over")
         nodes = [bytes.fromhex(h) for h in proof["proof"]]
         cp = open_checkpoint(proof["checkpoint"], pub, "the proof's checkpoint") if proof.get("checkpoint") else None
         if "old_size" in proof:  # consistency proof
@@ -860,6 +895,10 @@ def verify_proof(args: argparse.Namespace) -> dict:
             raise Failure("the proof carries no signed checkpoint; pass one that signs its root")
         if cp[1] != size or cp[2] != root:
             raise Failure(f"the checkpoint signs a tree of {cp[1]} entries, not the proof's root")
+        check_handover_links(pub.points, links, cp[0], size, root)
+        if notes:
+            result["checks"].append(f"{len(notes)} key hand-overs verify (signed by the old and the new key, starting "
+                                    "from the trusted key); the proven tree extends the tree each one signs")
         result["checks"].append(f"the root is signed by the trusted key (checkpoint of size {size})")
         result.update(ok=True, entries=size, root_hash=root.hex())
     except Failure as exc:

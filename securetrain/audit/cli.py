@@ -224,7 +224,8 @@ def prove(
         None, "--consistency", help="Print a consistency proof from this older tree size instead."),
     schema: Optional[str] = _SCHEMA,
 ) -> None:
-    """Print an RFC 6962 inclusion proof for entry SEQ (or a consistency proof) as JSON, with the signed checkpoint.
+    """Print an RFC 6962 inclusion proof for entry SEQ (or a consistency proof) as JSON, with the signed checkpoint
+    and the key hand-overs that lead to its key.
 
     Check it offline with: python audit/verify_audit.py --proof FILE --vkey KEY.
     """
@@ -245,6 +246,9 @@ def prove(
         signed = [c for c in log.checkpoints() if c.tree_size == target]
         if signed:
             proof["checkpoint"] = signed[-1].note
+        # After a key rotation the checkpoint is signed by a newer key: the hand-over notes (with
+        # consistency proofs) let a verifier holding an older key follow the chain to it.
+        proof["handovers"] = log.handover_proofs(target)
     typer.echo(json.dumps(proof, indent=2))
 
 

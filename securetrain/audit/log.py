@@ -1151,6 +1151,27 @@ class AuditLog:
             "new_root": root_hash(leaves).hex(), "proof": [p.hex() for p in consistency_proof(old_size, leaves)],
         }
 
+    def handover_proofs(self, tree_size: int) -> list[dict[str, Any]]:
+        """What a proof at ``tree_size`` needs to follow a key rotation offline.
+
+        One ``{"note", "consistency"}`` per hand-over recorded in entries ``0 .. tree_size-1``
+        (oldest first): the hand-over note and the RFC 6962 consistency proof from its size to
+        ``tree_size``, so a verifier that trusts the old key accepts the new key's checkpoint and
+        checks that the proven tree extends the one the old key handed over.
+        """
+        notes = self.handover_notes(tree_size)
+        if not notes:
+            return []  # no rotation below this size: no need to read the leaves
+        with self._read_engine.connect() as conn:
+            leaves = self._leaf_hashes(conn, tree_size)
+        if len(leaves) != tree_size:
+            raise AuditError(f"cannot prove hand-overs in a tree of size {tree_size}: log has {len(leaves)} entries")
+        out = []
+        for note in notes:
+            size = open_handover(note).tree_size
+            out.append({"note": note, "consistency": [p.hex() for p in consistency_proof(size, leaves)]})
+        return out
+
     # -- verification and export ----------------------------------------------------------
     def _records(self) -> Iterator[Record]:
         with self._read_engine.connect() as conn:

@@ -291,6 +291,89 @@ def test_second_hand_over_from_the_retired_key_is_refused(rotated: Rotated) -> N
     _all_refuse(r, match=f"already retired at size {n}")
 
 
+# -- proofs (`securetrain audit prove`) across a rotation ------------------------------------------------
+def _prove(r: Rotated, tmp_path: Path, *args: str) -> tuple[dict, Path]:
+    res = cli("prove", *args, "--db", r.log.url)
+    assert res.exit_code == 0, res.output
+    path = tmp_path / f"proof-{len(list(tmp_path.glob('proof-*.json')))}.json"
+    path.write_text(res.output)
+    return json.loads(res.output), path
+
+
+def _proof_refused(r: Rotated, tmp_path: Path, proof: dict, match: str, *keys: Ed25519PrivateKey) -> None:
+    bad = tmp_path / "bad-proof.json"
+    bad.write_text(json.dumps(proof))
+    args = [a for k in (keys or (r.old,)) for a in ("--vkey", r.vkey(k))]
+    proc = standalone(Path(""), "--proof", str(bad), *args)
+    assert proc.returncode == 1 and match in proc.stderr, (proc.stdout, proc.stderr)
+
+
+def test_standalone_proof_follows_the_hand_over_from_the_old_key(rotated: Rotated, tmp_path: Path) -> None:
+    r, n = rotated, rotated.handover_size
+    latest = r.log.latest_checkpoint()
+    assert latest is not None and latest.tree_size > n  # signed by the new key
+    inclusion, inc_path = _prove(r, tmp_path, "2")
+    consistency, cons_path = _prove(r, tmp_path, "--consistency", "4")
+    note = split_notes((r.export / "handovers.notes").read_text())[0]
+    for proof, size in ((inclusion, inclusion["tree_size"]), (consistency, consistency["new_size"])):
+        assert size == latest.tree_size
+        assert [h["note"] for h in proof["handovers"]] == [note]  # the notes recorded below the proven size
+        assert proof["handovers"][0]["consistency"] == r.log.consistency_proof(n, size)["proof"]
+    held = tmp_path / "held.note"
+    held.write_text(split_notes(r.anchor.read_text())[0])  # size 4, signed by the old key
+    for path, extra in ((inc_path, []), (cons_path, ["--trusted-checkpoint", str(held)])):
+        proc = standalone(Path(""), "--proof", str(path), "--vkey", r.vkey(r.old), *extra, "--json")
+        assert proc.returncode == 0, (proc.stdout, proc.stderr)
+        assert any("hand-over" in c for c in json.loads(proc.stdout)["checks"]), proc.stdout
+        # pinning both keys works too; the new key alone does not vouch for the old history
+        both = standalone(Path(""), "--proof", str(path), "--vkey", r.vkey(r.old), "--vkey", r.vkey(r.new), *extra)
+        assert both.returncode == 0, both.stderr
+        only_new = standalone(Path(""), "--proof", str(path), "--vkey", r.vkey(r.new))
+        assert only_new.returncode == 1 and "neither trusted nor handed over to" in only_new.stderr, only_new.stderr
+    # a proof at the old key's last checkpoint (the hand-over size) needs no hand-over
+    at_handover, path = _prove(r, tmp_path, "1", "--size", str(n))
+    assert at_handover["handovers"] == []
+    assert standalone(Path(""), "--proof", str(path), "--vkey", r.vkey(r.old)).returncode == 0
+
+
+def test_standalone_proof_refuses_a_missing_forged_or_wrongly_signed_hand_over(rotated: Rotated, tmp_path: Path) -> None:
+    r, n = rotated, rotated.handover_size
+    proof, _ = _prove(r, tmp_path, "2")
+    size, root = proof["tree_size"], bytes.fromhex(proof["root_hash"])
+    note = proof["handovers"][0]["note"]
+    link = proof["handovers"][0]["consistency"]
+    # missing: the new key's checkpoint is then signed by no accepted key
+    _proof_refused(r, tmp_path, {**proof, "handovers": []}, "not signed by the trusted key")
+    _proof_refused(r, tmp_path, {k: v for k, v in proof.items() if k != "handovers"}, "not signed by the trusted key")
+    # forged: the old key's signature altered
+    lines = note.split("\n")
+    blob = bytearray(base64.b64decode(lines[-3].rsplit(" ", 1)[1]))
+    blob[10] ^= 1
+    lines[-3] = lines[-3].rsplit(" ", 1)[0] + " " + base64.b64encode(bytes(blob)).decode()
+    _proof_refused(r, tmp_path, {**proof, "handovers": [{"note": "\n".join(lines), "consistency": link}]},
+                   "does not verify")
+    # an attacker hands the log to their own key, signing only with it, and re-signs the checkpoint
+    evil = Ed25519PrivateKey.generate()
+    evil_note = sign_note(handover_body(r.origin, n, _root_at(r.log, n), r.vkey(r.old), r.vkey(evil)), r.origin, evil)
+    evil_cp = sign_checkpoint(r.origin, size, root, r.origin, evil).note
+    _proof_refused(r, tmp_path, {**proof, "checkpoint": evil_cp,
+                                 "handovers": [{"note": evil_note, "consistency": link}]}, "not signed by the old key")
+    # signed by the wrong key: a well-formed hand-over between two keys the auditor never trusted
+    evil2 = Ed25519PrivateKey.generate()
+    body = handover_body(r.origin, n, _root_at(r.log, n), r.vkey(evil), r.vkey(evil2))
+    wrong = sign_note(body, r.origin, evil) + f"{EM_DASH} {r.origin} " + base64.b64encode(
+        key_id(r.origin, evil2.public_key()) + evil2.sign(body.encode())).decode() + "\n"
+    _proof_refused(r, tmp_path, {**proof, "checkpoint": sign_checkpoint(r.origin, size, root, r.origin, evil2).note,
+                                 "handovers": [{"note": wrong, "consistency": link}]}, "neither trusted nor handed over to")
+    # the retired old key signs the proven (newer) tree
+    by_old = sign_checkpoint(r.origin, size, root, r.origin, r.old).note
+    _proof_refused(r, tmp_path, {**proof, "checkpoint": by_old}, f"retired at hand-over size {n}")
+    # the proven tree must extend the tree the hand-over signs (as an export's entries must match it)
+    _proof_refused(r, tmp_path, {**proof, "handovers": [{"note": note, "consistency": list(reversed(link))}]},
+                   "does not extend the tree of")
+    _proof_refused(r, tmp_path, {**proof, "handovers": [{"note": note}]}, "handovers")
+
+
 # -- the writer's published-checkpoint check across a rotation --------------------------------------
 def test_writer_with_new_key_checks_old_key_published_checkpoints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Only the anchors hold the truth, and all they hold is signed by the old key: still refused."""
