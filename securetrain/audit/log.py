@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - Windows: SQLite's own lock wait only
     _fcntl = None  # type: ignore[assignment]
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from sqlalchemy import Connection, Engine, create_engine, event, inspect, insert, select, text
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, insert, literal_column, select, text
 from sqlalchemy.exc import DBAPIError
 
 from securetrain.audit import canonical as canon
@@ -58,6 +58,7 @@ from securetrain.audit.handover import (
 )
 from securetrain.audit.keys import default_origin, load_signing_key, public_key_pem
 from securetrain.audit.signers import CheckpointSigner, VaultTransitSigner
+from securetrain.audit.indexes import HANDOVER_ACTION_SQL, ensure_handover_index
 from securetrain.audit.merkle import CompactRange, consistency_proof, inclusion_proof, leaf_hash, root_hash
 from securetrain.audit.models import TABLES, AuditCheckpointRow, AuditEntryRow, sqlite_tables
 from securetrain.audit.note import (
@@ -409,6 +410,8 @@ class AuditLog:
                         for stmt in postgres_upgrade_ddl(self.schema or ""):
                             conn.exec_driver_sql(stmt.replace("%", "%%"))  # psycopg: % is a placeholder
                         self._note_columns(conn)
+                    # Logs created before the index existed get it here (a non-owner skips it).
+                    ensure_handover_index(conn, self.backend, self.schema)
                     return
                 if self.schema:
                     conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
@@ -420,6 +423,7 @@ class AuditLog:
                     stmts = [s.replace("%", "%%") for s in postgres_ddl(self.schema or "")]
                 for stmt in stmts:
                     conn.exec_driver_sql(stmt)
+                ensure_handover_index(conn, self.backend, self.schema, strict=True)
                 self._note_columns(conn)
         except DBAPIError as exc:
             err = classify(exc, backend=self.backend, operation="creating the audit log")
@@ -989,8 +993,7 @@ class AuditLog:
                     return self._scan_handovers(c, 0 if head is None else head.seq + 1)
             if size > self._ho_scanned:
                 # Entries commit in seq order under the write lock, so every row below size is visible.
-                rows = conn.execute(select(E.c.seq, E.c.details).where(
-                    E.c.action == ROTATION_ACTION, E.c.seq >= self._ho_scanned, E.c.seq < size).order_by(E.c.seq))
+                rows = conn.execute(handover_rows_query(self._ho_scanned, size))
                 for row in rows:
                     try:
                         note = handover_note_of(json.loads(row.details))
@@ -1306,6 +1309,16 @@ class _Pending:
         self.entries: list[AuditEntry] = []
         self.error: BaseException | None = None
         self.done = False
+
+
+def handover_rows_query(start: int, stop: int) -> Any:
+    """``(seq, details)`` of the ``audit.key_rotated`` entries with ``start <= seq < stop``, by seq.
+
+    The action is a literal, not a bound parameter, so the planner matches the partial index's
+    predicate (see :mod:`securetrain.audit.indexes`).
+    """
+    return select(E.c.seq, E.c.details).where(
+        E.c.action == literal_column(HANDOVER_ACTION_SQL), E.c.seq >= start, E.c.seq < stop).order_by(E.c.seq)
 
 
 def _opens(note: str) -> bool:

@@ -1,4 +1,4 @@
-"""One-time PostgreSQL setup: schema, tables, triggers, and a writer role with INSERT+SELECT only.
+"""One-time PostgreSQL setup: schema, tables, triggers, indexes, and a writer role with INSERT+SELECT only.
 
 Run as an administrator (the table owner). Writers connect as ``writer_role``; because they do not
 own the tables they cannot drop the triggers, and the grants alone already refuse UPDATE, DELETE
@@ -12,6 +12,7 @@ import re
 from sqlalchemy import create_engine, text
 
 from securetrain.audit.errors import AuditConfigError
+from securetrain.audit.indexes import ensure_handover_index
 
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -47,6 +48,8 @@ def provision_postgres(
             conn.exec_driver_sql(f"REVOKE ALL ON {tables} FROM {role}")
             conn.exec_driver_sql(f"GRANT USAGE ON SCHEMA {sch} TO {role}")
             conn.exec_driver_sql(f"GRANT SELECT, INSERT ON {tables} TO {role}")
+            # Writers are not the owner and cannot add indexes later: create them here (idempotent).
+            ensure_handover_index(conn, "postgresql", schema, strict=True)
     finally:
         engine.dispose()
 
