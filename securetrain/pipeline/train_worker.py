@@ -8,12 +8,15 @@ itself; argv carries only paths. Global rank 0 records audit events and writes t
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import sys
+import threading
+import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from securetrain.io.atomic import atomic_write_bytes
 from securetrain.training.callbacks import TrainerCallback
@@ -85,5 +88,47 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_process(code: int) -> NoReturn:
+    """End the rank without interpreter and C++ static teardown.
+
+    ``destroy_process_group()`` does not stop gloo's threads while anything still holds the
+    process group: an FSDP2 model does (its parameters' autograd hooks, held from C++, reach the
+    group through FSDP's mesh info), so they are still running when the process exits, and
+    tearing the process down around them can abort the rank ("terminate called without an active
+    exception"; pytorch/pytorch PR 179291). The work is done and durable here, so do what a
+    normal exit does in Python (wait for non-daemon Python threads, run the ``atexit`` handlers:
+    logging, the audit log's flush, multiprocessing's children), flush stdio, and leave with
+    ``os._exit``: no module teardown, no C++ static destructors under running threads.
+    """
+    try:
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join()
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+def _run() -> NoReturn:
+    try:
+        code = main()
+    except SystemExit as exc:  # usage errors: the usual status and message
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = 130
+    except BaseException:  # noqa: BLE001 - printed as Python would, then the usual status 1
+        traceback.print_exc()
+        code = 1
+    exit_process(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _run()

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+#: How long a rank that ended normally waits at teardown for the others (then tears down anyway).
+TEARDOWN_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -17,6 +24,7 @@ class DistContext:
     world_size: int = 1
     owns_group: bool = False  # we initialised the process group, so we tear it down
     device: torch.device = torch.device("cpu")  # where collective tensors live (cuda for nccl)
+    teardown_timeout_s: float = TEARDOWN_TIMEOUT_S
 
     @property
     def enabled(self) -> bool:
@@ -52,10 +60,33 @@ class DistContext:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def close(self) -> None:
-        if self.owns_group and dist.is_initialized():
+    def close(self, *, clean: bool = True) -> None:
+        """Tear down the process group we created: on every rank, on every path.
+
+        ``clean`` (this rank ended normally): first wait, at most ``teardown_timeout_s``, until
+        every rank got here, so no rank tears down its connections while a peer is still in a
+        collective with it. After an error (``clean=False``) there is no wait: a peer that died
+        would never arrive, and a barrier would hang the survivors. The group is destroyed either
+        way (a process that exits without it can abort in gloo's threads at exit).
+        """
+        if not (self.owns_group and dist.is_initialized()):
+            return
+        self.owns_group = False
+        try:
+            if clean and self.enabled:
+                self._teardown_barrier()
+        finally:
             dist.destroy_process_group()
-            self.owns_group = False
+
+    def _teardown_barrier(self) -> None:
+        try:
+            # async + wait(timeout): a plain barrier would wait the process group's timeout (30 min).
+            work = dist.barrier(async_op=True)
+            if work is not None and work.wait(timedelta(seconds=self.teardown_timeout_s)) is False:
+                raise TimeoutError(f"not every rank arrived within {self.teardown_timeout_s:g} s")
+        except Exception as exc:  # noqa: BLE001 - teardown goes on; the peers' own errors say why
+            log.warning("rank %d: teardown barrier failed (%s: %s); destroying the process group anyway",
+                        self.rank, type(exc).__name__, exc)
 
 
 def from_env() -> tuple[int, int, int]:

@@ -607,15 +607,19 @@ class Trainer:
             backend = resolve_backend(cfg.device, index=local_rank if world > 1 else None)
         self.backend = backend
         self.dist = init_distributed(backend.collective_backend)
-        device = backend.device()
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        if backend.collective_backend != "gloo":
-            self.dist.device = device
+        clean = False
         try:
-            return self._fit(backend, device)
+            device = backend.device()
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            if backend.collective_backend != "gloo":
+                self.dist.device = device
+            result = self._fit(backend, device)
+            clean = True
+            return result
         finally:
-            self.dist.close()
+            # Every rank, every path; the teardown barrier only after a normal end (see DistContext.close).
+            self.dist.close(clean=clean)
             if self._owned_audit is not None:
                 self._owned_audit.close()
                 self._owned_audit = None
