@@ -78,11 +78,12 @@ def bench(name: str, url: str, n: int, batch: int, schema: str | None) -> None:
 TARGET_PROC = {"sqlite": 20000, "postgres": 5000}
 
 
-def _proc_writer(url: str, schema: str | None, n: int, barrier, out, durable: bool = True) -> None:  # noqa: ANN001
+def _proc_writer(url: str, schema: str | None, n: int, barrier, out, durable: bool = True,  # noqa: ANN001
+                 shared: bool = True) -> None:
     from securetrain.audit.log import AuditLog
 
     log = AuditLog(url, schema=schema, checkpoint_every=None, create=False, durable=durable,
-                   group_commit_window_s=0.0 if durable else 0.005)
+                   group_commit_window_s=0.0 if durable else 0.005, shared_commit=shared)
     details = {"rows": 1000, "sha256": "ab" * 32}
     log.record("bench.warmup", "w")
     barrier.wait()
@@ -93,7 +94,8 @@ def _proc_writer(url: str, schema: str | None, n: int, barrier, out, durable: bo
     log.close()
 
 
-def bench_processes(name: str, url: str, n: int, schema: str | None, procs: int = 8, durable: bool = True) -> None:
+def bench_processes(name: str, url: str, n: int, schema: str | None, procs: int = 8, durable: bool = True,
+                    shared: bool = True) -> float:
     import multiprocessing as mp
 
     from securetrain.audit.log import AuditLog
@@ -101,7 +103,8 @@ def bench_processes(name: str, url: str, n: int, schema: str | None, procs: int 
     AuditLog(url, schema=schema, checkpoint_every=None).close()
     ctx = mp.get_context("fork")
     barrier, out = ctx.Barrier(procs + 1), ctx.Queue()
-    workers = [ctx.Process(target=_proc_writer, args=(url, schema, n, barrier, out, durable)) for _ in range(procs)]
+    workers = [ctx.Process(target=_proc_writer, args=(url, schema, n, barrier, out, durable, shared))
+               for _ in range(procs)]
     for w in workers:
         w.start()
     barrier.wait()
@@ -111,9 +114,19 @@ def bench_processes(name: str, url: str, n: int, schema: str | None, procs: int 
     wall = time.perf_counter() - t0
     rate_ = procs * n / wall
     target = TARGET_PROC[name]
-    mode = "durable" if durable else "async  "
+    mode = ("durable, shared commit" if shared else "durable, own commits ") if durable else "async                 "
     print(f"{name:10s} {procs} procs x single record() {mode}: {rate_:9.0f}/s   target {target}/s   "
           f"ratio to target {rate_ / target:5.2f}")
+    return rate_
+
+
+def bench_shared(name: str, url_of, n: int, schema: str | None) -> None:  # noqa: ANN001
+    """Durable appends from 8 processes with and without the shared commit, alternating (best of 2)."""
+    own, shared = [], []
+    for i in range(2):
+        own.append(bench_processes(name, url_of(f"own{i}"), n, schema and f"{schema}_o{i}", shared=False))
+        shared.append(bench_processes(name, url_of(f"sh{i}"), n, schema and f"{schema}_s{i}", shared=True))
+    print(f"{name:10s} shared commit vs own commits (8 procs, durable, same run): {max(shared) / max(own):5.2f}x")
 
 
 def bench_loader(name: str, url: str, schema: str | None, tmp: str, quick: bool) -> None:
@@ -170,14 +183,14 @@ def main() -> None:
             os.environ["SECURETRAIN_AUDIT_KEY"] = f"{tmp}/audit-signing.pem"  # inherited by the writer processes
         bench("sqlite", f"sqlite:///{tmp}/bench.db", n, batch, None)
         per_proc = 150 if args.quick else 1000
-        bench_processes("sqlite", f"sqlite:///{tmp}/bench-procs.db", per_proc, None)
+        bench_shared("sqlite", lambda tag: f"sqlite:///{tmp}/bench-procs-{tag}.db", per_proc, None)
         bench_processes("sqlite", f"sqlite:///{tmp}/bench-procs.db", per_proc, None, durable=False)
         bench_loader("sqlite", f"sqlite:///{tmp}/bench-loader.db", None, tmp, args.quick)
         if not args.no_postgres:
             schema = f"st_audit_bench_{uuid.uuid4().hex[:8]}"
             try:
                 bench("postgres", PG_URL, n, batch, schema)
-                bench_processes("postgres", PG_URL, per_proc, schema + "_p")
+                bench_shared("postgres", lambda tag: PG_URL, per_proc, schema + "_p")
                 bench_processes("postgres", PG_URL, per_proc, schema + "_p", durable=False)
                 bench_loader("postgres", PG_URL, schema + "_l", tmp, args.quick)
             except Exception as exc:  # noqa: BLE001 - report and continue
@@ -186,7 +199,7 @@ def main() -> None:
                 try:
                     eng = create_engine(PG_URL)
                     with eng.begin() as conn:
-                        for suffix in ("", "_p", "_l"):
+                        for suffix in ("", "_p", "_l", "_p_o0", "_p_o1", "_p_s0", "_p_s1"):
                             conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}{suffix}" CASCADE')
                     eng.dispose()
                 except Exception:  # noqa: BLE001

@@ -32,10 +32,12 @@ except ImportError:  # pragma: no cover - Windows: SQLite's own lock wait only
     _fcntl = None  # type: ignore[assignment]
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from sqlalchemy import Connection, Engine, create_engine, event, inspect, insert, literal_column, select, text
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, insert, literal_column, make_url, select, text
 from sqlalchemy.exc import DBAPIError
 
 from securetrain.audit import canonical as canon
+from securetrain.audit import committer
+from securetrain.audit.committer import CommitClient, CommitServer, Unprocessed
 from securetrain.audit.anchors import Anchor
 from securetrain.audit.dberrors import classify
 from securetrain.audit.errors import (
@@ -175,13 +177,14 @@ class AuditLog:
         busy_timeout_s: float = 30.0,
         group_commit_window_s: float = 0.0,
         durable: bool = True,
+        shared_commit: bool | None = None,
     ) -> None:
         self.url = _normalise_url(url)
         # Kept so a worker process can reopen the same log (see __getstate__).
         self._reopen_args = {"actor": actor, "signing_key": signing_key, "origin": origin,
                              "checkpoint_every": checkpoint_every, "anchors": tuple(anchors), "schema": schema,
                              "busy_timeout_s": busy_timeout_s, "group_commit_window_s": group_commit_window_s,
-                             "durable": durable}
+                             "durable": durable, "shared_commit": shared_commit}
         if not 0.0 <= group_commit_window_s <= 1.0:
             raise AuditConfigError("group_commit_window_s must be between 0 and 1 second")
         self.group_commit_window_s = float(group_commit_window_s)
@@ -223,11 +226,24 @@ class AuditLog:
         self._closed = False
         self._pid = os.getpid()
         self._init_group_commit()
+        # Cross-process group commit (see securetrain.audit.committer): the address this log's
+        # committer serves on (None: every process commits itself), whether this process may serve
+        # (it opened the log: not a forked or unpickled copy), and its server or client.
+        if shared_commit is None:
+            shared_commit = os.environ.get("SECURETRAIN_AUDIT_SHARED_COMMIT", "1").strip().lower() not in (
+                "0", "false", "no", "off")
+        self._commit_address: str | None = None
+        self._owner = True
+        self._server: CommitServer | None = None
+        self._client: CommitClient | None = None
+        self._client_retry_at = 0.0
+        share_file: Path | None = None
         if self.backend == "sqlite":
             self.schema = None
             db_file = Path(self.url.split(":///", 1)[1]) if ":///" in self.url else None
             if db_file is not None and str(db_file) != ":memory:":
                 self._turn_path = db_file.with_name(db_file.name + ".lock")
+                share_file = db_file if shared_commit and committer.supported() else None
                 if create:
                     db_file.parent.mkdir(parents=True, exist_ok=True)
                 elif not db_file.is_file():
@@ -239,6 +255,9 @@ class AuditLog:
                 raise AuditConfigError(f"PostgreSQL schema name {self.schema!r} must be alphanumeric/underscore")
             digest = hashlib.sha256(f"securetrain.audit:{self.schema}".encode()).digest()
             self._lock_key = int.from_bytes(digest[:8], "big", signed=True)
+            if shared_commit and committer.supported():
+                where = make_url(self.url).render_as_string(hide_password=True)
+                self._commit_address = committer.address_for(f"{where}#{self.schema}")
         else:
             raise AuditConfigError(f"unsupported audit database URL scheme {self.backend!r}", hint="use a path, sqlite:/// or postgresql+psycopg://")
         _LIVE_LOGS.add(self)
@@ -250,6 +269,11 @@ class AuditLog:
             self._ensure_schema()
         else:
             self._require_schema()
+        if share_file is not None:
+            # The file as it is now (device and inode): a log replaced under the same name (restored,
+            # rebuilt) is another log, never served by a process still holding the old file.
+            st = share_file.stat()
+            self._commit_address = committer.address_for(f"sqlite:{share_file.resolve()}:{st.st_dev}:{st.st_ino}")
 
     # -- engines (one set per process) and schema ----------------------------------------
     def _build_engines(self) -> tuple[Engine, Engine, Engine | None]:
@@ -303,6 +327,10 @@ class AuditLog:
             with contextlib.suppress(OSError):
                 os.close(self._turn_fd)
             self._turn_fd, self._turn_depth = None, 0
+        # The parent's committer server or connection: never used here (the child's copies of the
+        # sockets close with these objects, which leaves the parent's open). A forked copy only
+        # ever connects as a client.
+        self._server, self._client, self._owner, self._client_retry_at = None, None, False, 0.0
         self._pid = os.getpid()
         self._lock = threading.RLock()
         self._init_group_commit()
@@ -554,12 +582,22 @@ class AuditLog:
         try:
             if self.group_commit_window_s:
                 time.sleep(self.group_commit_window_s)
-            # SQLite: wait for the writers' turn first, then take everything queued meanwhile.
-            with self._lock, self._writer_turn():
-                with cond:
-                    batch, self._gc_pending = self._gc_pending, []
-                if batch:
-                    crossed = self._commit_batch(batch)
+            with self._lock:
+                client = self._committer_client() if self._commit_address is not None else None
+                remote: bool | None = None
+                if client is not None:
+                    with cond:
+                        batch, self._gc_pending = self._gc_pending, []
+                    remote = self._commit_remote(client, batch) if batch else False
+                if remote is None or client is None:
+                    # SQLite: wait for the writers' turn first, then take everything queued meanwhile.
+                    with self._writer_turn():
+                        with cond:
+                            batch, self._gc_pending = batch + self._gc_pending, []
+                        if batch:
+                            crossed = self._commit_batch(batch)
+                else:
+                    crossed = remote
         except BaseException as exc:  # KeyboardInterrupt while leading: fail the batch, never hang it
             for r in batch:
                 if not r.done and r.error is None:
@@ -631,7 +669,7 @@ class AuditLog:
         """
         seq, prev = (head.seq + 1, head.entry_hash) if head is not None else (0, canon.GENESIS_HASH)
         start = seq
-        actor, hostname, mac = self.actor, self.hostname, self.mac
+        own = (self.actor, self.hostname, self.mac)
         encode, sha256, utc_timestamp = canon.canonical_bytes_validated, hashlib.sha256, canon.utc_timestamp
         seqs: list[int] = []
         tss: list[str] = []
@@ -641,8 +679,12 @@ class AuditLog:
         details_col: list[str] = []
         prevs: list[str] = []
         hashes: list[str] = []
+        actors: list[str] = []
+        hostnames: list[str] = []
+        macs: list[str] = []
         results: list[list[AuditEntry]] = []
         for req in batch:
+            actor, hostname, mac = req.who or own
             entries = []
             for action, resource, outcome, clean, details_json in req.events:
                 ts = utc_timestamp()
@@ -661,10 +703,11 @@ class AuditLog:
                 prevs.append(prev)
                 hashes.append(digest)
                 seq, prev = seq + 1, digest
+            actors += [actor] * len(entries)
+            hostnames += [hostname] * len(entries)
+            macs += [mac] * len(entries)
             results.append(entries)
-        n = len(seqs)
-        cols = (seqs, tss, [actor] * n, [hostname] * n, [mac] * n, actions, resources, outcomes, details_col,
-                prevs, hashes)
+        cols = (seqs, tss, actors, hostnames, macs, actions, resources, outcomes, details_col, prevs, hashes)
         return start, results, cols
 
     # -- PostgreSQL append path: two round trips per transaction ----------------------------
@@ -707,10 +750,10 @@ class AuditLog:
             # here, PostgreSQL's parser there; far cheaper than text[] parameters), in entry order,
             # and the insert trigger checks each row as before.
             ins = (f"INSERT INTO {table} (seq, ts, actor, hostname, mac, action, resource, outcome, details, "
-                   "prev_hash, entry_hash, server_view) SELECT u.seq, u.ts, %s, %s, %s, u.action, u.resource, "
-                   "u.outcome, u.details, u.prev_hash, u.entry_hash, %s FROM json_to_recordset(%s::json) "
-                   "AS u(seq bigint, ts text, action text, resource text, outcome text, details text, "
-                   "prev_hash text, entry_hash text)")
+                   "prev_hash, entry_hash, server_view) SELECT u.seq, u.ts, u.actor, u.hostname, u.mac, u.action, "
+                   "u.resource, u.outcome, u.details, u.prev_hash, u.entry_hash, %s FROM json_to_recordset(%s::json) "
+                   "AS u(seq bigint, ts text, actor text, hostname text, mac text, action text, resource text, "
+                   "outcome text, details text, prev_hash text, entry_hash text)")
             sql = self._pg_sql_cache = (begin, ins)
         return sql
 
@@ -739,12 +782,10 @@ class AuditLog:
                 head = None if row[3] is None else _Head(row[3], row[4])
                 start, results, cols = self._chain_batch(batch, head, view)
                 view_json = canon.canonical_bytes_validated(view).decode()
-                seqs, tss, _a, _h, _m, actions, resources, outcomes, details_col, prevs, hashes = cols
-                rows_json = _JSON_ROWS([dict(zip(_PG_JSON_KEYS, r, strict=True)) for r in zip(
-                    seqs, tss, actions, resources, outcomes, details_col, prevs, hashes, strict=True)])
+                rows_json = _JSON_ROWS([dict(zip(_ROW_KEYS, r, strict=True)) for r in zip(*cols, strict=True)])
                 written = True
                 with conn.pipeline():
-                    cur.execute(insert_sql, (self.actor, self.hostname, self.mac, view_json, rows_json))
+                    cur.execute(insert_sql, (view_json, rows_json))
                     cur.execute("COMMIT")
             except psycopg.Error as exc:
                 lost = conn is None or conn.closed or conn.broken or isinstance(exc, psycopg.OperationalError)
@@ -787,6 +828,140 @@ class AuditLog:
             f'(SELECT seq, entry_hash FROM "{self.schema}".{E.name} ORDER BY seq DESC LIMIT 1) AS h ON true').one()
         view = {"addr": row.view_addr, "role": row.view_role, "time": row.view_time}
         return (None if row.seq is None else row), view
+
+    # -- cross-process group commit (securetrain.audit.committer) ---------------------------
+    def _committer_client(self) -> CommitClient | None:
+        """This process's connection to the log's committer; None to commit here.
+
+        None when this process serves (its own callers join its group commit directly) or when no
+        committer is reachable; then a process that opened the log (not a forked or unpickled
+        copy: those may end abruptly, as DataLoader workers do) starts serving. Call under
+        ``self._lock``.
+        """
+        if self._server is not None or self._commit_address is None:
+            return None
+        if self._client is not None:
+            return self._client
+        now = time.monotonic()
+        if now < self._client_retry_at:
+            return None
+        try:
+            self._client = CommitClient(self._commit_address, timeout=self._busy_timeout_s + 30.0)
+            return self._client
+        except (OSError, Unprocessed):
+            pass
+        if self._owner and self.durable and self._pid == os.getpid():
+            try:
+                self._server = CommitServer(self._commit_address, self._serve_request)
+                _install_exit_flush()  # stop serving (answer bye) at exit, worker exit and SIGTERM
+                return None
+            except OSError:  # another process started serving first: connect on the next append
+                self._client_retry_at = now + 0.001
+                return None
+        self._client_retry_at = now + 1.0
+        return None
+
+    def _drop_client(self, retry_in: float) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+        self._client_retry_at = time.monotonic() + retry_in
+
+    def _commit_remote(self, client: CommitClient, batch: list[_Pending]) -> bool | None:
+        """Send ``batch`` to the committer: True/False (a checkpoint is due or not) once each request
+        has its entries or its error; None when the committer did not process it (commit here)."""
+        events = [[a, r, o, dj] for req in batch for (a, r, o, _clean, dj) in req.events]
+        try:
+            reply = client.call({"who": [self.actor, self.hostname, self.mac], "events": events})
+        except Unprocessed:
+            self._drop_client(retry_in=0.0)
+            return None
+        except AuditError as exc:
+            self._drop_client(retry_in=0.0)
+            for req in batch:
+                req.error = exc
+            return False
+        if "error" in reply:
+            err = committer.error_from_reply(reply["error"])
+            for req in batch:
+                req.error = err
+            return False
+        try:
+            results = self._entries_from_reply(batch, reply)
+        except AuditIntegrityError as exc:
+            self._drop_client(retry_in=1.0)
+            for req in batch:
+                req.error = exc
+            return False
+        return self._finish_batch(batch, results, results[0][0].seq if results and results[0] else 0)
+
+    def _entries_from_reply(self, batch: list[_Pending], reply: dict[str, Any]) -> list[list[AuditEntry]]:
+        """Rebuild the stored entries from the committer's reply, re-hashing each from our own event."""
+        rows, view = reply.get("entries"), reply.get("view")
+        total = sum(len(req.events) for req in batch)
+        if not isinstance(rows, list) or len(rows) != total or not (view is None or isinstance(view, dict)):
+            raise AuditIntegrityError("the audit committer sent a malformed reply",
+                                      hint="its entries were not accepted; see the log's tail")
+        encode, sha256 = canon.canonical_bytes_validated, hashlib.sha256
+        results: list[list[AuditEntry]] = []
+        it = iter(rows)
+        expect_seq: int | None = None
+        expect_prev: str | None = None
+        for req in batch:
+            entries = []
+            for action, resource, outcome, clean, _dj in req.events:
+                row = next(it)
+                seq, ts, prev, digest = row
+                obj = canon.entry_object(seq=seq, ts=ts, actor=self.actor, hostname=self.hostname, mac=self.mac,
+                                         action=action, resource=resource, outcome=outcome, details=clean,
+                                         prev_hash=prev, server_view=view)
+                if (sha256(encode(obj)).hexdigest() != digest or (expect_seq is not None and seq != expect_seq)
+                        or (expect_prev is not None and prev != expect_prev)):
+                    raise AuditIntegrityError(
+                        "the audit committer returned an entry that does not hash from this event", seq=seq,
+                        hint="another process serving this log is misbehaving; its entries were not accepted")
+                entries.append(AuditEntry(seq, ts, self.actor, self.hostname, self.mac, action, resource, outcome,
+                                          clean, prev, digest, view))
+                expect_seq, expect_prev = seq + 1, digest
+            results.append(entries)
+        return results
+
+    def _serve_request(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Commit another process's events in this process's group commit (committer thread)."""
+        who, events = request.get("who"), request.get("events")
+        if not (isinstance(who, list) and len(who) == 3 and isinstance(events, list) and events):
+            raise AuditEventError("malformed request to the audit committer")
+        actor = canon._check_text("actor", who[0], limit=256)
+        hostname = canon._check_text("hostname", who[1], limit=256)
+        mac = canon._check_text("mac", who[2], limit=256)
+        prepared = []
+        for ev in events:
+            if not (isinstance(ev, list) and len(ev) == 4 and isinstance(ev[3], str)):
+                raise AuditEventError("malformed event in a request to the audit committer")
+            action, resource, outcome = canon.validate_event(ev[0], ev[1], ev[2])
+            details = json.loads(ev[3])
+            clean, details_bytes = canon.validated_details(details)
+            prepared.append((action, resource, outcome, clean, details_bytes.decode()))
+        req = _Pending(prepared, who=(actor, hostname, mac))
+        self._submit(req)
+        if req.error is not None:
+            return committer.error_reply(req.error)
+        rows = [[e.seq, e.ts, e.prev_hash, e.entry_hash] for e in req.entries]
+        return {"entries": rows, "view": req.entries[0].server_view if req.entries else None}
+
+    def _stop_serving(self, timeout: float = 60.0) -> None:
+        """Stop committing for other processes; they commit themselves or find another committer."""
+        self._owner = False  # never serve again from here (an exit or SIGTERM is under way)
+        server = self._server
+        if server is not None:
+            # Still set while closing: requests being committed meanwhile commit here, not through
+            # a connection to this very server.
+            server.close(timeout=timeout)
+            self._server = None
+        with contextlib.suppress(Exception):
+            client, self._client = self._client, None
+            if client is not None:
+                client.close()
 
     # -- asynchronous mode (opt-in) ---------------------------------------------------------
     def _enqueue_async(self, prepared: list[tuple[Any, ...]]) -> list[AuditEntry]:
@@ -1241,10 +1416,13 @@ class AuditLog:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["url"], create=False, **state["args"])  # type: ignore[misc]
+        self._owner = False  # a worker's copy: a client of the committer, never one (it may end abruptly)
 
     # -- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:
         """Flush queued asynchronous entries (raising if they cannot be stored), then release connections."""
+        if self._pid == os.getpid():
+            self._stop_serving()
         try:
             if not self.durable and self._pid == os.getpid():
                 with self._gc_cond:
@@ -1292,20 +1470,20 @@ _SQLITE_INSERT = (f"INSERT INTO {E.name} ({', '.join(_ROW_KEYS)}) "  # nosec B60
                   f"VALUES ({', '.join('?' * len(_ROW_KEYS))})")
 
 
-#: The per-row columns the PostgreSQL append sends as JSON (see ``AuditLog._pg_sql``). Strings are
-#: validated text (no lone surrogates) and round-trip exactly through JSON; ensure_ascii=False keeps
-#: them UTF-8 so PostgreSQL never has to decode \\u escapes.
-_PG_JSON_KEYS = ("seq", "ts", "action", "resource", "outcome", "details", "prev_hash", "entry_hash")
+#: The PostgreSQL append sends the rows (``_ROW_KEYS``) as JSON (see ``AuditLog._pg_sql``). Strings
+#: are validated text (no lone surrogates) and round-trip exactly through JSON; ensure_ascii=False
+#: keeps them UTF-8 so PostgreSQL never has to decode \\u escapes.
 _JSON_ROWS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
 
 
 class _Pending:
     """One caller's events waiting for a group commit."""
 
-    __slots__ = ("events", "entries", "error", "done")
+    __slots__ = ("events", "who", "entries", "error", "done")
 
-    def __init__(self, events: list[tuple[Any, ...]]) -> None:
+    def __init__(self, events: list[tuple[Any, ...]], who: tuple[str, str, str] | None = None) -> None:
         self.events = events
+        self.who = who  # (actor, hostname, mac) of another process served by this one; None: this log's
         self.entries: list[AuditEntry] = []
         self.error: BaseException | None = None
         self.done = False
@@ -1339,6 +1517,12 @@ _EXIT_HOOKS_PID: int | None = None
 
 
 def _flush_all_async() -> None:
+    for audit_log in list(_LIVE_LOGS):
+        if audit_log._server is not None and audit_log._pid == os.getpid():
+            try:  # other processes get "bye" and commit themselves; short wait: a signal may be in an append
+                audit_log._stop_serving(timeout=5.0)
+            except Exception as exc:  # noqa: BLE001 - at exit there is no caller left to raise to
+                log.error("audit committer could not stop cleanly: %s", type(exc).__name__)
     for audit_log in list(_LIVE_LOGS):
         if not audit_log.durable and not audit_log._closed and audit_log._pid == os.getpid():
             try:

@@ -1,0 +1,283 @@
+"""Cross-process group commit: one process on a host commits the durable appends of the others.
+
+A durable append holds the log's chain lock through its commit, so writer processes that each
+commit their own entries are bounded by one commit at a time (about 1,000 appends/s from 8
+processes, whatever the database). Here the process that opened a log first serves a Unix socket
+(Linux abstract namespace, named after the log and the user) from a thread; the log's other
+processes on the host send their events there and get back the stored entries once the
+transaction holding them has committed. The server feeds every request into its own in-process
+group commit (``AuditLog._submit``), so the appends of N processes share one transaction: the same
+entries, the same chain and the same durability as committing them oneself.
+
+Safety rules, each enforced here:
+
+* Only a peer running as the same user is served, and a client only talks to a server running as
+  its own user (``SO_PEERCRED`` on both sides; abstract sockets have no file permissions).
+* A client verifies every returned entry by recomputing its hash from its own event: the server
+  cannot substitute entries.
+* A server that shuts down (``close()``, interpreter or worker exit) finishes the request it is
+  committing and answers every later one with ``bye``: not processed, commit it elsewhere. Only a
+  server killed while committing leaves a client unsure whether its entries landed; the client
+  then raises (as after a lost database connection during COMMIT) instead of retrying, so nothing
+  is ever recorded twice.
+* Anything unexpected on the client side (no server, a refused peer, a malformed reply before the
+  request was sent) falls back to committing directly: the shared committer is an optimisation,
+  never a dependency.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import socket
+import struct
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from securetrain.audit import errors as audit_errors
+from securetrain.audit.errors import AuditError
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct("!I")
+#: Largest frame accepted (a batch of many entries with large details still fits).
+MAX_FRAME = 64 * 1024 * 1024
+_UCRED = struct.Struct("3i")
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
+BYE = {"bye": True}
+HELLO = {"hello": 1}
+
+
+def supported() -> bool:
+    """Abstract Unix sockets and ``SO_PEERCRED``: Linux only (elsewhere every process commits itself)."""
+    return sys.platform.startswith("linux") and hasattr(socket, "SO_PEERCRED")
+
+
+def address_for(identity: str) -> str:
+    """The abstract socket name of a log: its identity (database file or URL without password and
+    schema) and the user id, hashed so that no path or host name appears in ``/proc/net/unix``."""
+    digest = hashlib.sha256(f"{os.getuid()}\0{identity}".encode()).hexdigest()[:40]
+    return f"\0securetrain-audit-{digest}"
+
+
+def _peer_uid(sock: socket.socket) -> int:
+    pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    return uid
+
+
+def _send(sock: socket.socket, obj: Any) -> None:
+    body = _ENCODE(obj).encode()
+    sock.sendall(_HEADER.pack(len(body)) + body)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    chunks, got = [], 0
+    while got < n:
+        chunk = sock.recv(min(n - got, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _recv(sock: socket.socket) -> Any:
+    """One frame, or None at end of stream. Raises ValueError for a malformed frame."""
+    header = _recv_exact(sock, _HEADER.size)
+    if header is None:
+        return None
+    (length,) = _HEADER.unpack(header)
+    if length > MAX_FRAME:
+        raise ValueError("frame too large")
+    body = _recv_exact(sock, length)
+    if body is None:
+        return None
+    return json.loads(body)
+
+
+class CommitServer:
+    """Serves a log's durable appends to its other processes (one thread per connected process).
+
+    ``handle(request) -> reply`` does the work (validation and the group commit); this class only
+    owns the socket, the peer checks and an orderly shutdown.
+    """
+
+    def __init__(self, address: str, handle: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.bind(address)  # OSError (EADDRINUSE) when another process already serves this log
+            sock.listen(128)
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        self._handle = handle
+        self._closing = False
+        self._state = threading.Lock()
+        self._conns: dict[socket.socket, threading.Lock] = {}
+        self._pid = os.getpid()
+        self._thread = threading.Thread(target=self._accept_loop, name="securetrain-audit-committer", daemon=True)
+        self._thread.start()
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return  # shut down
+            try:
+                if _peer_uid(conn) != os.getuid():
+                    log.warning("audit committer: refused a connection from another user")
+                    conn.close()
+                    continue
+            except OSError:
+                conn.close()
+                continue
+            with self._state:
+                if self._closing:
+                    conn.close()
+                    return
+                lock = self._conns[conn] = threading.Lock()
+            # Registered first: from here on close() answers bye on this connection. A client sends
+            # nothing before this greeting, so a connection dropped before it carried no request.
+            with lock:
+                try:
+                    _send(conn, HELLO)
+                except OSError:
+                    continue
+            threading.Thread(target=self._serve, args=(conn, lock), name="securetrain-audit-committer-conn",
+                             daemon=True).start()
+
+    def _serve(self, conn: socket.socket, lock: threading.Lock) -> None:
+        try:
+            while True:
+                try:
+                    request = _recv(conn)
+                except (OSError, ValueError):
+                    return
+                if request is None or not isinstance(request, dict):
+                    return
+                with lock:
+                    if self._closing:  # not processed: say so (close() may not have reached this connection)
+                        with contextlib.suppress(OSError):
+                            _send(conn, BYE)
+                        return
+                    try:
+                        reply = self._handle(request)
+                    except Exception as exc:  # noqa: BLE001 - reported to the client, never swallowed
+                        reply = error_reply(exc)
+                    try:
+                        _send(conn, reply)
+                    except OSError:
+                        return
+        finally:
+            with self._state:
+                self._conns.pop(conn, None)
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Stop serving: finish the request being committed on each connection, answer ``bye``."""
+        if self._pid != os.getpid():  # a forked child's copy: the sockets are the parent's
+            return
+        with self._state:
+            if self._closing:
+                return
+            self._closing = True
+            conns = list(self._conns.items())
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes accept() on Linux
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        for conn, lock in conns:
+            if not lock.acquire(timeout=timeout):
+                continue
+            try:
+                with contextlib.suppress(OSError):
+                    _send(conn, BYE)
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+            finally:
+                lock.release()
+
+
+def error_reply(exc: BaseException) -> dict[str, Any]:
+    hint = getattr(exc, "hint", None)
+    message = str(exc.args[0]) if exc.args else type(exc).__name__
+    return {"error": {"kind": type(exc).__name__, "message": message, "hint": hint}}
+
+
+def error_from_reply(err: Any) -> AuditError:
+    """Rebuild the server's error as the same audit exception class (plain AuditError otherwise)."""
+    if not isinstance(err, dict):
+        return AuditError("the audit committer sent a malformed error")
+    kind, message, hint = err.get("kind"), str(err.get("message", "")), err.get("hint")
+    cls = getattr(audit_errors, str(kind), None)
+    if not (isinstance(cls, type) and issubclass(cls, AuditError)):
+        cls = AuditError
+    try:
+        return cls(message, hint=hint if isinstance(hint, str) else None)
+    except TypeError:  # a subclass with another constructor
+        return AuditError(message, hint=hint if isinstance(hint, str) else None)
+
+
+class Unprocessed(Exception):
+    """The server did not process the request (absent, shutting down, wrong user): commit it yourself."""
+
+
+class CommitClient:
+    """One process's connection to its log's committer. Not thread-safe: use under the log's lock."""
+
+    def __init__(self, address: str, timeout: float) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+            if _peer_uid(sock) != os.getuid():
+                raise Unprocessed("the audit committer runs as another user")
+            try:
+                greeting = _recv(sock)
+            except (OSError, ValueError) as exc:
+                raise Unprocessed(type(exc).__name__) from exc
+            if greeting != HELLO:  # bye, end of stream or a stranger: nothing was sent yet
+                raise Unprocessed("no greeting from the audit committer")
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+        self._pid = os.getpid()
+
+    def call(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Send ``request`` and return the reply.
+
+        Raises :class:`Unprocessed` when the server certainly did not process it, and
+        :class:`AuditError` when it may have (the connection ended after the request was sent).
+        """
+        try:
+            _send(self._sock, request)
+        except OSError as exc:
+            # A server that is gone never read a complete frame: nothing was processed.
+            raise Unprocessed(type(exc).__name__) from exc
+        try:
+            reply = _recv(self._sock)
+        except (OSError, ValueError) as exc:
+            reply = exc
+        if isinstance(reply, dict) and reply.get("bye"):
+            raise Unprocessed("committer shutting down")
+        if not isinstance(reply, dict):
+            what = type(reply).__name__ if isinstance(reply, BaseException) else "end of stream"
+            raise AuditError(
+                f"the process committing this log's appends ended while committing ({what}); "
+                "whether these entries were recorded is unknown",
+                hint="the log stays consistent either way; `securetrain audit tail` shows what landed")
+        return reply
+
+    def close(self) -> None:
+        if self._pid == os.getpid():
+            with contextlib.suppress(OSError):
+                self._sock.close()

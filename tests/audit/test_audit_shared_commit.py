@@ -1,0 +1,325 @@
+"""Cross-process group commit: one process commits the durable appends of the log's other processes.
+
+Asserted on SQLite and PostgreSQL: appends served by another process land with a dense, unforked
+chain and verify; a committer that shuts down answers "bye" and nothing is lost or doubled; a
+committer killed with -9 leaves a verifying log with every acknowledged entry; a client never
+accepts an entry that does not hash from its own event; forked children are clients, never
+committers; the feature can be switched off.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import POSTGRES_URL
+
+from securetrain.audit import committer
+from securetrain.audit.errors import AuditError, AuditIntegrityError, AuditLockTimeoutError
+from securetrain.audit.keys import create_signing_key
+from securetrain.audit.log import AuditLog
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(not committer.supported(), reason="abstract Unix sockets are Linux-only")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def target(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    key = tmp_path / "audit-key.pem"
+    create_signing_key(key)
+    monkeypatch.setenv("SECURETRAIN_AUDIT_KEY", str(key))
+    if request.param == "sqlite":
+        return {"url": f"sqlite:///{tmp_path / 'audit.db'}", "schema": None, "key": str(key)}
+    schema = request.getfixturevalue("pg_schema")
+    return {"url": POSTGRES_URL, "schema": schema, "key": str(key)}
+
+
+def _open(t: dict[str, Any], **kw: Any) -> AuditLog:
+    return AuditLog(t["url"], schema=t["schema"], checkpoint_every=None, **kw)
+
+
+def test_a_second_log_object_is_served_by_the_first(target: dict[str, Any]) -> None:
+    first = _open(target)
+    first.record("serve.start", "a")
+    assert first._server is not None, "the first durable append starts serving"
+    second = _open(target, actor="someone-else")
+    entry = second.record("served", "b", details={"n": 1})
+    assert second._client is not None, "the second log committed through the first one's server"
+    assert entry is not None and entry.actor == "someone-else" and entry.seq == 1
+    stored = list(first.entries())
+    assert [e.resource for e in stored] == ["a", "b"]
+    assert stored[1] == entry, "the client's entry is exactly what was stored"
+    assert first.verify().ok
+    second.close()
+    first.close()
+
+
+def test_switched_off_by_argument_and_environment(target: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    off = _open(target, shared_commit=False)
+    off.record("x", "1")
+    assert off._server is None and off._client is None
+    off.close()
+    monkeypatch.setenv("SECURETRAIN_AUDIT_SHARED_COMMIT", "0")
+    env_off = _open(target)
+    env_off.record("x", "2")
+    assert env_off._server is None and env_off._client is None
+    env_off.close()
+
+
+def test_close_answers_bye_and_clients_carry_on(target: dict[str, Any]) -> None:
+    """The serving log closes while another keeps appending: every append lands exactly once."""
+    server = _open(target)
+    server.record("serve.start", "s")
+    client = _open(target)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    done: list[str] = []
+
+    def work() -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                client.record("loop", f"c{i}")
+                done.append(f"c{i}")
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                errors.append(exc)
+                return
+            i += 1
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    while len(done) < 50:
+        time.sleep(0.005)
+    server.close()  # mid-stream
+    n_at_close = len(done)
+    while len(done) < n_at_close + 50:
+        time.sleep(0.005)
+    stop.set()
+    thread.join(30)
+    assert not errors, errors
+    reader = _open(target, create=False)
+    stored = [e.resource for e in reader.entries() if e.action == "loop"]
+    assert stored == done, "every acknowledged append stored once, in order"
+    assert reader.verify().ok
+    reader.close()
+    client.close()
+
+
+WRITER = textwrap.dedent("""
+    import os, sys
+    from securetrain.audit.log import AuditLog
+    url, schema, tag, n = sys.argv[1], sys.argv[2] or None, sys.argv[3], int(sys.argv[4])
+    log = AuditLog(url, schema=schema, checkpoint_every=None)
+    for i in range(n):
+        e = log.record("multi", f"{tag}:{i}", details={"pid": os.getpid()})
+        print("ack", e.seq, e.entry_hash, f"{tag}:{i}", "client" if log._client is not None else "local", flush=True)
+    log.close()
+""")
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "SECURETRAIN_DATA_DIR": str(tmp_path)}
+
+
+def test_eight_processes_share_commits_dense_unforked_verified(target: dict[str, Any], tmp_path: Path) -> None:
+    _open(target).close()
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, target["url"], target["schema"] or "", f"p{k}", "120"],
+                              stdout=subprocess.PIPE, text=True, env=_env(tmp_path)) for k in range(8)]
+    acks = []
+    for p in procs:
+        out, _ = p.communicate(timeout=240)
+        assert p.returncode == 0
+        acks += [line.split() for line in out.splitlines() if line.startswith("ack ")]
+    assert len(acks) == 8 * 120
+    assert any(a[4] == "client" for a in acks), "some appends were committed by another process"
+    reader = _open(target, create=False)
+    stored = list(reader.entries())
+    assert [e.seq for e in stored] == list(range(len(stored))), "dense seq"
+    by_seq = {e.seq: e for e in stored}
+    for _ack, seq, digest, resource, _how in acks:
+        assert by_seq[int(seq)].entry_hash == digest and by_seq[int(seq)].resource == resource
+    assert reader.verify().ok
+    reader.close()
+
+
+SERVING = textwrap.dedent("""
+    import sys, threading
+    from securetrain.audit.log import AuditLog
+    log = AuditLog(sys.argv[1], schema=sys.argv[2] or None, checkpoint_every=None)
+    log.record("serve.start", "killed-server")
+    assert log._server is not None
+    print("serving", flush=True)
+    i = 0
+    while True:  # keeps committing its own entries too, so a kill lands mid-batch
+        log.record("server.own", f"s{i}")
+        i += 1
+""")
+
+CLIENT = textwrap.dedent("""
+    import sys
+    from securetrain.audit.errors import AuditError
+    from securetrain.audit.log import AuditLog
+    log = AuditLog(sys.argv[1], schema=sys.argv[2] or None, checkpoint_every=None)
+    tag, unknown = sys.argv[3], 0
+    for i in range(400):
+        try:
+            e = log.record("client", f"{tag}:{i}")
+            print("ack", f"{tag}:{i}", flush=True)
+        except AuditError as exc:
+            assert "unknown" in str(exc), exc
+            unknown += 1
+            print("unknown", f"{tag}:{i}", flush=True)
+    log.close()
+    print("done", unknown, flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_committer_loses_nothing_acknowledged(target: dict[str, Any], tmp_path: Path) -> None:
+    _open(target).close()
+    env = _env(tmp_path)
+    server = subprocess.Popen([sys.executable, "-c", SERVING, target["url"], target["schema"] or ""],
+                              stdout=subprocess.PIPE, text=True, env=env)
+    assert server.stdout is not None and server.stdout.readline().strip() == "serving"
+    clients = [subprocess.Popen([sys.executable, "-c", CLIENT, target["url"], target["schema"] or "", f"c{k}"],
+                                stdout=subprocess.PIPE, text=True, env=env) for k in range(3)]
+    time.sleep(1.5)
+    os.kill(server.pid, signal.SIGKILL)
+    server.wait()
+    acked, unknown = set(), set()
+    for c in clients:
+        out, _ = c.communicate(timeout=240)
+        assert c.returncode == 0, "a client whose committer died carries on (it commits itself)"
+        lines = out.splitlines()
+        assert lines[-1].startswith("done")
+        acked |= {line.split()[1] for line in lines if line.startswith("ack ")}
+        unknown |= {line.split()[1] for line in lines if line.startswith("unknown ")}
+    assert len(unknown) <= 3, "at most the one request in flight per client is in doubt"
+    reader = _open(target, create=False)
+    stored = [e.resource for e in reader.entries() if e.action == "client"]
+    assert acked <= set(stored), "nothing acknowledged is lost"
+    assert len(stored) == len(set(stored)), "nothing recorded twice"
+    assert set(stored) <= acked | unknown
+    assert reader.verify().ok
+    reader.close()
+
+
+def _fake_server(address: str, reply: dict[str, Any]) -> committer.CommitServer:
+    return committer.CommitServer(address, lambda request: reply)
+
+
+def test_a_reply_that_does_not_hash_from_the_event_is_refused(target: dict[str, Any]) -> None:
+    log = _open(target)
+    assert log._commit_address is not None
+    fake = _fake_server(log._commit_address, {"entries": [[0, "2026-01-01T00:00:00.000000Z", "0" * 64, "f" * 64]],
+                                              "view": None})
+    try:
+        with pytest.raises(AuditIntegrityError, match="does not hash"):
+            log.record("x", "forged")
+    finally:
+        fake.close()
+    # The fake is gone: the next append commits for real, and nothing forged was stored.
+    entry = log.record("x", "real")
+    assert entry is not None and [e.resource for e in log.entries()] == ["real"]
+    log.close()
+
+
+def test_the_committers_error_reaches_the_client_as_the_same_type(target: dict[str, Any]) -> None:
+    log = _open(target)
+    assert log._commit_address is not None
+    fake = _fake_server(log._commit_address, committer.error_reply(
+        AuditLockTimeoutError("lock wait timed out", hint="retry later")))
+    try:
+        with pytest.raises(AuditLockTimeoutError, match="lock wait timed out") as info:
+            log.record("x", "y")
+        assert info.value.hint == "retry later"
+    finally:
+        fake.close()
+    log.close()
+
+
+def test_a_committer_of_another_user_is_never_used(tmp_path: Path) -> None:
+    """Root in a forked child drops to nobody; the committer refuses it, and it refuses strangers."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to run a peer as another user")
+    address = committer.address_for(f"test:{tmp_path}")
+    served: list[Any] = []
+    server = committer.CommitServer(address, lambda request: served.append(request) or {"entries": []})
+    ctx = mp.get_context("fork")
+    result = ctx.Queue()
+
+    def as_nobody() -> None:
+        os.setgid(65534)
+        os.setuid(65534)
+        try:
+            committer.CommitClient(address, timeout=5).call({"who": ["a", "b", "c"], "events": []})
+            result.put("served")
+        except committer.Unprocessed:
+            result.put("refused")
+        except Exception as exc:  # noqa: BLE001
+            result.put(type(exc).__name__)
+
+    child = ctx.Process(target=as_nobody)
+    child.start()
+    child.join(30)
+    assert result.get(timeout=5) == "refused"
+    assert not served
+    server.close()
+
+
+def _child_appends(url: str, schema: str | None, log: AuditLog, out: Any) -> None:
+    entry = log.record("forked", "child")
+    out.put((entry.seq if entry else None, log._server is None, log._client is not None))
+
+
+def test_a_forked_child_is_a_client_never_a_committer(target: dict[str, Any]) -> None:
+    log = _open(target)
+    log.record("parent", "first")
+    assert log._server is not None
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_child_appends, args=(target["url"], target["schema"], log, out))
+    child.start()
+    seq, no_server, via_client = out.get(timeout=60)
+    child.join(30)
+    assert child.exitcode == 0
+    assert seq == 1 and no_server and via_client
+    assert [e.resource for e in log.entries()] == ["first", "child"]
+    log.close()
+
+
+def test_unexpected_end_of_stream_after_sending_is_reported_not_retried(tmp_path: Path) -> None:
+    """A committer that dies after reading the request: the outcome is unknown, say so (no retry)."""
+    import socket
+
+    address = committer.address_for(f"test-eos:{tmp_path}")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    listener.listen(1)
+    got: list[Any] = []
+
+    def dying_server() -> None:  # greets, reads one request, then vanishes without a reply
+        conn, _ = listener.accept()
+        committer._send(conn, committer.HELLO)
+        got.append(committer._recv(conn))
+        conn.close()
+
+    thread = threading.Thread(target=dying_server)
+    thread.start()
+    client = committer.CommitClient(address, timeout=10)
+    with pytest.raises(AuditError, match="unknown"):
+        client.call({"who": ["a", "b", "c"], "events": [["x", "y", "success", "{}"]]})
+    thread.join(10)
+    assert got and got[0]["events"] == [["x", "y", "success", "{}"]]
+    client.close()
+    listener.close()
