@@ -148,6 +148,12 @@ def bench_loader(name: str, url: str, schema: str | None, tmp: str, quick: bool)
     epochs = 2 if quick else 4
 
     def run(audit) -> float:  # noqa: ANN001
+        if audit is not None:
+            # As in the pipeline, the main process has recorded before the loader starts, so it serves
+            # the workers' appends (shared commit) where that is on.
+            audit.record("bench.loader.start", "epochs")
+            if hasattr(audit, "flush"):
+                audit.flush()
         ds = DicomDataset(manifest, policy, secret, size=32, audit=audit)
         loader = ds.dataloader(batch_size=4, num_workers=2, persistent_workers=False)
         t0 = time.perf_counter()

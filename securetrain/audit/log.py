@@ -328,9 +328,9 @@ class AuditLog:
                 os.close(self._turn_fd)
             self._turn_fd, self._turn_depth = None, 0
         # The parent's committer server or connection: never used here (the child's copies of the
-        # sockets close with these objects, which leaves the parent's open). A forked copy only
-        # ever connects as a client.
-        self._server, self._client, self._owner, self._client_retry_at = None, None, False, 0.0
+        # sockets close with these objects, which leaves the parent's open). A forked copy commits
+        # its own appends (see _committer_client).
+        self._server, self._client, self._owner, self._commit_address = None, None, False, None
         self._pid = os.getpid()
         self._lock = threading.RLock()
         self._init_group_commit()
@@ -834,9 +834,11 @@ class AuditLog:
         """This process's connection to the log's committer; None to commit here.
 
         None when this process serves (its own callers join its group commit directly) or when no
-        committer is reachable; then a process that opened the log (not a forked or unpickled
-        copy: those may end abruptly, as DataLoader workers do) starts serving. Call under
-        ``self._lock``.
+        committer is reachable; then it starts serving. Only logs a process opened itself take part:
+        forked and unpickled copies (DataLoader, Dask and pool workers) commit their own appends —
+        they may end abruptly, and their batches are already one commit each, so the extra hop
+        through another process only added latency (measured on the audited DataLoader). Call
+        under ``self._lock``.
         """
         if self._server is not None or self._commit_address is None:
             return None
@@ -1416,7 +1418,8 @@ class AuditLog:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["url"], create=False, **state["args"])  # type: ignore[misc]
-        self._owner = False  # a worker's copy: a client of the committer, never one (it may end abruptly)
+        # A worker's copy (spawn DataLoader, Dask, process pools) commits its own appends, as a forked one.
+        self._owner, self._commit_address = False, None
 
     # -- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:

@@ -3,8 +3,8 @@
 Asserted on SQLite and PostgreSQL: appends served by another process land with a dense, unforked
 chain and verify; a committer that shuts down answers "bye" and nothing is lost or doubled; a
 committer killed with -9 leaves a verifying log with every acknowledged entry; a client never
-accepts an entry that does not hash from its own event; forked children are clients, never
-committers; the feature can be switched off.
+accepts an entry that does not hash from its own event; forked copies commit themselves and never
+serve; the feature can be switched off.
 """
 
 from __future__ import annotations
@@ -277,24 +277,29 @@ def test_a_committer_of_another_user_is_never_used(tmp_path: Path) -> None:
     server.close()
 
 
-def _child_appends(url: str, schema: str | None, log: AuditLog, out: Any) -> None:
+def _child_appends(log: AuditLog, out: Any) -> None:
     entry = log.record("forked", "child")
-    out.put((entry.seq if entry else None, log._server is None, log._client is not None))
+    out.put((entry.seq if entry else None, log._server is None, log._client is None))
 
 
-def test_a_forked_child_is_a_client_never_a_committer(target: dict[str, Any]) -> None:
+def test_a_forked_copy_commits_itself_and_never_serves(target: dict[str, Any]) -> None:
+    """DataLoader workers: the parent's server and connection are never used in the child, and the
+    child neither serves (it may end abruptly) nor adds a hop through the parent."""
     log = _open(target)
     log.record("parent", "first")
     assert log._server is not None
     ctx = mp.get_context("fork")
     out = ctx.Queue()
-    child = ctx.Process(target=_child_appends, args=(target["url"], target["schema"], log, out))
+    child = ctx.Process(target=_child_appends, args=(log, out))
     child.start()
-    seq, no_server, via_client = out.get(timeout=60)
+    seq, no_server, no_client = out.get(timeout=60)
     child.join(30)
     assert child.exitcode == 0
-    assert seq == 1 and no_server and via_client
-    assert [e.resource for e in log.entries()] == ["first", "child"]
+    assert seq == 1 and no_server and no_client
+    log.record("parent", "again")  # the parent still serves, unharmed by the child's exit
+    assert log._server is not None
+    assert [e.resource for e in log.entries()] == ["first", "child", "again"]
+    assert log.verify().ok
     log.close()
 
 
