@@ -11,9 +11,10 @@ import re
 import pyarrow as pa
 import pytest
 
+from securetrain.masking.tabular.hmac_batch import HmacSha256
 from securetrain.masking.tabular.masker import TabularMasker
 from securetrain.masking.tabular.policy import load_policy
-from securetrain.masking.tabular.transforms import INVALID_EMAIL, INVALID_PAN, INVALID_PHONE, _HmacSha256
+from securetrain.masking.tabular.transforms import INVALID_EMAIL, INVALID_PAN, INVALID_PHONE
 
 KEY = bytes(range(32))
 K_TOK = hmac.digest(KEY, b"securetrain.tabular.tokenize.v1", "sha256")
@@ -128,7 +129,7 @@ def test_hmac_and_base32_match_stdlib(length: int) -> None:
     rng = random.Random(length)
     msgs = [bytes(rng.randrange(256) for _ in range(rng.randint(0, 200))) for _ in range(200)]
     for key in (KEY, b"k" * 64, b"long key " * 20):  # block-size and hashed (> 64 bytes) keys
-        assert _HmacSha256(key).many(msgs) == b"".join(hmac.digest(key, m, "sha256") for m in msgs)
+        assert HmacSha256(key).many(msgs) == b"".join(hmac.digest(key, m, "sha256") for m in msgs)
     p = load_policy(data={"policy_version": "1", "columns": [
         {"name": "v", "action": "tokenize", "normalize": "none", "length": length}]})
     vals = [f"v{i}" for i in range(300)]
