@@ -165,3 +165,42 @@ def test_base32_of_macs_equals_base64_for_every_length_and_prefix() -> None:
             got = _b32_prefix(macs, 37, length, prefix.encode()).to_pylist()
             assert got == [prefix + base64.b32encode(macs[32 * i:32 * i + 32]).decode().lower()[:length]
                            for i in range(37)]
+
+
+def test_transforms_equal_reference_on_clean_columns() -> None:
+    # Well-formed columns take the shortcuts: 16-digit cards without separators (no byte filter
+    # copy, Luhn on a fixed-width view, last four from the byte buffer), e-mails whose local part
+    # is not ASCII (the domain is cut at a byte position).
+    rng = random.Random(7)
+    cards = ["".join(rng.choice("0123456789") for _ in range(16)) for _ in range(400)]
+    cards += ["4111111111111111", "4012888888881881", "0000000000000000"]
+    emails = [f"{rng.choice(['é.ß', 'a', 'Jo.Ann', '中文'])}{i}@{rng.choice(['exämple.org', 'x.io'])}"
+              for i in range(len(cards))]
+    policy = load_policy(data={"policy_version": "1", "columns": [
+        {"name": "pan_l4", "action": "pan"}, {"name": "pan_tl", "action": "pan", "mode": "tokenize_last4"},
+        {"name": "pan_nl", "action": "pan", "validate_luhn": False}, {"name": "em", "action": "email"},
+    ]})
+    with_null = [*cards[:-1], None]  # a null: the general Luhn path
+    for column in (cards, with_null):
+        table = pa.table({"pan_l4": column, "pan_tl": column, "pan_nl": column, "em": emails})
+        out = TabularMasker(policy, KEY).mask_table(table)
+        assert out.column("pan_l4").to_pylist() == [ref_pan(v, mode="last4") for v in column]
+        assert out.column("pan_tl").to_pylist() == [ref_pan(v, mode="tokenize_last4") for v in column]
+        assert out.column("pan_nl").to_pylist() == [
+            None if v is None else "************" + v[-4:] for v in column]
+        assert out.column("em").to_pylist() == [ref_email(v) for v in emails]
+    assert INVALID_PAN in out.column("pan_l4").to_pylist()  # some random cards fail Luhn
+
+
+def test_shortcuts_are_taken_only_when_exact() -> None:
+    from securetrain.masking.tabular import transforms as T
+
+    plain = pa.array(["4111111111111111", "4012888888881881"])
+    assert T.keep_bytes(plain, T.NOT_SPACE_OR_DASH) is plain  # nothing to drop: no copy
+    assert T.keep_bytes(pa.array(["4111 1111"]), T.NOT_SPACE_OR_DASH).to_pylist() == ["41111111"]
+    assert T._common_width(plain) == 16
+    assert T._common_width(pa.array(["4111", "41111"])) is None
+    assert T._common_width(pa.array(["4111", None])) is None
+    assert T._common_width(pa.array(["1" * 20])) is None  # longer than a card number
+    assert list(T.luhn_valid(plain)) == [True, True]
+    assert list(T.luhn_valid(pa.array(["4111111111111112", "0000000000000000"]))) == [False, True]

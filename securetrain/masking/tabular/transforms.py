@@ -88,7 +88,7 @@ def _b32_prefix(macs: bytes, n: int, length: int, prefix: bytes = b"") -> pa.Arr
     ten[..., 1] = ((g[..., 1] & 0x3F) << 4) | (g[..., 2] >> 4)
     ten[..., 2] = ((g[..., 2] & 0x0F) << 6) | (g[..., 3] >> 2)
     ten[..., 3] = ((g[..., 3] & 0x03) << 8) | g[..., 4]
-    b32 = _B32_PAIRS[ten].reshape(n, 4 * groups).view(np.uint8)  # (n, 8 * groups) characters
+    b32 = _B32_PAIRS.take(ten).reshape(n, 4 * groups).view(np.uint8)  # (n, 8 * groups) characters; take: 2x [] here
     width = len(prefix) + length
     chars = np.empty((n, width), dtype=np.uint8)
     chars[:, :len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
@@ -165,6 +165,8 @@ def keep_bytes(arr: pa.Array, keep: np.ndarray) -> pa.Array:
     arr = as_string(arr)
     offsets, data = offsets_and_data(arr)
     mask = keep[data]
+    if mask.all():  # nothing to drop (card numbers stored as plain digits): no copy
+        return arr
     cum = np.zeros(len(data) + 1, dtype=np.int32)  # string data is < 2 GiB: int32 offsets suffice
     np.cumsum(mask, out=cum[1:])
     new_offsets = cum[offsets]
@@ -214,15 +216,42 @@ def luhn_valid(digits: pa.Array) -> np.ndarray:
     n = len(digits)
     if n == 0:
         return np.zeros(0, dtype=bool)
-    filled = pc.fill_null(digits, "0")
-    padded = pc.utf8_lpad(filled, width=19, padding="0").cast(pa.binary(19))
-    raw = np.frombuffer(padded.buffers()[1], dtype=np.uint8, count=(padded.offset + n) * 19)
-    d = raw[padded.offset * 19:].reshape(n, 19).astype(np.int16) - ord("0")
+    width = _common_width(digits)
+    if width is not None:  # all the same length (16-digit cards): the bytes as an (n, width) view
+        d = offsets_and_data(digits)[1].reshape(n, width).astype(np.int16) - ord("0")
+    else:
+        filled = pc.fill_null(digits, "0")
+        padded = pc.utf8_lpad(filled, width=19, padding="0").cast(pa.binary(19))
+        raw = np.frombuffer(padded.buffers()[1], dtype=np.uint8, count=(padded.offset + n) * 19)
+        d = raw[padded.offset * 19:].reshape(n, 19).astype(np.int16) - ord("0")
     # Position k from the right (k=0 is the check digit); every odd k is doubled.
     doubled = d[:, -2::-2] * 2
     total = d[:, ::-2].sum(axis=1) + (doubled - 9 * (doubled > 9)).sum(axis=1)
     ok = (total % 10) == 0
-    return ok & ~np.asarray(pc.is_null(digits).to_numpy(zero_copy_only=False))
+    return ok & ~np.asarray(pc.is_null(digits).to_numpy(zero_copy_only=False)) if digits.null_count else ok
+
+
+def _common_width(arr: pa.Array) -> int | None:
+    """The byte length shared by every value of a string array without nulls (1-19), else None.
+    Leading zeros do not change a Luhn sum, so such values need no left-padding to 19."""
+    if arr.null_count or arr.type != pa.string():
+        return None
+    lengths = np.diff(offsets_and_data(arr)[0])
+    width = int(lengths[0])
+    return width if 0 < width <= 19 and bool((lengths == width).all()) else None
+
+
+def _last4_masked(digits: pa.Array) -> pa.Array:
+    """``"************" + value[-4:]`` for values of at least 4 ASCII bytes (others: garbage, to be
+    replaced by the caller), built in one fixed-width buffer instead of a slice and a join pass."""
+    n = len(digits)
+    offsets, data = offsets_and_data(digits)
+    if n == 0 or data.size == 0:
+        return pc.binary_join_element_wise("************", pc.utf8_slice_codeunits(digits, -4), "")
+    chars = np.full((n, 16), ord("*"), dtype=np.uint8)
+    chars[:, 12:] = data[np.clip(offsets[1:, None] - 4 + np.arange(4), 0, data.size - 1)]
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(np.arange(0, 16 * (n + 1), 16, dtype=np.int32)),
+                                                  pa.py_buffer(chars)])
 
 
 def _bool_np(arr: pa.Array) -> np.ndarray:
@@ -258,12 +287,12 @@ def pan(arr: pa.Array, token_key: bytes, *, mode: str, validate_luhn: bool, pref
                                     pc.and_(pc.greater_equal(size, 12), pc.less_equal(size, 19))))
         valid = shape_ok & (luhn_valid(pc.if_else(pa.array(shape_ok), digits, pa.scalar(None, pa.string())))
                             if validate_luhn else shape_ok)
-        last4 = pc.utf8_slice_codeunits(digits, -4)
         if mode == "last4":
-            out = pc.binary_join_element_wise("************", last4, "")
+            out = _last4_masked(digits)  # valid values are 12-19 ASCII digits: bytes are code units
         else:
             tok = _tokens_of_distinct(digits, token_key, domain=domain, prefix=prefix, length=length, stats=stats)
-            out = tok if mode == "tokenize" else pc.binary_join_element_wise(tok, last4, "_")
+            out = tok if mode == "tokenize" else pc.binary_join_element_wise(
+                tok, pc.utf8_slice_codeunits(digits, -4), "_")
         return pc.if_else(pa.array(valid), out, pa.scalar(INVALID_PAN)), valid
 
     return _per_distinct(keep_bytes(pc.utf8_trim_whitespace(as_string(arr)), NOT_SPACE_OR_DASH), on_values)
@@ -289,13 +318,29 @@ EMAIL_SHAPE = r"^[^@\s]+@[^@\s]+\.[^@\s]+$"
 
 
 def _after_first_at(s: pa.Array, valid: np.ndarray) -> pa.Array:
-    """The text after the first '@' where ``valid`` (null elsewhere)."""
+    """The text after the first '@' where ``valid`` (null elsewhere).
+
+    The text buffer is cut, without copying, into two pieces per value (up to and including the
+    first '@', the rest) and ``take`` gathers the second pieces: no split into a list array."""
+    n = len(s)
+    at = pc.fill_null(pc.find_substring(s, "@"), -1).to_numpy(zero_copy_only=False).astype(np.int64)  # bytes
+    ok = valid & (at >= 0)
+    offsets, data = offsets_and_data(s)
+    if not ok.any() or len(data) >= 2**31:
+        return pa.nulls(n, pa.string()) if not ok.any() else _after_first_at_split(s, ok)
+    bounds = np.empty(2 * n + 1, dtype=np.int32)
+    bounds[0:-1:2] = offsets[:-1]
+    bounds[1::2] = np.where(ok, offsets[:-1] + at + 1, offsets[:-1])
+    bounds[-1] = offsets[-1]
+    pieces = pa.Array.from_buffers(pa.string(), 2 * n, [None, pa.py_buffer(bounds), pa.py_buffer(data)])
+    return pc.take(pieces, pa.array(2 * np.arange(n) + 1, mask=~ok))
+
+
+def _after_first_at_split(s: pa.Array, ok: np.ndarray) -> pa.Array:
+    """:func:`_after_first_at` for text buffers too large for 32-bit offsets."""
     parts = pc.split_pattern(s, "@", max_splits=1)
-    n_parts = pc.fill_null(pc.list_value_length(parts), 0).to_numpy(zero_copy_only=False)
-    ok = valid & (n_parts == 2)
     starts = parts.offsets.to_numpy()[:-1].astype(np.int64)  # absolute positions in parts.values
-    idx = pa.array(np.where(ok, starts + 1, 0), mask=~ok)
-    return pc.take(parts.values, idx) if len(parts.values) else pa.nulls(len(s), pa.string())
+    return pc.take(parts.values, pa.array(np.where(ok, starts + 1, 0), mask=~ok))
 
 
 def phone(arr: pa.Array, token_key: bytes, *, keep_last: int, prefix: str, length: int, domain: str,
@@ -303,7 +348,7 @@ def phone(arr: pa.Array, token_key: bytes, *, keep_last: int, prefix: str, lengt
     """Tokenise the digits (formatting-insensitive); optionally append the last N digits."""
 
     def on_values(digits: pa.Array) -> tuple[pa.Array, np.ndarray]:
-        nd = pc.utf8_length(digits)
+        nd = pc.binary_length(digits)  # ASCII digits only: bytes are characters
         valid = _bool_np(pc.and_(pc.greater_equal(nd, 7), pc.less_equal(nd, 15)))
         out = _tokens_of_distinct(digits, token_key, domain=domain, prefix=prefix, length=length, stats=stats)
         if keep_last:
