@@ -79,6 +79,7 @@ def test_threshold_switch() -> None:
 
 
 def test_worker_count_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hmac_pool.os, "getloadavg", lambda: (1.0, 1.0, 1.0))  # only this process runs
     monkeypatch.setattr(hmac_pool.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     assert hmac_pool.configured_workers() == 3
     monkeypatch.setattr(hmac_pool.os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
@@ -96,6 +97,21 @@ def test_worker_count_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(hmac_pool.WORKERS_ENV, bad)
         with pytest.raises(TabularMaskingError, match=hmac_pool.WORKERS_ENV):
             hmac_pool.configured_workers()
+
+
+def test_automatic_count_leaves_busy_cpus_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hmac_pool.os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)
+    for load, expected in [(0.2, 3), (1.0, 3), (2.0, 2), (3.4, 1), (3.6, 0), (12.0, 0)]:
+        monkeypatch.setattr(hmac_pool.os, "getloadavg", lambda load=load: (load, load, load))
+        assert hmac_pool.configured_workers() == expected, load
+    # This process's own running helpers are part of the load: they do not switch themselves off.
+    monkeypatch.setattr(hmac_pool.os, "getloadavg", lambda: (1.0, 1.0, 1.0))
+    hmac_pool.hmac_many(_values(400), KEY, PREFIX, workers=2)
+    monkeypatch.setattr(hmac_pool.os, "getloadavg", lambda: (4.0, 4.0, 4.0))  # us + 2 helpers + 1 other
+    assert hmac_pool.configured_workers() == 2
+    monkeypatch.setenv(hmac_pool.WORKERS_ENV, "3")  # an explicit count is taken as given
+    monkeypatch.setattr(hmac_pool.os, "getloadavg", lambda: (12.0, 12.0, 12.0))
+    assert hmac_pool.configured_workers() == 3
 
 
 def _policy() -> object:

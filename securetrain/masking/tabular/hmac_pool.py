@@ -45,8 +45,9 @@ _log = logging.getLogger(__name__)
 
 
 def configured_workers() -> int:
-    """Helper processes to use for a large column: ``SECURETRAIN_TABULAR_HMAC_WORKERS`` or usable
-    CPUs - 1 (at most :data:`MAX_AUTO_WORKERS`)."""
+    """Helper processes to use for a large column: ``SECURETRAIN_TABULAR_HMAC_WORKERS``, or else
+    usable CPUs - 1 (at most :data:`MAX_AUTO_WORKERS`), but no more than the CPUs the 1-minute
+    load average leaves idle: on a busy machine a helper only competes with this process."""
     raw = os.environ.get(WORKERS_ENV, "").strip()
     if raw:
         try:
@@ -62,7 +63,14 @@ def configured_workers() -> int:
     if not sys.executable:  # embedded interpreter: nothing to start helpers with
         return 0
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(0, min(cpus - 1, MAX_AUTO_WORKERS))
+    workers = max(0, min(cpus - 1, MAX_AUTO_WORKERS))
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average on this platform
+        return workers
+    # The load counts this process and, while a masking run keeps them busy, its own helpers.
+    idle = cpus - load + len(helper_pids())
+    return max(0, min(workers, int(idle + 0.5)))
 
 
 def plan_shares(n: int, workers: int) -> list[tuple[int, int]]:
