@@ -32,6 +32,7 @@ import hashlib
 import json
 import logging
 import os
+import selectors
 import socket
 import struct
 import sys
@@ -101,109 +102,120 @@ def _recv(sock: socket.socket) -> Any:
 
 
 class CommitServer:
-    """Serves a log's durable appends to its other processes (one thread per connected process).
+    """Serves a log's durable appends to its other processes from one thread.
 
-    ``handle(request) -> reply`` does the work (validation and the group commit); this class only
-    owns the socket, the peer checks and an orderly shutdown.
+    The thread waits on every connection at once (``selectors``), reads each request that has
+    arrived, and hands them all to ``handle_many(requests) -> replies`` in one call, which commits
+    them as one group: one wake-up per batch rather than a thread hand-off per request (measured:
+    context switches, not Python, dominated the cost per append). This class owns the socket, the
+    peer checks and an orderly shutdown.
     """
 
-    def __init__(self, address: str, handle: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    def __init__(self, address: str, handle_many: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             sock.bind(address)  # OSError (EADDRINUSE) when another process already serves this log
             sock.listen(128)
+            sock.setblocking(False)
         except BaseException:
             sock.close()
             raise
         self._sock = sock
-        self._handle = handle
+        self._handle_many = handle_many
         self._closing = False
-        self._state = threading.Lock()
-        self._conns: dict[socket.socket, threading.Lock] = {}
+        self._conns: set[socket.socket] = set()
         self._pid = os.getpid()
-        self._thread = threading.Thread(target=self._accept_loop, name="securetrain-audit-committer", daemon=True)
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(sock, selectors.EVENT_READ)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._thread = threading.Thread(target=self._loop, name="securetrain-audit-committer", daemon=True)
         self._thread.start()
 
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return  # shut down
-            try:
-                if _peer_uid(conn) != os.getuid():
-                    log.warning("audit committer: refused a connection from another user")
-                    conn.close()
-                    continue
-            except OSError:
-                conn.close()
-                continue
-            with self._state:
-                if self._closing:
-                    conn.close()
-                    return
-                lock = self._conns[conn] = threading.Lock()
-            # Registered first: from here on close() answers bye on this connection. A client sends
-            # nothing before this greeting, so a connection dropped before it carried no request.
-            with lock:
-                try:
-                    _send(conn, HELLO)
-                except OSError:
-                    continue
-            threading.Thread(target=self._serve, args=(conn, lock), name="securetrain-audit-committer-conn",
-                             daemon=True).start()
-
-    def _serve(self, conn: socket.socket, lock: threading.Lock) -> None:
+    def _accept(self) -> None:
         try:
-            while True:
-                try:
-                    request = _recv(conn)
-                except (OSError, ValueError):
-                    return
-                if request is None or not isinstance(request, dict):
-                    return
-                with lock:
-                    if self._closing:  # not processed: say so (close() may not have reached this connection)
+            conn, _ = self._sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        try:
+            conn.setblocking(True)
+            # A frame arrives in one send; a peer that stalls mid-frame is dropped, not waited for.
+            conn.settimeout(5.0)
+            if _peer_uid(conn) != os.getuid():
+                log.warning("audit committer: refused a connection from another user")
+                conn.close()
+                return
+            # Registered, then greeted: a client sends nothing before this greeting, so a connection
+            # dropped before it carried no request; from here on shutdown answers bye on it.
+            _send(conn, HELLO)
+        except OSError:
+            conn.close()
+            return
+        self._conns.add(conn)
+        self._selector.register(conn, selectors.EVENT_READ)
+
+    def _drop(self, conn: socket.socket) -> None:
+        self._conns.discard(conn)
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(conn)
+        with contextlib.suppress(OSError):
+            conn.close()
+
+    def _loop(self) -> None:
+        try:
+            while not self._closing:
+                batch: list[tuple[socket.socket, dict[str, Any]]] = []
+                for key, _mask in self._selector.select():
+                    obj = key.fileobj
+                    if obj is self._sock:
+                        self._accept()
+                    elif obj == self._wake_r:
                         with contextlib.suppress(OSError):
-                            _send(conn, BYE)
-                        return
-                    try:
-                        reply = self._handle(request)
-                    except Exception as exc:  # noqa: BLE001 - reported to the client, never swallowed
-                        reply = error_reply(exc)
+                            os.read(self._wake_r, 512)
+                    else:
+                        assert isinstance(obj, socket.socket)
+                        try:
+                            request = _recv(obj)
+                        except (OSError, ValueError):
+                            request = None
+                        if isinstance(request, dict):
+                            batch.append((obj, request))
+                        else:  # end of stream, a malformed frame or a stall: the peer is gone
+                            self._drop(obj)
+                if self._closing or not batch:
+                    continue  # read but not processed when closing: answered bye below
+                try:
+                    replies = self._handle_many([request for _, request in batch])
+                except Exception as exc:  # noqa: BLE001 - every request of the batch gets the error
+                    replies = [error_reply(exc)] * len(batch)
+                for (conn, _), reply in zip(batch, replies, strict=True):
                     try:
                         _send(conn, reply)
                     except OSError:
-                        return
+                        self._drop(conn)
         finally:
-            with self._state:
-                self._conns.pop(conn, None)
-            with contextlib.suppress(OSError):
-                conn.close()
-
-    def close(self, timeout: float = 60.0) -> None:
-        """Stop serving: finish the request being committed on each connection, answer ``bye``."""
-        if self._pid != os.getpid():  # a forked child's copy: the sockets are the parent's
-            return
-        with self._state:
-            if self._closing:
-                return
-            self._closing = True
-            conns = list(self._conns.items())
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)  # wakes accept() on Linux
-        with contextlib.suppress(OSError):
-            self._sock.close()
-        for conn, lock in conns:
-            if not lock.acquire(timeout=timeout):
-                continue
-            try:
+            for conn in list(self._conns):
                 with contextlib.suppress(OSError):
                     _send(conn, BYE)
                 with contextlib.suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)
-            finally:
-                lock.release()
+                self._drop(conn)
+            with contextlib.suppress(OSError):
+                self._sock.close()
+            self._selector.close()
+            for fd in (self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Stop serving: the batch being committed completes and is answered; the rest gets ``bye``."""
+        if self._pid != os.getpid() or self._closing:  # a forked child's copy: the sockets are the parent's
+            return
+        self._closing = True
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
 
 
 def error_reply(exc: BaseException) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import threading
 import time
 import weakref
@@ -213,6 +214,8 @@ class AuditLog:
         self._engines: tuple[Engine, Engine, Engine | None] | None = None
         # PostgreSQL: this process's dedicated append connection (see _pg_commit_rows).
         self._pg_conn: Any = None
+        # SQLite: this process's dedicated append connection (see _sqlite_commit_batch).
+        self._sq_conn: sqlite3.Connection | None = None
         self._pg_sql_cache: tuple[str, str] | None = None
         # SQLite: this process's descriptor of the writers' turn file (see _writer_turn) and how
         # deeply the turn is held (only touched under self._lock).
@@ -321,6 +324,9 @@ class AuditLog:
         if self._pg_conn is not None:  # the parent's session: never used or closed here
             _INHERITED.append(self._pg_conn)
             self._pg_conn = None
+        if self._sq_conn is not None:  # likewise the parent's SQLite handle
+            _INHERITED.append(self._sq_conn)
+            self._sq_conn = None
         if self._turn_fd is not None:
             # Never held at fork (it is taken under self._lock, which the at-fork hook holds), so
             # closing our copy releases nothing the parent holds; the child opens its own.
@@ -629,6 +635,8 @@ class AuditLog:
         with self._lock, self._writer_turn():
             if prepare is None and self._write_view:
                 return self._pg_commit_batch(batch)
+            if prepare is None and self.backend == "sqlite" and self._sqlite_file() is not None:
+                return self._sqlite_commit_batch(batch)
             try:
                 with self._write_engine.begin() as conn:
                     self._take_lock(conn)
@@ -803,6 +811,61 @@ class AuditLog:
             return self._finish_batch(batch, results, start)
         raise AssertionError("unreachable")  # pragma: no cover
 
+    # -- SQLite append path: the driver directly --------------------------------------------
+    def _sqlite_file(self) -> str | None:
+        """The database file for the direct append path; None (use the engine) for anything unusual."""
+        path = self.url.split(":///", 1)[1] if ":///" in self.url else ""
+        return path if path and path != ":memory:" and "?" not in path else None
+
+    def _sqlite_writer(self) -> sqlite3.Connection:
+        """This process's dedicated SQLite append connection, with the engine's pragmas.
+
+        Through SQLAlchemy, an append spent about as long in the engine's per-statement machinery
+        as in SQLite itself (profiled: ~170 us of ~590 us CPU); the transaction is the same three
+        statements. Used only under ``self._lock`` and the writers' turn.
+        """
+        conn = self._sq_conn
+        if conn is None:
+            path = self._sqlite_file()
+            assert path is not None
+            conn = sqlite3.connect(path, timeout=self._busy_timeout_s, isolation_level=None,
+                                   check_same_thread=False)
+            for pragma in ("journal_mode=WAL", "synchronous=FULL", "recursive_triggers=ON",
+                           f"busy_timeout={int(self._busy_timeout_s * 1000)}"):
+                conn.execute(f"PRAGMA {pragma}")
+            self._sq_conn = conn
+        return conn
+
+    def _drop_sq_conn(self) -> None:
+        conn, self._sq_conn = self._sq_conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def _sqlite_commit_batch(self, batch: list[_Pending]) -> bool:
+        """SQLite append: ``BEGIN IMMEDIATE``, head, one ``executemany``, ``COMMIT`` on the driver."""
+        try:
+            conn = self._sqlite_writer()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                row = conn.execute(_SQLITE_HEAD).fetchone()
+                start, results, cols = self._chain_batch(batch, None if row is None else _Head(row[0], row[1]), None)
+                conn.executemany(_SQLITE_INSERT, list(zip(*cols, strict=True)))
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    try:
+                        conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        self._drop_sq_conn()
+                raise
+        except sqlite3.Error as exc:
+            err = classify(exc, backend=self.backend)
+            for req in batch:
+                req.error = err
+            return False
+        return self._finish_batch(batch, results, start)
+
     def _pg_abort(self, conn: Any, lost: bool) -> None:
         """Roll back a failed append transaction, or drop the connection if that is not possible."""
         if conn is not None and not lost and not conn.closed:
@@ -854,7 +917,7 @@ class AuditLog:
             pass
         if self._owner and self.durable and self._pid == os.getpid():
             try:
-                self._server = CommitServer(self._commit_address, self._serve_request)
+                self._server = CommitServer(self._commit_address, self._serve_requests)
                 _install_exit_flush()  # stop serving (answer bye) at exit, worker exit and SIGTERM
                 return None
             except OSError:  # another process started serving first: connect on the next append
@@ -928,8 +991,27 @@ class AuditLog:
             results.append(entries)
         return results
 
-    def _serve_request(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Commit another process's events in this process's group commit (committer thread)."""
+    def _serve_requests(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Commit other processes' requests in one group commit (the committer's thread)."""
+        replies: list[dict[str, Any] | None] = [None] * len(requests)
+        pending: list[tuple[int, _Pending]] = []
+        for i, request in enumerate(requests):
+            try:
+                pending.append((i, self._pending_from_request(request)))
+            except Exception as exc:  # noqa: BLE001 - that request's reply; the others go on
+                replies[i] = committer.error_reply(exc)
+        if pending:
+            self._submit_many([req for _, req in pending])
+        for i, req in pending:
+            if req.error is not None:
+                replies[i] = committer.error_reply(req.error)
+            else:
+                rows = [[e.seq, e.ts, e.prev_hash, e.entry_hash] for e in req.entries]
+                replies[i] = {"entries": rows, "view": req.entries[0].server_view if req.entries else None}
+        return [r if r is not None else committer.error_reply(AuditError("not processed")) for r in replies]
+
+    def _pending_from_request(self, request: dict[str, Any]) -> _Pending:
+        """Validate another process's request exactly as a local append validates its events."""
         who, events = request.get("who"), request.get("events")
         if not (isinstance(who, list) and len(who) == 3 and isinstance(events, list) and events):
             raise AuditEventError("malformed request to the audit committer")
@@ -941,15 +1023,21 @@ class AuditLog:
             if not (isinstance(ev, list) and len(ev) == 4 and isinstance(ev[3], str)):
                 raise AuditEventError("malformed event in a request to the audit committer")
             action, resource, outcome = canon.validate_event(ev[0], ev[1], ev[2])
-            details = json.loads(ev[3])
-            clean, details_bytes = canon.validated_details(details)
+            clean, details_bytes = canon.validated_details(json.loads(ev[3]))
             prepared.append((action, resource, outcome, clean, details_bytes.decode()))
-        req = _Pending(prepared, who=(actor, hostname, mac))
-        self._submit(req)
-        if req.error is not None:
-            return committer.error_reply(req.error)
-        rows = [[e.seq, e.ts, e.prev_hash, e.entry_hash] for e in req.entries]
-        return {"entries": rows, "view": req.entries[0].server_view if req.entries else None}
+        return _Pending(prepared, who=(actor, hostname, mac))
+
+    def _submit_many(self, reqs: list[_Pending]) -> None:
+        """``_submit`` for several requests at once: queued together, so they share a transaction."""
+        cond = self._gc_cond
+        with cond:
+            self._gc_pending.extend(reqs)
+            while self._gc_leader and not all(r.done for r in reqs):
+                cond.wait()
+            if all(r.done for r in reqs):
+                return
+            self._gc_leader = True
+        self._lead()  # takes everything queued, ours included
 
     def _stop_serving(self, timeout: float = 60.0) -> None:
         """Stop committing for other processes; they commit themselves or find another committer."""
@@ -1443,6 +1531,7 @@ class AuditLog:
             self._forget_inherited_state()
             return
         self._drop_pg_conn()
+        self._drop_sq_conn()
         if self._turn_fd is not None and self._turn_depth == 0:
             with contextlib.suppress(OSError):
                 os.close(self._turn_fd)
@@ -1469,6 +1558,7 @@ class _Head:
 #: Stored columns of an entry as built by ``AuditLog._chain_batch`` (``server_view`` apart).
 _ROW_KEYS = ("seq", "ts", "actor", "hostname", "mac", "action", "resource", "outcome", "details", "prev_hash",
              "entry_hash")
+_SQLITE_HEAD = f"SELECT seq, entry_hash FROM {E.name} ORDER BY seq DESC LIMIT 1"  # nosec B608 - constant
 _SQLITE_INSERT = (f"INSERT INTO {E.name} ({', '.join(_ROW_KEYS)}) "  # nosec B608 - constant names
                   f"VALUES ({', '.join('?' * len(_ROW_KEYS))})")
 

@@ -215,7 +215,7 @@ def test_kill_9_of_the_committer_loses_nothing_acknowledged(target: dict[str, An
 
 
 def _fake_server(address: str, reply: dict[str, Any]) -> committer.CommitServer:
-    return committer.CommitServer(address, lambda request: reply)
+    return committer.CommitServer(address, lambda requests: [reply] * len(requests))
 
 
 def test_a_reply_that_does_not_hash_from_the_event_is_refused(target: dict[str, Any]) -> None:
@@ -254,7 +254,7 @@ def test_a_committer_of_another_user_is_never_used(tmp_path: Path) -> None:
         pytest.skip("needs root to run a peer as another user")
     address = committer.address_for(f"test:{tmp_path}")
     served: list[Any] = []
-    server = committer.CommitServer(address, lambda request: served.append(request) or {"entries": []})
+    server = committer.CommitServer(address, lambda requests: served.extend(requests) or [{"entries": []}] * len(requests))
     ctx = mp.get_context("fork")
     result = ctx.Queue()
 
