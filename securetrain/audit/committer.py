@@ -207,6 +207,21 @@ class CommitServer:
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
+    def forget_in_child(self) -> None:
+        """In a forked child: close this process's copies of the descriptors, never shutting anything
+        down (the parent keeps serving). Kept open, the child's copy of the listening socket would
+        hold the log's address after the parent stops, and the next server could not bind it."""
+        self._closing = True
+        fds = [self._sock, *self._conns]
+        for obj in fds:
+            with contextlib.suppress(OSError):
+                obj.close()
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        with contextlib.suppress(Exception):
+            self._selector.close()
+
     def close(self, timeout: float = 60.0) -> None:
         """Stop serving: the batch being committed completes and is answered; the rest gets ``bye``."""
         if self._pid != os.getpid() or self._closing:  # a forked child's copy: the sockets are the parent's
@@ -248,7 +263,7 @@ class CommitClient:
     def __init__(self, address: str, timeout: float) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
-            sock.settimeout(timeout)
+            sock.settimeout(min(timeout, 2.0))  # connecting and the greeting: a stuck server is skipped
             sock.connect(address)
             if _peer_uid(sock) != os.getuid():
                 raise Unprocessed("the audit committer runs as another user")
@@ -258,6 +273,7 @@ class CommitClient:
                 raise Unprocessed(type(exc).__name__) from exc
             if greeting != HELLO:  # bye, end of stream or a stranger: nothing was sent yet
                 raise Unprocessed("no greeting from the audit committer")
+            sock.settimeout(timeout)
         except BaseException:
             sock.close()
             raise
@@ -290,6 +306,6 @@ class CommitClient:
         return reply
 
     def close(self) -> None:
-        if self._pid == os.getpid():
-            with contextlib.suppress(OSError):
-                self._sock.close()
+        """Close the connection (in a forked child: only the child's copy of the descriptor)."""
+        with contextlib.suppress(OSError):
+            self._sock.close()

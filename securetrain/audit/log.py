@@ -336,6 +336,11 @@ class AuditLog:
         # The parent's committer server or connection: never used here (the child's copies of the
         # sockets close with these objects, which leaves the parent's open). A forked copy commits
         # its own appends (see _committer_client).
+        server, client = self._server, self._client
+        if server is not None:
+            server.forget_in_child()
+        if client is not None:
+            client.close()
         self._server, self._client, self._owner, self._commit_address = None, None, False, None
         self._pid = os.getpid()
         self._lock = threading.RLock()

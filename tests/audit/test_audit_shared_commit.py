@@ -328,3 +328,32 @@ def test_unexpected_end_of_stream_after_sending_is_reported_not_retried(tmp_path
     assert got and got[0]["events"] == [["x", "y", "success", "{}"]]
     client.close()
     listener.close()
+
+
+def _sleep_until_told(ready: Any, stop: Any) -> None:
+    ready.set()
+    stop.wait(60)
+
+
+def test_a_long_lived_forked_child_does_not_keep_the_address(target: dict[str, Any]) -> None:
+    """A child forked while its parent serves (a persistent DataLoader worker) must not hold the
+    listening socket: after the parent stops, the next log serves at once."""
+    log = _open(target)
+    log.record("parent", "first")
+    assert log._server is not None
+    ctx = mp.get_context("fork")
+    ready, stop = ctx.Event(), ctx.Event()
+    child = ctx.Process(target=_sleep_until_told, args=(ready, stop))
+    child.start()
+    try:
+        assert ready.wait(30)
+        log.close()
+        again = _open(target)
+        t0 = time.monotonic()
+        again.record("again", "x")
+        assert again._server is not None, "the address was still held by the child's copy"
+        assert time.monotonic() - t0 < 1.5, "no wait for a greeting from a server that is gone"
+        again.close()
+    finally:
+        stop.set()
+        child.join(30)
