@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ import socket
 import struct
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -121,7 +123,10 @@ class CommitServer:
             sock.close()
             raise
         self._sock = sock
-        self._handle_many = handle_many
+        # A log's method is held weakly: the serving thread must not keep a log its owner dropped
+        # (with its connections) alive; once it is gone the server stops at its next wake-up.
+        self._handle_ref: Callable[[], Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None] = (
+            weakref.WeakMethod(handle_many) if inspect.ismethod(handle_many) else (lambda: handle_many))
         self._closing = False
         self._conns: set[socket.socket] = set()
         self._pid = os.getpid()
@@ -184,8 +189,12 @@ class CommitServer:
                             self._drop(obj)
                 if self._closing or not batch:
                     continue  # read but not processed when closing: answered bye below
+                handle_many = self._handle_ref()
+                if handle_many is None:  # the log was garbage-collected without close()
+                    self._closing = True
+                    continue
                 try:
-                    replies = self._handle_many([request for _, request in batch])
+                    replies = handle_many([request for _, request in batch])
                 except Exception as exc:  # noqa: BLE001 - every request of the batch gets the error
                     replies = [error_reply(exc)] * len(batch)
                 for (conn, _), reply in zip(batch, replies, strict=True):

@@ -357,3 +357,25 @@ def test_a_long_lived_forked_child_does_not_keep_the_address(target: dict[str, A
     finally:
         stop.set()
         child.join(30)
+
+
+def test_a_dropped_log_is_not_kept_alive_by_its_server(target: dict[str, Any]) -> None:
+    """Serving holds the log weakly: a log dropped without close() is collected, and its server
+    stops at the next request (answering bye), so the other log commits itself and then serves."""
+    import gc
+    import weakref
+
+    log = _open(target)
+    log.record("a", "1")
+    assert log._server is not None
+    ref = weakref.ref(log)
+    other = _open(target)
+    del log
+    gc.collect()
+    assert ref() is None, "the serving thread kept the log alive"
+    entry = other.record("b", "2")  # served by the orphaned server? it answers bye: committed here
+    assert entry is not None and entry.seq == 1
+    other.record("c", "3")
+    assert [e.resource for e in other.entries()] == ["1", "2", "3"]
+    assert other.verify().ok
+    other.close()
