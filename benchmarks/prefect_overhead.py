@@ -7,10 +7,14 @@ report medians, the ratio and the difference. Goal (issue 17): the flow's own ov
 running server stays under +2 s; the temporary server adds its start-up (and is not a target).
 
 Prefect's own floor is measured in the same run: a process that imports what the pipeline imports anyway
-(torch, pydantic, httpx, SQLAlchemy, rich) and then runs an *empty* flow with as many no-op tasks as the
-pipeline has, against the same server, minus the same process without Prefect. It is the cost of using
-Prefect at all (import, flow-run creation, the heartbeat thread's join, draining logs and events at exit),
-which no flow can go below; the rest of the difference is securetrain's.
+(torch, pydantic, httpx, SQLAlchemy, rich) and then runs an *empty* flow with the same three parameters and
+as many no-op tasks as the pipeline has, against the same server, minus the same process without Prefect.
+It is the cost of using Prefect at all (import, serializing the parameters, flow-run creation, draining
+logs and events at exit, and a bigger heap to tear down), which no flow can go below; the rest of the
+difference is securetrain's. It is measured twice: with stock Prefect, and with the two changes
+securetrain's CLI makes (the sync engine no longer waits up to 1 s for the heartbeat thread, and the
+heap is frozen before exit: securetrain.pipeline.prefect_tuning, securetrain.cli.heap), applied to both
+sides.
 
     python benchmarks/prefect_overhead.py [--quick] [--repeat N]
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -30,6 +35,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_S = 2.0
+CPU: dict[str, list[float]] = {}  # CPU seconds (user + system) of each finished run, by kind
+
+
+def _children_cpu() -> float:
+    """CPU seconds of the finished, reaped child processes so far (the running server is not one)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _config(folder: Path, name: str, epochs: int) -> Path:
@@ -87,9 +99,11 @@ def _run(cfg: Path, *, prefect: str | None, home: Path) -> float:
         args.append("--no-prefect")
     elif prefect:
         env["PREFECT_API_URL"] = prefect
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), _children_cpu()
     proc = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     took = time.perf_counter() - t
+    kind = "plain" if prefect is None else ("flow" if prefect else "temporary")
+    CPU.setdefault(kind, []).append(_children_cpu() - cpu)
     if proc.returncode != 0:
         raise SystemExit(f"run failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return took
@@ -98,29 +112,40 @@ def _run(cfg: Path, *, prefect: str | None, home: Path) -> float:
 _FLOOR_SCRIPT = """
 import sys
 import torch, pydantic, httpx, sqlalchemy, rich  # noqa: F401 - imported by the pipeline either way
-if sys.argv[1] == "prefect":
+kind, tasks, tuned = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "tuned"
+if kind == "prefect":
     from prefect import flow, task
     from prefect.cache_policies import NO_CACHE
+
+    if tuned:
+        from securetrain.pipeline.prefect_tuning import skip_heartbeat_join
+
+        assert skip_heartbeat_join()
 
     @task(cache_policy=NO_CACHE, result_serializer="json")
     def step(i: int) -> int:
         return i
 
     @flow(result_serializer="json")
-    def empty() -> list:
-        return [step(i) for i in range(int(sys.argv[2]))]
+    def empty(config_path: str | None = None, overrides: dict | None = None, new_run: bool = False) -> list:
+        return [step(i) for i in range(tasks)]
 
-    empty()
+    empty(config_path="/bench/config.yaml", overrides=None, new_run=False)  # the flow's parameters
+if tuned:
+    import gc
+
+    gc.freeze()  # as securetrain's CLI does before exit
 """
 PIPELINE_TASKS = 5  # ingest, prepare-data, train, sign-provenance, seal-audit (HE off)
 
 
-def _floor_run(kind: str, *, url: str, home: Path) -> float:
+def _floor_run(kind: str, *, tuned: bool, url: str, home: Path) -> float:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SECURETRAIN_")}
-    env.update(PREFECT_API_URL=url, PREFECT_HOME=str(home), OMP_NUM_THREADS="1", DO_NOT_TRACK="1")
+    env.update(PYTHONPATH=str(ROOT), PREFECT_API_URL=url, PREFECT_HOME=str(home), OMP_NUM_THREADS="1",
+               DO_NOT_TRACK="1")
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", _FLOOR_SCRIPT, kind, str(PIPELINE_TASKS)], env=env, check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "-c", _FLOOR_SCRIPT, kind, str(PIPELINE_TASKS), "tuned" if tuned else "stock"],
+                   env=env, check=True, capture_output=True, timeout=300)
     return time.perf_counter() - t
 
 
@@ -136,24 +161,35 @@ def main() -> None:
         cfg = _config(folder, "bench", epochs)
         server, url = _start_server(folder / "server-home")
         try:
-            plain, flow, bare, empty = [], [], [], []
+            plain: list[float] = []
+            flow: list[float] = []
+            floors: dict[tuple[str, bool], list[float]] = {}
+            home = folder / "client-home"
             for _ in range(repeat):
-                plain.append(_run(cfg, prefect=None, home=folder / "client-home"))
-                flow.append(_run(cfg, prefect=url, home=folder / "client-home"))
-                bare.append(_floor_run("bare", url=url, home=folder / "client-home"))
-                empty.append(_floor_run("prefect", url=url, home=folder / "client-home"))
+                plain.append(_run(cfg, prefect=None, home=home))
+                flow.append(_run(cfg, prefect=url, home=home))
+                for tuned in (False, True):
+                    for kind in ("bare", "prefect"):
+                        floors.setdefault((kind, tuned), []).append(_floor_run(kind, tuned=tuned, url=url, home=home))
         finally:
             server.terminate()
             server.wait(timeout=60)
         p, f = statistics.median(plain), statistics.median(flow)
-        floor = statistics.median(empty) - statistics.median(bare)
+        stock, tuned_floor = (statistics.median(floors["prefect", t]) - statistics.median(floors["bare", t])
+                              for t in (False, True))
         print(f"pipeline, {epochs} epoch(s), {repeat} interleaved pairs (medians of whole `securetrain run` processes)")
         print(f"  --no-prefect                 {p:7.2f} s")
         print(f"  flow, running server         {f:7.2f} s   ratio {f / p:.2f}x   overhead {f - p:+.2f} s "
               f"(target < +{TARGET_S:.0f} s: {'met' if f - p < TARGET_S else 'NOT met'})")
-        print(f"  Prefect's floor               {floor:+7.2f} s   (an empty flow with {PIPELINE_TASKS} no-op tasks, same "
-              "server: import, flow-run set-up, heartbeat join, drain at exit)")
-        print(f"  securetrain beyond the floor  {f - p - floor:+7.2f} s")
+        print(f"  Prefect's floor, stock       {stock:+7.2f} s   (an empty flow, same 3 parameters, {PIPELINE_TASKS} no-op "
+              "tasks, same server: import, flow-run set-up, heartbeat join, drain at exit)")
+        print(f"  Prefect's floor, tuned       {tuned_floor:+7.2f} s   (the same with securetrain's changes: no heartbeat "
+              "join, heap frozen before exit)")
+        print(f"  securetrain beyond the floor {f - p - tuned_floor:+7.2f} s   (flow overhead minus the tuned floor)")
+        cp, cf = statistics.median(CPU["plain"]), statistics.median(CPU["flow"])
+        print(f"  CPU time (user+sys, medians) --no-prefect {cp:.2f} s, flow {cf:.2f} s: {cf - cp:+.2f} s "
+              "(load-independent; the wall-clock overhead adds waiting on the server)")
+        print(f"  load average at the end      {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPU(s)")
         if not args.quick:
             temp = _run(cfg, prefect="", home=folder / "temp-home")
             print(f"  flow, temporary server       {temp:7.2f} s   ratio {temp / p:.2f}x   overhead {temp - p:+.2f} s "

@@ -16,6 +16,7 @@ from prefect.cache_policies import NO_CACHE
 
 from securetrain.pipeline import stages
 from securetrain.pipeline.config import PipelineConfig, load_pipeline_config
+from securetrain.pipeline.prefect_tuning import skip_heartbeat_join
 from securetrain.pipeline.report import markdown_summary
 from securetrain.pipeline.results import AuditSummary, HESummary, PipelineResult, PreparedData, TrainingSummary
 from securetrain.pipeline.runner import assemble_result, config_digest, finish_report, open_run_audit, sign_provenance
@@ -24,6 +25,9 @@ from securetrain.pipeline.task_runners import build_task_runner
 from securetrain.pipeline.tasks.dicom_shards import ShardSpec, plan_shards, run_shard
 from securetrain.redaction import install_redaction
 from securetrain.secretenv import resolve_secret_files
+
+# Heartbeats stay on; a run just no longer ends with up to 1 s of waiting for their thread.
+skip_heartbeat_join()
 
 
 def _tensor_serializer(config: PipelineConfig):

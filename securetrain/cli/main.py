@@ -76,6 +76,9 @@ def main() -> None:
     """
     from rich.markup import escape
 
+    from securetrain.cli.heap import freeze_long_lived, own_process
+
+    own_process()
     try:
         app()
     except SecureTrainError as exc:
@@ -89,3 +92,7 @@ def main() -> None:
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted[/]", highlight=False)
         sys.exit(INTERRUPTED_EXIT_CODE)
+    finally:
+        # The interpreter's last collection at exit would walk every object once more (up to a
+        # second after a pipeline run); frozen objects are still freed, only not searched for cycles.
+        freeze_long_lived()

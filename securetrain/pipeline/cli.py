@@ -83,6 +83,9 @@ def _run(config_path: Path | None, *, use_prefect: bool, overrides: dict | None 
     from securetrain.pipeline.stages import preflight
 
     preflight(config)  # model.target / task.target resolve, or one line and nothing written
+    from securetrain.cli.heap import freeze_long_lived
+
+    freeze_long_lived()  # torch and the config are loaded: keep the collector off them from here on
     try:
         if use_prefect:
             os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -90,6 +93,7 @@ def _run(config_path: Path | None, *, use_prefect: bool, overrides: dict | None 
             # The local ephemeral server needs 15-25 s on a busy 2-core machine; Prefect waits 20.
             os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
             flow = _load_flow()
+            freeze_long_lived()  # and off Prefect's modules
             from securetrain.pipeline.prefect_server import start_temporary_server, uses_temporary_server
 
             if uses_temporary_server():
