@@ -216,7 +216,7 @@ class AuditLog:
         self._pg_conn: Any = None
         # SQLite: this process's dedicated append connection (see _sqlite_commit_batch).
         self._sq_conn: sqlite3.Connection | None = None
-        self._pg_sql_cache: tuple[str, str] | None = None
+        self._pg_sql_cache: tuple[str, str, str] | None = None
         # SQLite: this process's descriptor of the writers' turn file (see _writer_turn) and how
         # deeply the turn is held (only touched under self._lock).
         self._turn_fd: int | None = None
@@ -749,7 +749,9 @@ class AuditLog:
             except Exception:  # noqa: BLE001 - already broken; nothing more to release
                 pass
 
-    def _pg_sql(self) -> tuple[str, str]:
+    def _pg_sql(self) -> tuple[str, str, str]:
+        """BEGIN+lock+head; the INSERT with this log's identity as parameters; the INSERT with an
+        identity per row (a batch holding other processes' events, see the shared commit)."""
         sql = self._pg_sql_cache
         if sql is None:
             table = f'"{self.schema}".{E.name}'
@@ -763,11 +765,17 @@ class AuditLog:
             # here, PostgreSQL's parser there; far cheaper than text[] parameters), in entry order,
             # and the insert trigger checks each row as before.
             ins = (f"INSERT INTO {table} (seq, ts, actor, hostname, mac, action, resource, outcome, details, "
-                   "prev_hash, entry_hash, server_view) SELECT u.seq, u.ts, u.actor, u.hostname, u.mac, u.action, "
-                   "u.resource, u.outcome, u.details, u.prev_hash, u.entry_hash, %s FROM json_to_recordset(%s::json) "
-                   "AS u(seq bigint, ts text, actor text, hostname text, mac text, action text, resource text, "
-                   "outcome text, details text, prev_hash text, entry_hash text)")
-            sql = self._pg_sql_cache = (begin, ins)
+                   "prev_hash, entry_hash, server_view) SELECT u.seq, u.ts, %s, %s, %s, u.action, u.resource, "
+                   "u.outcome, u.details, u.prev_hash, u.entry_hash, %s FROM json_to_recordset(%s::json) "
+                   "AS u(seq bigint, ts text, action text, resource text, outcome text, details text, "
+                   "prev_hash text, entry_hash text)")
+            ins_mixed = (f"INSERT INTO {table} (seq, ts, actor, hostname, mac, action, resource, outcome, details, "
+                         "prev_hash, entry_hash, server_view) SELECT u.seq, u.ts, u.actor, u.hostname, u.mac, "
+                         "u.action, u.resource, u.outcome, u.details, u.prev_hash, u.entry_hash, %s "
+                         "FROM json_to_recordset(%s::json) AS u(seq bigint, ts text, actor text, hostname text, "
+                         "mac text, action text, resource text, outcome text, details text, prev_hash text, "
+                         "entry_hash text)")
+            sql = self._pg_sql_cache = (begin, ins, ins_mixed)
         return sql
 
     def _pg_commit_batch(self, batch: list[_Pending]) -> bool:
@@ -780,7 +788,9 @@ class AuditLog:
         """
         import psycopg
 
-        begin_sql, insert_sql = self._pg_sql()
+        begin_sql, insert_own, insert_mixed = self._pg_sql()
+        own = (self.actor, self.hostname, self.mac)
+        mixed = any(req.who is not None and req.who != own for req in batch)
         for attempt in (0, 1):
             conn = None
             written = False
@@ -795,10 +805,17 @@ class AuditLog:
                 head = None if row[3] is None else _Head(row[3], row[4])
                 start, results, cols = self._chain_batch(batch, head, view)
                 view_json = canon.canonical_bytes_validated(view).decode()
-                rows_json = _JSON_ROWS([dict(zip(_ROW_KEYS, r, strict=True)) for r in zip(*cols, strict=True)])
+                keys: tuple[str, ...]
+                params: tuple[str, ...]
+                if mixed:
+                    keys, params = _ROW_KEYS, (view_json,)
+                else:  # the identity once, as parameters: ~25% less for PostgreSQL to parse per row
+                    keys, params = _PG_OWN_KEYS, (*own, view_json)
+                    cols = tuple(c for k, c in zip(_ROW_KEYS, cols, strict=True) if k in _PG_OWN_KEYS)
+                rows_json = _JSON_ROWS([dict(zip(keys, r, strict=True)) for r in zip(*cols, strict=True)])
                 written = True
                 with conn.pipeline():
-                    cur.execute(insert_sql, (view_json, rows_json))
+                    cur.execute(insert_mixed if mixed else insert_own, (*params, rows_json))
                     cur.execute("COMMIT")
             except psycopg.Error as exc:
                 lost = conn is None or conn.closed or conn.broken or isinstance(exc, psycopg.OperationalError)
@@ -1571,6 +1588,7 @@ _SQLITE_INSERT = (f"INSERT INTO {E.name} ({', '.join(_ROW_KEYS)}) "  # nosec B60
 #: The PostgreSQL append sends the rows (``_ROW_KEYS``) as JSON (see ``AuditLog._pg_sql``). Strings
 #: are validated text (no lone surrogates) and round-trip exactly through JSON; ensure_ascii=False
 #: keeps them UTF-8 so PostgreSQL never has to decode \\u escapes.
+_PG_OWN_KEYS = ("seq", "ts", "action", "resource", "outcome", "details", "prev_hash", "entry_hash")
 _JSON_ROWS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
 
 
