@@ -287,7 +287,6 @@ class CommitClient:
             sock.close()
             raise
         self._sock = sock
-        self._pid = os.getpid()
 
     def call(self, request: dict[str, Any]) -> dict[str, Any]:
         """Send ``request`` and return the reply.

@@ -353,10 +353,8 @@ class AuditLog:
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
             dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")  # readers do not block the writer
-            cur.execute("PRAGMA synchronous=FULL")
-            cur.execute("PRAGMA recursive_triggers=ON")
-            cur.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
+            for pragma in _sqlite_pragmas(timeout):
+                cur.execute(pragma)
             cur.close()
 
         @event.listens_for(engine, "begin")
@@ -546,15 +544,13 @@ class AuditLog:
                 outcome, details = ev.get("outcome", "success"), ev.get("details")
             else:
                 action, resource, outcome, details = ev
-            canon.validate_event(action, resource, outcome)
-            clean, details_bytes = canon.validated_details(details)
-            prepared.append((action, resource, outcome, clean, details_bytes.decode()))
+            prepared.append(_prepared_event(action, resource, outcome, details))
         if not prepared:
             return []
         if not self.durable:
             return self._enqueue_async(prepared)
         req = _Pending(prepared)
-        self._submit(req)
+        self._submit([req])
         if req.error is not None:
             raise req.error
         return req.entries
@@ -568,8 +564,9 @@ class AuditLog:
         self._gc_flusher: threading.Thread | None = None
         self._gc_closing = False
 
-    def _submit(self, req: _Pending) -> None:
-        """Queue ``req`` and return once it is committed (or failed).
+    def _submit(self, reqs: list[_Pending]) -> None:
+        """Queue ``reqs`` (together, so they share a transaction) and return once each is committed
+        (or failed).
 
         The first caller to find no commit in progress becomes the leader: it takes every request
         queued so far (after an optional bounded wait, ``group_commit_window_s``) and appends them
@@ -577,13 +574,13 @@ class AuditLog:
         """
         cond = self._gc_cond
         with cond:
-            self._gc_pending.append(req)
-            while not req.done and self._gc_leader:
+            self._gc_pending.extend(reqs)
+            while self._gc_leader and not all(r.done for r in reqs):
                 cond.wait()
-            if req.done:
+            if all(r.done for r in reqs):
                 return
             self._gc_leader = True
-        self._lead()
+        self._lead()  # takes everything queued, ours included
 
     def _lead(self) -> list[_Pending]:
         """Commit one batch as leader, then hand leadership on (caller set ``_gc_leader``)."""
@@ -852,9 +849,8 @@ class AuditLog:
             assert path is not None
             conn = sqlite3.connect(path, timeout=self._busy_timeout_s, isolation_level=None,
                                    check_same_thread=False)
-            for pragma in ("journal_mode=WAL", "synchronous=FULL", "recursive_triggers=ON",
-                           f"busy_timeout={int(self._busy_timeout_s * 1000)}"):
-                conn.execute(f"PRAGMA {pragma}")
+            for pragma in _sqlite_pragmas(self._busy_timeout_s):
+                conn.execute(pragma)
             self._sq_conn = conn
         return conn
 
@@ -1023,7 +1019,7 @@ class AuditLog:
             except Exception as exc:  # noqa: BLE001 - that request's reply; the others go on
                 replies[i] = committer.error_reply(exc)
         if pending:
-            self._submit_many([req for _, req in pending])
+            self._submit([req for _, req in pending])
         for i, req in pending:
             if req.error is not None:
                 replies[i] = committer.error_reply(req.error)
@@ -1044,22 +1040,8 @@ class AuditLog:
         for ev in events:
             if not (isinstance(ev, list) and len(ev) == 4 and isinstance(ev[3], str)):
                 raise AuditEventError("malformed event in a request to the audit committer")
-            action, resource, outcome = canon.validate_event(ev[0], ev[1], ev[2])
-            clean, details_bytes = canon.validated_details(json.loads(ev[3]))
-            prepared.append((action, resource, outcome, clean, details_bytes.decode()))
+            prepared.append(_prepared_event(ev[0], ev[1], ev[2], json.loads(ev[3])))
         return _Pending(prepared, who=(actor, hostname, mac))
-
-    def _submit_many(self, reqs: list[_Pending]) -> None:
-        """``_submit`` for several requests at once: queued together, so they share a transaction."""
-        cond = self._gc_cond
-        with cond:
-            self._gc_pending.extend(reqs)
-            while self._gc_leader and not all(r.done for r in reqs):
-                cond.wait()
-            if all(r.done for r in reqs):
-                return
-            self._gc_leader = True
-        self._lead()  # takes everything queued, ours included
 
     def _stop_serving(self, timeout: float = 60.0) -> None:
         """Stop committing for other processes; they commit themselves or find another committer."""
@@ -1580,6 +1562,14 @@ class _Head:
 #: Stored columns of an entry as built by ``AuditLog._chain_batch`` (``server_view`` apart).
 _ROW_KEYS = ("seq", "ts", "actor", "hostname", "mac", "action", "resource", "outcome", "details", "prev_hash",
              "entry_hash")
+def _sqlite_pragmas(busy_timeout_s: float) -> tuple[str, ...]:
+    """Every SQLite connection of the log (engine and direct append path) runs these on open."""
+    return ("PRAGMA journal_mode=WAL",  # readers do not block the writer
+            "PRAGMA synchronous=FULL",  # a returned append is durable
+            "PRAGMA recursive_triggers=ON",
+            f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+
+
 _SQLITE_HEAD = f"SELECT seq, entry_hash FROM {E.name} ORDER BY seq DESC LIMIT 1"  # nosec B608 - constant
 _SQLITE_INSERT = (f"INSERT INTO {E.name} ({', '.join(_ROW_KEYS)}) "  # nosec B608 - constant names
                   f"VALUES ({', '.join('?' * len(_ROW_KEYS))})")
@@ -1590,6 +1580,13 @@ _SQLITE_INSERT = (f"INSERT INTO {E.name} ({', '.join(_ROW_KEYS)}) "  # nosec B60
 #: keeps them UTF-8 so PostgreSQL never has to decode \\u escapes.
 _PG_OWN_KEYS = ("seq", "ts", "action", "resource", "outcome", "details", "prev_hash", "entry_hash")
 _JSON_ROWS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
+
+
+def _prepared_event(action: Any, resource: Any, outcome: Any, details: Any) -> tuple[str, str, str, dict[str, Any], str]:
+    """An event validated for appending: (action, resource, outcome, clean details, canonical JSON)."""
+    canon.validate_event(action, resource, outcome)
+    clean, details_bytes = canon.validated_details(details)
+    return action, resource, outcome, clean, details_bytes.decode()
 
 
 class _Pending:
