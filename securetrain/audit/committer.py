@@ -203,33 +203,32 @@ class CommitServer:
                     except OSError:
                         self._drop(conn)
         finally:
-            for conn in list(self._conns):
+            for conn in self._conns:
                 with contextlib.suppress(OSError):
                     _send(conn, BYE)
                 with contextlib.suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)
-                self._drop(conn)
+            self._close_descriptors()
+
+    def _close_descriptors(self) -> None:
+        """Close this process's descriptors: the listening socket, the connections, the selector and
+        its wake-up pipe (plain close: ends nothing another process holds)."""
+        for sock in (self._sock, *self._conns):
             with contextlib.suppress(OSError):
-                self._sock.close()
+                sock.close()
+        self._conns.clear()
+        with contextlib.suppress(Exception):
             self._selector.close()
-            for fd in (self._wake_r, self._wake_w):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def forget_in_child(self) -> None:
         """In a forked child: close this process's copies of the descriptors, never shutting anything
         down (the parent keeps serving). Kept open, the child's copy of the listening socket would
         hold the log's address after the parent stops, and the next server could not bind it."""
         self._closing = True
-        fds = [self._sock, *self._conns]
-        for obj in fds:
-            with contextlib.suppress(OSError):
-                obj.close()
-        for fd in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        with contextlib.suppress(Exception):
-            self._selector.close()
+        self._close_descriptors()
 
     def close(self, timeout: float = 60.0) -> None:
         """Stop serving: the batch being committed completes and is answered; the rest gets ``bye``."""
@@ -310,7 +309,7 @@ class CommitClient:
             raise AuditError(
                 f"the process committing this log's appends ended while committing ({what}); "
                 "whether these entries were recorded is unknown",
-                hint="the log stays consistent either way; `securetrain audit tail` shows what landed")
+                hint="the log stays consistent either way; `securetrain audit show` lists the last entries")
         return reply
 
     def close(self) -> None:
