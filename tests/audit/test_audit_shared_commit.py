@@ -116,10 +116,13 @@ def test_close_answers_bye_and_clients_carry_on(target: dict[str, Any]) -> None:
 
 
 WRITER = textwrap.dedent("""
-    import os, sys
+    import os, sys, time
     from securetrain.audit.log import AuditLog
-    url, schema, tag, n = sys.argv[1], sys.argv[2] or None, sys.argv[3], int(sys.argv[4])
+    url, schema, tag, n, go = sys.argv[1], sys.argv[2] or None, sys.argv[3], int(sys.argv[4]), sys.argv[5]
     log = AuditLog(url, schema=schema, checkpoint_every=None)
+    print("ready", flush=True)
+    while not os.path.exists(go):  # all start together, however slowly each one started up
+        time.sleep(0.01)
     for i in range(n):
         e = log.record("multi", f"{tag}:{i}", details={"pid": os.getpid()})
         print("ack", e.seq, e.entry_hash, f"{tag}:{i}", "client" if log._client is not None else "local", flush=True)
@@ -133,8 +136,12 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 def test_eight_processes_share_commits_dense_unforked_verified(target: dict[str, Any], tmp_path: Path) -> None:
     _open(target).close()
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, target["url"], target["schema"] or "", f"p{k}", "120"],
-                              stdout=subprocess.PIPE, text=True, env=_env(tmp_path)) for k in range(8)]
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, target["url"], target["schema"] or "", f"p{k}", "120",
+                               str(go)], stdout=subprocess.PIPE, text=True, env=_env(tmp_path)) for k in range(8)]
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    go.touch()
     acks = []
     for p in procs:
         out, _ = p.communicate(timeout=240)
