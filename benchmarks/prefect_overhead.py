@@ -11,10 +11,10 @@ Prefect's own floor is measured in the same run: a process that imports what the
 as many no-op tasks as the pipeline has, against the same server, minus the same process without Prefect.
 It is the cost of using Prefect at all (import, serializing the parameters, flow-run creation, draining
 logs and events at exit, and a bigger heap to tear down), which no flow can go below; the rest of the
-difference is securetrain's. It is measured twice: with stock Prefect, and with the two changes
-securetrain's CLI makes (the sync engine no longer waits up to 1 s for the heartbeat thread, and the
-heap is frozen before exit: securetrain.pipeline.prefect_tuning, securetrain.cli.heap), applied to both
-sides.
+difference is securetrain's. It is measured twice: with stock Prefect, and with the three changes
+securetrain makes (the sync engine no longer waits up to 1 s for the heartbeat thread, plain JSON
+parameters are stored without importing FastAPI, and the heap is frozen before exit:
+securetrain.pipeline.prefect_tuning, securetrain.cli.heap), applied to both sides.
 
     python benchmarks/prefect_overhead.py [--quick] [--repeat N]
 """
@@ -118,7 +118,7 @@ if kind == "prefect":
     from prefect.cache_policies import NO_CACHE
 
     if tuned:
-        from securetrain.pipeline.prefect_tuning import skip_heartbeat_join
+        from securetrain.pipeline.prefect_tuning import plain_json_parameters, skip_heartbeat_join
 
         assert skip_heartbeat_join()
 
@@ -130,6 +130,8 @@ if kind == "prefect":
     def empty(config_path: str | None = None, overrides: dict | None = None, new_run: bool = False) -> list:
         return [step(i) for i in range(tasks)]
 
+    if tuned:
+        assert plain_json_parameters(empty)
     empty(config_path="/bench/config.yaml", overrides=None, new_run=False)  # the flow's parameters
 if tuned:
     import gc

@@ -16,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 
 from securetrain.pipeline import stages
 from securetrain.pipeline.config import PipelineConfig, load_pipeline_config
-from securetrain.pipeline.prefect_tuning import skip_heartbeat_join
+from securetrain.pipeline.prefect_tuning import plain_json_parameters, skip_heartbeat_join
 from securetrain.pipeline.report import markdown_summary
 from securetrain.pipeline.results import AuditSummary, HESummary, PipelineResult, PreparedData, TrainingSummary
 from securetrain.pipeline.runner import assemble_result, config_digest, finish_report, open_run_audit, sign_provenance
@@ -229,6 +229,10 @@ def secure_training(config_path: str | None = None, overrides: dict[str, Any] | 
 
     with run_folder_lock(config.run_dir):  # one run at a time per folder, whatever the schedule does
         return _run_locked(config, clock, logger)
+
+
+# Its parameters are a path, a dict of overrides and a flag: stored as they are, without FastAPI.
+plain_json_parameters(secure_training)
 
 
 def _run_locked(config: PipelineConfig, clock: Any, logger: Any) -> dict[str, Any]:

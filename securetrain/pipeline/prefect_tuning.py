@@ -1,4 +1,5 @@
-"""Remove pure waiting from a Prefect flow run, without turning any Prefect feature off.
+"""Remove pure waiting and needless imports from a Prefect flow run, without turning any Prefect
+feature off.
 
 Prefect 3's synchronous flow engine keeps a daemon thread sending the flow run's heartbeats (crash
 detection) and, when the flow ends, joins it. The thread sleeps in 1-second steps, so every sync
@@ -12,6 +13,13 @@ The change is one wrapper around ``prefect.flow_engine._send_heartbeats`` (a pri
 it is guarded: Prefect 3, and a ``join_on_exit`` parameter defaulting to True. Anything else
 (another major version, a renamed or reshaped function) leaves Prefect untouched: the run is then
 correct, just up to 1 s slower.
+
+:func:`plain_json_parameters` serializes a flow's parameters without importing FastAPI when they
+are already plain JSON values (a config path, a dict of overrides, a flag). Prefect stores the
+flow run's parameters through ``Flow.serialize_parameters``, which imports ``fastapi.encoders``
+(FastAPI, Starlette and their OpenAPI models: 0.12-0.3 s per process) to call ``jsonable_encoder``,
+whose result for such values is the values themselves. Anything else (a model, a path object, an
+enum, a future) still goes to Prefect's method, so what is stored never changes.
 """
 
 from __future__ import annotations
@@ -19,11 +27,13 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import types
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 _MARK = "__securetrain_skip_join__"
+_PLAIN_MARK = "__securetrain_plain_json__"
 
 
 def skip_heartbeat_join() -> bool:
@@ -60,3 +70,48 @@ def _supported(version: str, function: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return len(params) == 2 and params[1].name == "join_on_exit" and params[1].default is True
+
+
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def _is_plain_json(value: Any) -> bool:
+    """True for values ``jsonable_encoder`` returns unchanged: exact JSON scalars, lists and
+    str-keyed dicts of them (exact types: a str-valued Enum or a dict subclass is encoded by Prefect)."""
+    kind = type(value)
+    if kind in _JSON_SCALARS:
+        return True
+    if kind is list:
+        return all(_is_plain_json(item) for item in value)
+    if kind is dict:
+        return all(type(key) is str and _is_plain_json(item) for key, item in value.items())
+    return False
+
+
+def _copy_json(value: Any) -> Any:
+    if type(value) is list:
+        return [_copy_json(item) for item in value]
+    if type(value) is dict:
+        return {key: _copy_json(item) for key, item in value.items()}
+    return value
+
+
+def plain_json_parameters(flow: Any) -> bool:
+    """Serialize ``flow``'s plain JSON parameters without FastAPI; True when in effect.
+
+    Only this flow object changes (``with_options`` copies are stock Prefect). Parameters that are
+    not all plain JSON go to Prefect's own ``serialize_parameters`` unchanged."""
+    stock = getattr(flow, "serialize_parameters", None)
+    if stock is None or getattr(stock, _PLAIN_MARK, False):
+        return stock is not None
+    if getattr(flow, "ismethod", False) or getattr(flow, "isclassmethod", False):
+        return False  # Prefect drops the bound self/cls there: leave that to its own method
+
+    def serialize_parameters(self: Any, parameters: dict[str, Any]) -> dict[str, Any]:
+        if type(parameters) is dict and _is_plain_json(parameters):
+            return _copy_json(parameters)
+        return stock(parameters)
+
+    setattr(serialize_parameters, _PLAIN_MARK, True)
+    flow.serialize_parameters = types.MethodType(serialize_parameters, flow)
+    return True

@@ -99,3 +99,73 @@ def test_an_unknown_prefect_is_left_alone(stock_prefect, monkeypatch: pytest.Mon
     assert flow_engine._send_heartbeats is reshaped
     monkeypatch.delattr(flow_engine, "_send_heartbeats")
     assert prefect_tuning.skip_heartbeat_join() is False
+
+
+# --- plain_json_parameters: the flow's parameters are stored as Prefect stores them, without FastAPI ---
+
+_PARAMETER_CASES = [
+    {"config_path": "/srv/run.yaml", "overrides": None, "new_run": False},
+    {"config_path": None, "overrides": {"training": {"epochs": 3, "lr": 0.01, "tags": ["a", "b"]}}, "new_run": True},
+    {"config_path": "x", "overrides": {}, "new_run": False},
+]
+
+
+def _two_flows():  # noqa: ANN202
+    from prefect import flow
+
+    def pipeline(config_path=None, overrides=None, new_run=False):  # noqa: ANN001, ANN202
+        return config_path
+
+    stock = flow(pipeline, name="stock")
+    tuned = flow(pipeline, name="tuned")
+    assert prefect_tuning.plain_json_parameters(tuned)
+    assert prefect_tuning.plain_json_parameters(tuned)  # idempotent: wraps once
+    return stock, tuned
+
+
+@pytest.mark.parametrize("parameters", _PARAMETER_CASES)
+def test_plain_parameters_are_stored_exactly_as_prefect_stores_them(parameters) -> None:  # noqa: ANN001
+    stock, tuned = _two_flows()
+    got = tuned.serialize_parameters(parameters)
+    assert got == stock.serialize_parameters(parameters)
+    if parameters["overrides"]:
+        got["overrides"]["training"]["tags"].append("c")  # a copy: the caller's dict is not shared
+        assert parameters["overrides"]["training"]["tags"] == ["a", "b"]
+
+
+def test_other_values_still_go_to_prefects_encoder() -> None:
+    import enum
+    from pathlib import Path
+
+    class Mode(str, enum.Enum):
+        FAST = "fast"
+
+    class Settings(dict):
+        pass
+
+    stock, tuned = _two_flows()
+    for parameters in ({"config_path": Path("/srv/run.yaml")}, {"overrides": {"mode": Mode.FAST}},
+                       {"overrides": ("a", 1)}, {"overrides": Settings(a=1)}, {"overrides": {1: "int key"}}):
+        assert tuned.serialize_parameters(parameters) == stock.serialize_parameters(parameters)
+    assert tuned.serialize_parameters({"config_path": Path("/srv/run.yaml")}) == {"config_path": "/srv/run.yaml"}
+    assert tuned.serialize_parameters({"overrides": {"mode": Mode.FAST}}) == {"overrides": {"mode": "fast"}}
+
+
+def test_the_pipeline_flow_serializes_its_parameters_without_importing_fastapi() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from flows.secure_training import secure_training\n"
+        "out = secure_training.serialize_parameters({'config_path': '/c.yaml', 'overrides': {'a': [1]}, 'new_run': True})\n"
+        "assert out == {'config_path': '/c.yaml', 'overrides': {'a': [1]}, 'new_run': True}, out\n"
+        "print('fastapi' in sys.modules)\n"
+    )
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "False"
