@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 
 from securetrain.masking.tabular.masker import TabularMasker
 from securetrain.masking.tabular.policy import KeepRule, load_policy
@@ -45,3 +46,22 @@ def test_masked_output_is_pinned() -> None:
     doc = json.dumps({"schema": [f"{f.name}:{f.type}" for f in out.schema], "columns": out.to_pydict()},
                      default=str, sort_keys=True)
     assert hashlib.sha256(doc.encode()).hexdigest() == GOLDEN
+
+
+def test_masked_output_is_pinned_with_native_macs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same pin when every tokenised column's MACs come from the native (DataFusion) path."""
+    pytest.importorskip("datafusion")
+    from securetrain.masking.tabular import hmac_native, transforms
+
+    monkeypatch.setattr(hmac_native, "MIN_VALUES", 1)  # the 300-row table is below the usual threshold
+    monkeypatch.delenv(hmac_native.NATIVE_ENV, raising=False)
+    native_calls: list[bool] = []
+
+    def spy(values: pa.Array, key: bytes, prefix: bytes) -> bytes | None:
+        macs = hmac_native.native_macs(values, key, prefix)
+        native_calls.append(macs is not None)
+        return macs
+
+    monkeypatch.setattr(transforms, "native_macs", spy)
+    test_masked_output_is_pinned()
+    assert native_calls and all(native_calls)  # every column's MACs were native, none fell back

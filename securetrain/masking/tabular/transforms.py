@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from securetrain.masking.tabular.hmac_batch import HmacSha256
+from securetrain.masking.tabular.hmac_native import native_macs
 from securetrain.masking.tabular.hmac_pool import hmac_many
 
 TOKEN_KEY_LABEL = b"securetrain.tabular.tokenize.v1"
@@ -119,10 +120,14 @@ def tokens_for_array(values: pa.Array, token_key: bytes, *, domain: str, prefix:
     """
     if values.null_count:
         raise ValueError("tokens_for_array needs an array without nulls")
-    # The domain separator is absorbed into the HMAC's inner state once per column, so each value
-    # is hashed straight from pyarrow's bytes objects (no per-value concatenation); a large
-    # column is shared with helper processes (hmac_pool), with identical MACs.
-    macs = hmac_many(values, token_key, domain.encode("utf-8") + b"\x00")
+    # A large column's MACs are computed natively in one pass (hmac_native, DataFusion). Without
+    # it: the domain separator is absorbed into the HMAC's inner state once per column, so each
+    # value is hashed straight from pyarrow's bytes objects (no per-value concatenation), and a
+    # large column is shared with helper processes (hmac_pool). The MACs are identical either way.
+    dom = domain.encode("utf-8") + b"\x00"
+    macs = native_macs(values, token_key, dom)
+    if macs is None:
+        macs = hmac_many(values, token_key, dom)
     return _finish_tokens(macs, len(values), prefix=prefix, length=length)
 
 
