@@ -281,3 +281,121 @@ def test_fork_while_a_parent_thread_is_appending(tmp_path: Path, monkeypatch: py
     assert sum(1 for e in log.entries() if e.action == "child.write") == 80
     assert log.verify().ok
     log.close()
+
+
+# --- warm_up: a new worker opens its PostgreSQL connection while it reads, not after -------------
+
+def _warm_child(log: AuditLog, out) -> None:  # noqa: ANN001
+    started = log.warm_up()
+    again = log.warm_up()  # already opening: no second thread, no second connection
+    deadline = time.monotonic() + 30
+    while log._pg_conn is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    opened = log._pg_conn is not None
+    pid = None if not opened else log._pg_conn.info.backend_pid
+    log.record("worker.read", "after-warm-up")
+    out.put((started, again, opened, pid, log._pg_conn.info.backend_pid, log.warm_up()))
+
+
+@pytest.mark.postgres
+def test_warm_up_opens_a_forked_workers_connection_in_the_background(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    if not _pg_reachable():
+        pytest.skip("PostgreSQL not reachable")
+    import psycopg
+
+    monkeypatch.setenv("SECURETRAIN_DATA_DIR", str(tmp_path))
+    schema = f"st_audit_warm_{uuid.uuid4().hex[:10]}"
+    log = AuditLog(POSTGRES_URL, schema=schema, checkpoint_every=None)
+    try:
+        log.record("parent.write", "p0")
+        assert log.warm_up() is False  # the parent's connection is open (or it uses a committer)
+        ctx = mp.get_context("fork")
+        out = ctx.Queue()
+        child = ctx.Process(target=_warm_child, args=(log, out))
+        child.start()
+        started, again, opened, warm_pid, used_pid, after = out.get(timeout=60)
+        child.join(30)
+        assert child.exitcode == 0
+        assert (started, again, opened, after) == (True, False, True, False)
+        assert warm_pid == used_pid  # the append used the connection the warm-up opened
+        log.record("parent.write", "p1")  # the parent's own session is untouched
+        _check(log, 3)
+    finally:
+        log.close()
+        with psycopg.connect(LIBPQ, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def test_warm_up_is_a_no_op_on_sqlite_and_leaves_errors_to_the_first_append(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SECURETRAIN_DATA_DIR", str(tmp_path))
+    log = AuditLog(tmp_path / "audit.db", checkpoint_every=None)
+    assert log.warm_up() is False
+    log.record("a.b", "r")
+    log.close()
+    if not _pg_reachable():
+        return
+    import psycopg
+
+    schema = f"st_audit_warm_{uuid.uuid4().hex[:10]}"
+    pg = AuditLog(POSTGRES_URL, schema=schema, checkpoint_every=None, shared_commit=False)
+    try:
+        # The server goes away before the warm-up connects: nothing is raised in the thread, and the
+        # first append reports the lost connection as it would have without a warm-up.
+        pg._pg_conn = None
+        pg._pg_sql_cache = None
+        engine_url = pg._current_engines()[2].url
+        pg._current_engines()[2].url = engine_url.set(port=1)  # unreachable
+        assert pg.warm_up() is True
+        deadline = time.monotonic() + 30
+        while pg._warming and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pg._pg_conn is None and not pg._warming
+        with pytest.raises(AuditConnectionError):
+            pg.record("a.b", "r")
+        pg._current_engines()[2].url = engine_url
+        pg.record("a.b", "r2")  # reconnects on the next append
+        assert [e.resource for e in pg.entries()] == ["r2"]
+    finally:
+        pg.close()
+        with psycopg.connect(LIBPQ, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+class _WarmUpCounter:
+    """An audit recorder that only counts warm_up() calls per process (in a shared file)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def record(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        pass
+
+    def warm_up(self) -> bool:
+        import os
+
+        with open(self.path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return True
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dicom_dataset_warms_the_audit_log_once_per_worker(tmp_path: Path, workers: int) -> None:
+    import os
+
+    from securetrain.masking.dicom.dataset import DicomDataset
+    from securetrain.masking.dicom.synthetic import generate_study_set
+
+    src = generate_study_set(tmp_path / "dicom", n_patients=2, studies_per_patient=1, images_per_series=4)
+    calls = tmp_path / "warm-ups.txt"
+    ds = DicomDataset(src, REPO / "policies" / "dicom-basic.yaml", bytes(range(32)), size=8,
+                      audit=_WarmUpCounter(calls))  # type: ignore[arg-type]
+    loader = ds.dataloader(batch_size=2, num_workers=workers, multiprocessing_context="fork" if workers else None)
+    assert sum(batch["pixels"].shape[0] for batch in loader) == len(ds)
+    pids = calls.read_text().split() if calls.exists() else []
+    if workers == 0:
+        assert pids == []  # the constructing process appended already: nothing to warm
+    else:
+        assert len(pids) == len(set(pids)) == workers  # once in each worker, never in the parent
+        assert str(os.getpid()) not in pids

@@ -170,6 +170,7 @@ class DicomDataset(Dataset):
             else:
                 self._quarantine_file(path, reason)
         self._deid: Any = None  # created lazily in each process
+        self._warmed_pid = os.getpid()  # the constructing process appended already (policy event)
         self._headers: dict[str, dict[str, Any]] = {}  # path -> cached de-identified header
         self.audit.record(
             "deid.policy_applied",
@@ -274,7 +275,18 @@ class DicomDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any] | None:
         """The item, or ``None`` when its file fails to load (it is quarantined; see module doc)."""
+        self._warm_audit()
         return self._get(index, None)
+
+    def _warm_audit(self) -> None:
+        """In a new process (a DataLoader worker), start opening the audit log's connection while
+        the first files are read, so their reads are not recorded after a connection set-up."""
+        pid = os.getpid()
+        if self._warmed_pid != pid:
+            self._warmed_pid = pid
+            warm_up = getattr(self.audit, "warm_up", None)
+            if callable(warm_up):
+                warm_up()
 
     def _get(self, index: int, reads: list[tuple[str, str, str, dict[str, Any]]] | None) -> dict[str, Any] | None:
         n = len(self.items)
@@ -296,6 +308,7 @@ class DicomDataset(Dataset):
         The batch's ``dicom.read`` events are appended in one transaction (``append_many`` where the
         recorder has it) before any item is returned: every read is still recorded, and durable,
         before its data leaves the dataset, at one commit per batch instead of one per file."""
+        self._warm_audit()
         reads: list[tuple[str, str, str, dict[str, Any]]] = []
         try:
             loaded = [self._get(i, reads) for i in indices]
