@@ -13,7 +13,8 @@ Scenarios (synthetic finance table, ``policies/finance-pii.yaml``):
 
 Prints rows/s for both sides and the ratio (masking time / plain time); best of several
 interleaved repeats, so noise from a shared machine inflates neither side more than the other. The target is <= 3x.
-Large columns' MACs are computed natively (``hmac_native``, DataFusion;
+Columns run on ``SECURETRAIN_TABULAR_THREADS`` threads (default 2; 1 measures one column at a
+time). Large columns' MACs are computed natively (``hmac_native``, DataFusion;
 ``SECURETRAIN_TABULAR_HMAC_NATIVE=0`` measures the hashlib path). The CPU-time ratio counts DataFusion's threads and the
 masker's HMAC helper processes too (``hmac_pool``, on the hashlib path only: a large column's
 MACs are shared with ``SECURETRAIN_TABULAR_HMAC_WORKERS`` helpers, by default the idle CPUs; 0

@@ -8,11 +8,13 @@ aborts the whole table. Output tables carry only masked columns plus provenance 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +95,53 @@ class _ScanContext:
     sources: list[Any] = field(default_factory=list)
     scanner: Any = None
 MIN_KEY_BYTES = 16
+THREADS_ENV = "SECURETRAIN_TABULAR_THREADS"
+# Below this many rows a table's columns run one after another (a thread pool costs more).
+PARALLEL_MIN_ROWS = 20_000
+
+
+def column_threads() -> int:
+    """Threads that mask a table's columns: ``SECURETRAIN_TABULAR_THREADS`` (1: one after
+    another), by default 2 where this process may run on 2 or more CPUs."""
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if raw:
+        try:
+            threads = int(raw)
+        except ValueError:
+            threads = 0
+        if threads < 1:
+            raise TabularMaskingError(
+                f"{THREADS_ENV}={raw!r} is not a number of threads",
+                hint="set it to 1 (one column at a time) or more, or unset it for the default",
+            )
+        return threads
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(2, cpus)
+
+
+def _is_scan(rule: Any) -> bool:
+    """Rules whose column is kept and may be scanned by the detectors (they share one scanner)."""
+    return isinstance(rule, (KeepRule, DefaultAction))
+
+
+def _outcome_now(fn: Callable[[str], tuple[Any, ColumnReport]], name: str
+                 ) -> Callable[[], tuple[Any, ColumnReport]]:
+    """Run ``fn(name)`` now; the returned callable gives its result or raises its error."""
+    try:
+        value = fn(name)
+    except Exception as exc:
+        error = exc
+
+        def fail() -> tuple[Any, ColumnReport]:
+            raise error
+
+        fail.error = error  # type: ignore[attr-defined]  # read by _peek_error
+        return fail
+    return lambda: value
+
+
+def _peek_error(outcome: Callable[[], Any]) -> BaseException | None:
+    return getattr(outcome, "error", None)
 _STRING_ACTIONS = (TokenizeRule, RedactRule, PanRule, EmailRule, PhoneRule)
 
 
@@ -224,10 +273,8 @@ class TabularMasker:
             raise MalformedTableError("the table has duplicate column names", hint="rename the duplicates")
         plan = self.plan(names)
         context = self._scan_context(table, plan)
-        out_cols: list[pa.Array] = []
-        out_names: list[str] = []
-        reports: list[ColumnReport] = []
-        for name in names:
+
+        def one(name: str) -> tuple[Any, ColumnReport]:
             rule = plan[name]
             column = table.column(name)
             is_default = isinstance(rule, DefaultAction)
@@ -244,16 +291,65 @@ class TabularMasker:
                     f"column {name!r}: cannot apply action {rule.action!r} ({type(exc).__name__}; values withheld)",
                     hint="check the column's type and contents, or change its rule",
                 ) from None
-            reports.append(report)
-            if result is not None:
-                out_names.append(name)
-                out_cols.append(result)
-            if on_column is not None:
-                on_column(name)
+            return result, report
+
+        out_cols: list[pa.Array] = []
+        out_names: list[str] = []
+        reports: list[ColumnReport] = []
+        # closing: on an error, the pool's pending columns are cancelled and its threads joined now.
+        with contextlib.closing(self._run_columns(names, plan, table.num_rows, one)) as outcomes:
+            for name, outcome in outcomes:
+                result, report = outcome()
+                reports.append(report)
+                if result is not None:
+                    out_names.append(name)
+                    out_cols.append(result)
+                if on_column is not None:
+                    on_column(name)
         meta = {METADATA_KEY: json.dumps(self._provenance(), sort_keys=True).encode()}
         if not out_cols:
             return pa.table({}, metadata=meta).slice(0, 0), reports
         return pa.Table.from_arrays(out_cols, names=out_names).replace_schema_metadata(meta), reports
+
+    def _run_columns(self, names: list[str], plan: dict[str, Any], rows: int,
+                     one: Callable[[str], tuple[Any, ColumnReport]]
+                     ) -> Generator[tuple[str, Callable[[], tuple[Any, ColumnReport]]], None, None]:
+        """(name, outcome) per column in table order; calling ``outcome`` returns that column's
+        (result, report) or raises its error, so the first failing column in table order is the
+        one reported, whatever order the work ran in.
+
+        With more than one thread (:func:`column_threads`) and enough rows, the columns run on a
+        thread pool: pyarrow's kernels, numpy's and DataFusion's release the GIL, so a column's
+        tokens overlap another's work. The kept (scanned) columns run one after another in one
+        job, in table order (they share the detector scanner), the other columns one job each."""
+        threads = column_threads()
+        if threads <= 1 or rows < PARALLEL_MIN_ROWS or len(names) < 2:
+            for name in names:
+                yield name, _outcome_now(one, name)
+            return
+        kept = [n for n in names if _is_scan(plan[n])]
+        kept_outcomes: dict[str, Callable[[], tuple[Any, ColumnReport]]] = {}
+
+        def kept_chain() -> None:
+            for name in kept:
+                kept_outcomes[name] = _outcome_now(one, name)
+                if isinstance(_peek_error(kept_outcomes[name]), BaseException):
+                    return  # later kept columns cannot be reported: an earlier column failed
+
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="securetrain-mask") as pool:
+            chain = pool.submit(kept_chain) if kept else None
+            futures = {n: pool.submit(one, n) for n in names if n not in set(kept)}
+            try:
+                for name in names:
+                    if name in futures:
+                        yield name, futures[name].result
+                    else:
+                        assert chain is not None
+                        chain.result()
+                        yield name, kept_outcomes[name]
+            finally:
+                for future in futures.values():
+                    future.cancel()
 
     def _apply(self, rule: Any, column: pa.ChunkedArray, report: ColumnReport, *, scan_if_kept: bool,
                context: _ScanContext | None = None) -> Any:
