@@ -154,3 +154,32 @@ def test_category_lookup_keeps_values_whose_case_mapping_changes_their_length() 
     source = RowSource("name", pa.array(["İsmail"] * 2400, pa.string()), "[NAME]")
     got, changed = scrub_row_values(pa.array(texts, pa.string()), [source], min_length=3, parts=False)
     assert got.to_pylist()[:2] == ["pay [NAME] now", "hello"] and changed == 1200
+
+
+def test_overlapping_needles_of_equal_length_go_by_text_not_by_source() -> None:
+    # "cd ef" (first source) and "ab cd" (second) have the same length and overlap: the text order
+    # decides ("ab cd" first), as in _replace_words, whichever source lists it; rows of different
+    # texts and lengths around them keep their own order.
+    n = 3000
+    text = pa.array(["ab cd ef", "xx ab cd ef yy", "cd ef ab cd"] * (n // 3), pa.string())
+    first = RowSource("first", pa.array(["CD EF"] * n, pa.string()), "[B]")
+    second = RowSource("second", pa.array(["Ab Cd"] * n, pa.string()), "[A]")
+    got, changed = scrub_row_values(text, [first, second], min_length=3, parts=False)
+    assert got.to_pylist()[:3] == ["[A] ef", "xx [A] ef yy", "[B] [A]"]
+    assert got.to_pylist()[:3] == [_replace_words(t, [("cd ef", "[B]"), ("ab cd", "[A]")])
+                                   for t in text.to_pylist()[:3]]
+    assert changed == n
+
+
+def test_category_probe_agrees_with_the_whole_column(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(D, "CATEGORY_PROBE", 50)
+    monkeypatch.setattr(D, "MAX_CATEGORIES", 20)
+    # Free text from the first row: the probe of the first 50 values already has > 20 distinct.
+    free = pa.array([f"row {i}" for i in range(1000)], pa.string())
+    assert D._aligned_substrings(free, 3) is None
+    # Few distinct values at the start, many later: still free text (the whole column decides).
+    late = pa.array(["same text"] * 500 + [f"row {i}" for i in range(500)], pa.string())
+    assert D._aligned_substrings(late, 3) is None
+    # A category column: every aligned substring of its few values.
+    cats = pa.array(["card payment", "salary", None] * 400, pa.string())
+    assert D._aligned_substrings(cats, 4) == {"card payment", "card", "payment", "salary"}
