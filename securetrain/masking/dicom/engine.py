@@ -46,6 +46,7 @@ from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
 from securetrain.io.atomic import atomic_write_bytes
 from securetrain.masking.dicom.burned_in.cleaner import BurnedInCleaner
 from securetrain.masking.dicom.dates import shift_da, shift_dt
+from securetrain.masking.dicom.decoders import gdcm_last_resort
 from securetrain.masking.dicom.errors import DeidError, UnreadableDicomError
 from securetrain.masking.dicom.keys import DeidKeys, KeyedMapper
 from securetrain.masking.dicom.mapping import export_mapping
@@ -54,6 +55,8 @@ from securetrain.masking.dicom.profile_table import CID7050, RECURSE_UIDS, Optio
 from securetrain.masking.dicom.safe_attributes import is_safe_unlisted_text
 from securetrain.masking.dicom.scrub import Redactor, name_needles, value_needles
 from securetrain.masking.dicom.writer import write_dataset_le
+
+gdcm_last_resort()  # JPEG Lossless / JPEG-LS through GDCM; other syntaxes keep their decoders
 
 TAG_PATIENT_ID = 0x00100020
 TAG_PATIENT_NAME = 0x00100010

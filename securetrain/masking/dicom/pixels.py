@@ -7,8 +7,11 @@ from collections.abc import Iterable
 from pydicom.dataset import Dataset
 from pydicom.uid import ExplicitVRLittleEndian
 
+from securetrain.masking.dicom.decoders import gdcm_last_resort
 from securetrain.masking.dicom.errors import DeidError, UnreadableDicomError
 from securetrain.masking.dicom.policy import PixelMask
+
+gdcm_last_resort()  # JPEG Lossless / JPEG-LS through GDCM; other syntaxes keep their decoders
 
 
 def burned_in_status(ds: Dataset, suspect_modalities: Iterable[str]) -> str:

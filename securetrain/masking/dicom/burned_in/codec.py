@@ -21,7 +21,10 @@ from pydicom.dataset import Dataset
 from pydicom.uid import UID, ExplicitVRBigEndian, ExplicitVRLittleEndian, JPEG2000Lossless
 
 from securetrain.masking.dicom.burned_in.regions import Region
+from securetrain.masking.dicom.decoders import gdcm_last_resort
 from securetrain.masking.dicom.errors import BurnedInAnnotationError
+
+gdcm_last_resort()  # JPEG Lossless / JPEG-LS through GDCM; other syntaxes keep their decoders
 
 _LOSSY = frozenset(
     {
@@ -61,7 +64,7 @@ def decode_frames(ds: Dataset) -> np.ndarray:
         ts = transfer_syntax(ds)
         raise BurnedInAnnotationError(
             f"cannot decode pixel data ({ts.name}: {type(exc).__name__}) to look for burned-in text",
-            hint="install a pydicom decoder for this transfer syntax (pylibjpeg, pylibjpeg-openjpeg, pylibjpeg-rle)",
+            hint="install a pydicom decoder for this transfer syntax (python-gdcm, pylibjpeg, pylibjpeg-openjpeg, pylibjpeg-rle)",
         ) from None
     rows, cols = int(ds.Rows), int(ds.Columns)
     frames = int(ds.get("NumberOfFrames", 1) or 1)
