@@ -13,13 +13,21 @@ What counts as secret-shaped (documented in docs/concepts.md):
   (the form securetrain uses for digests, which are not secret); a file path made of lower-case
   words (``runs/demo/keys/keyring``) is not base64-shaped;
 - card numbers (13-19 digits passing the Luhn check), US SSNs, e-mail addresses;
-- DICOM person names (``Family^Given``).
+- DICOM person names (``Family^Given``);
+- the element value pydicom quotes when it reads an invalid one (``Invalid value for VR DA:
+  '19700101'.``): any value of any element, so any of them may be PHI.
+
+pydicom reports such findings twice: to its ``pydicom`` logger (redacted here) and as a Python
+warning printed to stderr, which no logging filter sees. :func:`install_redaction` therefore also
+drops pydicom's ``UserWarning`` copies (pydicom emits every one through ``warn_and_log``, so the
+logged, redacted copy remains).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import warnings
 
 REDACTED = "[REDACTED]"
 
@@ -36,6 +44,8 @@ _CARD = re.compile(r"\b(?:\d[ -]?){12,18}\d\b")
 _SSN = re.compile(r"\b\d{3}-\d{2}-\d{4}\b")
 _EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")
 _DICOM_PN = re.compile(r"\b[A-Za-z][\w'-]*\^[A-Za-z][\w'^-]*")
+# pydicom's validation message quotes the value with repr(): '...', "..." or b'...' (escapes kept).
+_PYDICOM_VALUE = re.compile(r"""(Invalid value for VR [A-Z]{2}: )b?(['"])(?:\\.|(?!\2).)*\2""", re.S)
 
 
 def _luhn_ok(digits: str) -> bool:
@@ -77,6 +87,7 @@ def _b64_shaped(match: re.Match[str]) -> str:
 def redact(text: str) -> str:
     """Return ``text`` with every secret- or PHI-shaped substring replaced by ``[REDACTED]``."""
     text = _PEM.sub(REDACTED, text)
+    text = _PYDICOM_VALUE.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
     text = mask_url(text)
     text = _ASSIGNMENT.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
     # Protect digests from the hex/base64 rules by swapping them out first.
@@ -138,4 +149,6 @@ def install_redaction(logger_names: tuple[str, ...] = _DEFAULT_LOGGERS) -> Redac
     for handler in root.handlers:
         if not any(isinstance(f, RedactingFilter) for f in handler.filters):
             handler.addFilter(shared)
+    # pydicom's warning copies go straight to stderr, unfiltered (see the module docstring).
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"pydicom(\.|$)")
     return shared

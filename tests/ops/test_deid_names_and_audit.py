@@ -99,3 +99,29 @@ def test_interrupted_deid_leaves_audit_entries_for_its_outputs(tmp_path: Path) -
     audited = {e.details["output"] for e in _entries(db) if e.action == "deid.write"}
     assert audited and audited <= outputs  # every entry names an output that exists ...
     assert len(outputs - audited) <= 64  # ... and at most the chunk being recorded lacks one
+
+
+def test_pydicom_never_prints_an_invalid_elements_value(tmp_path: Path) -> None:
+    """pydicom quotes an invalid element's value in its warning (``Invalid value for VR UI: '...'``),
+    on its logger and again as a Python warning on stderr: neither copy may carry the value."""
+    import pydicom
+
+    raw = generate_study_set(tmp_path / "gen", n_patients=1, studies_per_patient=1, images_per_series=1)
+    src = tmp_path / "in"
+    src.mkdir()
+    f = next(raw.parent.rglob("*.dcm"))
+    ds = pydicom.dcmread(f)
+    # Written without validation, so reading it back makes pydicom complain about each value.
+    with pydicom.config.disable_value_validation():
+        ds.SOPInstanceUID = "JONES.MRN.1970.BORN19700101JS"  # not a UID: letters (seen in real files)
+        ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
+    ds.save_as(src / "one.dcm")
+    key, _ = _keys(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "securetrain", "deid", str(src), str(tmp_path / "out"),
+                           "--policy", POLICY, "--key-file", str(key)],
+                          env=_env(), capture_output=True, text=True, timeout=300)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode in (0, 1), text[-2000:]
+    assert "Traceback" not in text
+    assert "Invalid value for VR UI" in text  # pydicom did complain (the case under test happened)
+    assert "BORN19700101JS" not in text and "JONES.MRN" not in text, text[-3000:]

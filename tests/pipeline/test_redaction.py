@@ -25,6 +25,9 @@ _URL_KEY = secrets.token_urlsafe(48)
         ("ssn 123-45-6789", "123-45-6789"),
         ("mail jane.doe@example.org", "jane.doe"),
         ("patient DOE^JANE^Q", "DOE^JANE"),
+        # pydicom quotes an invalid element's value (repr, escapes included) in its warning
+        ("Invalid value for VR DA: '19700101'. Please see <https://dicom.nema.org>", "19700101"),
+        ("Invalid value for VR LO: b'MRN\\'4711 JONES'. Please see", "JONES"),
     ],
 )
 def test_secret_shaped_text_is_redacted(text: str, forbidden: str) -> None:
