@@ -85,3 +85,30 @@ def test_thread_setting(monkeypatch: pytest.MonkeyPatch) -> None:
             TabularMasker(load_policy(POLICY), KEY).mask_table(generate_finance_table(50, seed=1))
     monkeypatch.delenv(masker_mod.THREADS_ENV)
     assert 1 <= masker_mod.column_threads() <= 2
+    # By default, two threads only while two CPUs are free of other work.
+    monkeypatch.setattr(masker_mod.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    for others, threads in ((0, 2), (1, 1), (5, 1)):
+        monkeypatch.setattr(masker_mod, "_other_runnable_tasks", lambda n=others: n)
+        assert masker_mod.column_threads() == threads
+    monkeypatch.setattr(masker_mod.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert masker_mod.column_threads() == 2  # never more than 2 by default
+    monkeypatch.setenv(masker_mod.THREADS_ENV, "2")
+    assert masker_mod.column_threads() == 2  # an explicit count is taken as given
+
+
+def test_other_runnable_tasks_reads_the_run_queue(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import builtins
+
+    real_open = builtins.open
+    fake = tmp_path / "loadavg"
+
+    def fake_open(path: object, *args: object, **kwargs: object) -> object:
+        return real_open(fake if path == "/proc/loadavg" else path, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    fake.write_text("2.32 2.26 1.92 3/152 27364\n")
+    assert masker_mod._other_runnable_tasks() == 2  # 3 runnable, one of them the caller
+    fake.write_text("0.10 0.20 0.30 1/152 27364\n")
+    assert masker_mod._other_runnable_tasks() == 0
+    fake.write_text("garbage")
+    assert masker_mod._other_runnable_tasks() == 0

@@ -102,7 +102,9 @@ PARALLEL_MIN_ROWS = 20_000
 
 def column_threads() -> int:
     """Threads that mask a table's columns: ``SECURETRAIN_TABULAR_THREADS`` (1: one after
-    another), by default 2 where this process may run on 2 or more CPUs."""
+    another), by default 2 where this process may run on 2 or more CPUs and, right now, at least 2
+    of them are not running other tasks (with one CPU to share, two threads only take turns at
+    the GIL, which costs more than it gains)."""
     raw = os.environ.get(THREADS_ENV, "").strip()
     if raw:
         try:
@@ -116,7 +118,19 @@ def column_threads() -> int:
             )
         return threads
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return min(2, cpus)
+    return max(1, min(2, cpus - _other_runnable_tasks()))
+
+
+def _other_runnable_tasks() -> int:
+    """Tasks runnable on this machine right now besides the calling thread (Linux: the first part
+    of /proc/loadavg's 4th field; 0 where that cannot be read). Sampled between tables, when this
+    process's own workers are idle, so it counts other work only."""
+    try:
+        with open("/proc/loadavg", encoding="ascii") as f:
+            runnable = int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return max(0, runnable - 1)
 
 
 def _is_scan(rule: Any) -> bool:
