@@ -956,6 +956,9 @@ class AuditLog:
             return None
         if self._client is not None:
             return self._client
+        serving = _SERVING_HERE.get(self._commit_address)
+        if serving is not None and serving is not self:
+            return None  # another log object of this process serves this log: commit here (see _SERVING_HERE)
         now = time.monotonic()
         if now < self._client_retry_at:
             return None
@@ -967,6 +970,7 @@ class AuditLog:
         if self._owner and self.durable and self._pid == os.getpid():
             try:
                 self._server = CommitServer(self._commit_address, self._serve_requests)
+                _SERVING_HERE[self._commit_address] = self
                 _install_exit_flush()  # stop serving (answer bye) at exit, worker exit and SIGTERM
                 return None
             except OSError:  # another process started serving first: connect on the next append
@@ -1078,6 +1082,9 @@ class AuditLog:
         """Stop committing for other processes; they commit themselves or find another committer."""
         self._owner = False  # never serve again from here (an exit or SIGTERM is under way)
         server = self._server
+        address = self._commit_address
+        if address is not None and _SERVING_HERE.get(address) is self:
+            del _SERVING_HERE[address]
         if server is not None:
             # Still set while closing: requests being committed meanwhile commit here, not through
             # a connection to this very server.
@@ -1653,6 +1660,13 @@ def _opens(note: str) -> bool:
 
 #: Every open log in this process, so the at-fork hook can reset them in the child.
 _LIVE_LOGS: weakref.WeakSet[AuditLog] = weakref.WeakSet()
+# Commit address -> the log object of this process serving it. Other log objects of this process on
+# the same database commit their own appends instead of connecting to it: a log holds its lock while
+# it waits for the committer's reply, and the at-fork hook takes every log's lock before a fork, so
+# a forking thread that held the serving log's lock (which the committer needs) while waiting for
+# the waiting log's one would deadlock until the client's timeout (found with the loader benchmark:
+# a durable and an asynchronous log on one database, then a DataLoader forking its workers).
+_SERVING_HERE: weakref.WeakValueDictionary[str, AuditLog] = weakref.WeakValueDictionary()
 #: Connection pools inherited from the parent; kept referenced forever so they are never closed here.
 _INHERITED: list[Any] = []
 
@@ -1705,6 +1719,7 @@ def _install_exit_flush() -> None:
 
 
 def _after_fork_in_child() -> None:
+    _SERVING_HERE.clear()  # a forked child serves nothing (its copies of the servers are closed)
     for audit_log in list(_LIVE_LOGS):
         audit_log._forget_inherited_state()
 

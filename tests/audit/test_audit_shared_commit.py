@@ -48,19 +48,47 @@ def _open(t: dict[str, Any], **kw: Any) -> AuditLog:
     return AuditLog(t["url"], schema=t["schema"], checkpoint_every=None, **kw)
 
 
-def test_a_second_log_object_is_served_by_the_first(target: dict[str, Any]) -> None:
+def test_a_second_log_object_in_the_same_process_commits_itself(target: dict[str, Any]) -> None:
+    """Only other processes are served: a second log object of the serving process commits its own
+    appends (see the deadlock test below), ordered with the first by the database lock."""
     first = _open(target)
     first.record("serve.start", "a")
     assert first._server is not None, "the first durable append starts serving"
     second = _open(target, actor="someone-else")
-    entry = second.record("served", "b", details={"n": 1})
-    assert second._client is not None, "the second log committed through the first one's server"
+    entry = second.record("own", "b", details={"n": 1})
+    assert second._client is None and second._server is None
     assert entry is not None and entry.actor == "someone-else" and entry.seq == 1
     stored = list(first.entries())
     assert [e.resource for e in stored] == ["a", "b"]
-    assert stored[1] == entry, "the client's entry is exactly what was stored"
+    assert stored[1] == entry
     assert first.verify().ok
     second.close()
+    first.close()
+
+
+def _served_append(url: str, schema: str | None, out: Any) -> None:
+    log = AuditLog(url, schema=schema, checkpoint_every=None, actor="someone-else")
+    entry = log.record("served", "b", details={"n": 1})
+    out.put((log._client is not None, entry.seq, entry.actor, entry.entry_hash))
+    log.close()
+
+
+def test_a_log_in_another_process_is_served_by_the_first(target: dict[str, Any]) -> None:
+    first = _open(target)
+    first.record("serve.start", "a")
+    assert first._server is not None
+    ctx = mp.get_context("spawn")  # a process that opened the log itself (not a forked copy)
+    out = ctx.Queue()
+    proc = ctx.Process(target=_served_append, args=(target["url"], target["schema"], out))
+    proc.start()
+    through_server, seq, actor, entry_hash = out.get(timeout=120)
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert through_server, "the other process committed through the first one's server"
+    stored = list(first.entries())
+    assert [e.resource for e in stored] == ["a", "b"]
+    assert (stored[1].seq, stored[1].actor, stored[1].entry_hash) == (seq, actor, entry_hash) == (1, "someone-else", entry_hash)
+    assert first.verify().ok
     first.close()
 
 
@@ -386,3 +414,61 @@ def test_a_dropped_log_is_not_kept_alive_by_its_server(target: dict[str, Any]) -
     assert [e.resource for e in other.entries()] == ["1", "2", "3"]
     assert other.verify().ok
     other.close()
+
+
+def test_a_second_log_in_the_serving_process_commits_itself_and_forks_do_not_deadlock(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two AuditLog objects on one database in one process (a durable one that serves, an async one
+    appending from its flusher thread). Before a fork, the at-fork hook takes every log's lock: had
+    the async log been a client of the durable one's committer *in the same process*, the forking
+    thread would hold the lock the committer needs while the flusher held the other one, waiting
+    for the committer's reply - a deadlock until the client's timeout (found with the loader
+    benchmark). A process never connects to its own committer."""
+    import os
+    import threading
+    import time
+
+    monkeypatch.setenv("SECURETRAIN_DATA_DIR", str(tmp_path))
+    db = tmp_path / "audit.db"
+    serving = AuditLog(db, checkpoint_every=None)
+    serving.record("first", "0")
+    assert serving._server is not None
+    second = AuditLog(db, checkpoint_every=None, durable=False, group_commit_window_s=0.005)
+    second.record("second", "0")
+    second.flush()
+    assert second._client is None  # commits itself, never through its own process's committer
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def append() -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                second.record("second", str(i))
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+                return
+            i += 1
+            time.sleep(0.001)  # a steady stream, so the flusher is often mid-commit when we fork
+
+    writer = threading.Thread(target=append)
+    writer.start()
+    start = time.monotonic()
+    try:
+        for _ in range(30):
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+            serving.record("first", "fork")
+    finally:
+        stop.set()
+        writer.join(60)
+    second.flush()
+    assert not errors, errors
+    assert time.monotonic() - start < 20
+    second.close()
+    entries = list(serving.entries())
+    assert [e.seq for e in entries] == list(range(len(entries)))
+    assert serving.verify().ok
+    serving.close()
