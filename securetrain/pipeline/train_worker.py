@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 from securetrain.io.atomic import atomic_write_bytes
 from securetrain.training.callbacks import TrainerCallback
+from securetrain.training.distributed import exit_process
 
 
 class _LogLines(TrainerCallback):
@@ -86,30 +87,6 @@ def main(argv: list[str] | None = None) -> int:
         raise
     status("completed", summary=summary.model_dump(mode="json"))
     return 0
-
-
-def exit_process(code: int) -> NoReturn:
-    """End the rank without interpreter and C++ static teardown.
-
-    ``destroy_process_group()`` does not stop gloo's threads while anything still holds the
-    process group: an FSDP2 model does (its parameters' autograd hooks, held from C++, reach the
-    group through FSDP's mesh info), so they are still running when the process exits, and
-    tearing the process down around them can abort the rank ("terminate called without an active
-    exception"; pytorch/pytorch PR 179291). The work is done and durable here, so do what a
-    normal exit does in Python (wait for non-daemon Python threads, run the ``atexit`` handlers:
-    logging, the audit log's flush, multiprocessing's children), flush stdio, and leave with
-    ``os._exit``: no module teardown, no C++ static destructors under running threads.
-    """
-    try:
-        for thread in threading.enumerate():
-            if thread is not threading.current_thread() and not thread.daemon:
-                thread.join()
-        atexit._run_exitfuncs()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
 
 
 def _run() -> NoReturn:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 import os
+import sys
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -103,3 +107,27 @@ def init_distributed(collective_backend: str) -> DistContext:
         return DistContext(dist.get_rank(), local_rank, dist.get_world_size(), owns_group=False)
     dist.init_process_group(backend=collective_backend, init_method="env://", rank=rank, world_size=world)
     return DistContext(rank, local_rank, world, owns_group=True)
+
+
+def exit_process(code: int) -> NoReturn:
+    """End the rank without interpreter and C++ static teardown.
+
+    ``destroy_process_group()`` does not stop gloo's threads while anything still holds the
+    process group: an FSDP2 model does (its parameters' autograd hooks, held from C++, reach the
+    group through FSDP's mesh info), so they are still running when the process exits, and
+    tearing the process down around them can abort the rank ("terminate called without an active
+    exception"; pytorch/pytorch PR 179291). The work is done and durable here, so do what a
+    normal exit does in Python (wait for non-daemon Python threads, run the ``atexit`` handlers:
+    logging, the audit log's flush, multiprocessing's children), flush stdio, and leave with
+    ``os._exit``: no module teardown, no C++ static destructors under running threads.
+    """
+    try:
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join()
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)

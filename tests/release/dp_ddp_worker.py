@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from securetrain.release.privacy import DPTrainer
 from securetrain.training import TrainingConfig
+from securetrain.training.distributed import exit_process
 from securetrain.training.synthetic import SyntheticClassification, make_mlp
 
 warnings.simplefilter("ignore")
@@ -52,9 +53,12 @@ def main() -> int:
     train(out / "full", rank)
     train(out / "resumed", rank, max_steps=3)
     train(out / "resumed", rank)
+    dist.barrier()  # no rank tears down its connections while a peer is still in a collective
     dist.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # As the pipeline's ranks end: gloo's threads may outlive destroy_process_group() (an FSDP2
+    # model keeps the group), and interpreter teardown around them can abort the rank.
+    exit_process(main())

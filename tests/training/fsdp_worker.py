@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from securetrain.crypto.checkpoint import EncryptedCheckpointStore
 from securetrain.training import Trainer, TrainingConfig
+from securetrain.training.distributed import exit_process
 from securetrain.training.synthetic import SyntheticClassification, make_mlp
 
 
@@ -55,9 +56,12 @@ def main() -> int:
     train(out / "full", rank)
     train(out / "resumed", rank, max_steps=3)
     train(out / "resumed", rank, init_seed=100)
+    dist.barrier()  # no rank tears down its connections while a peer is still in a collective
     dist.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # As the pipeline's ranks end: gloo's threads may outlive destroy_process_group() (an FSDP2
+    # model keeps the group), and interpreter teardown around them can abort the rank.
+    exit_process(main())
