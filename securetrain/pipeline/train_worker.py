@@ -8,12 +8,10 @@ itself; argv carries only paths. Global rank 0 records audit events and writes t
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import os
 import sys
-import threading
 import traceback
 from pathlib import Path
 from typing import Any, NoReturn
