@@ -82,14 +82,14 @@ def test_a_forked_process_does_not_use_the_parents_runtime(monkeypatch: pytest.M
 
 def test_a_wrong_answer_is_not_trusted(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     values = _values(3000)
-    good = hmac_native._pads
+    good = hmac_native.hmac_pads
     # Wrong pads for the native query only: every native MAC is wrong, the spot check must catch it.
-    monkeypatch.setattr(hmac_native, "_pads", lambda key: good(key[::-1]))
+    monkeypatch.setattr(hmac_native, "hmac_pads", lambda key: good(key[::-1]))
     with caplog.at_level(logging.WARNING):
         assert hmac_native.native_macs(values, KEY, PREFIX) is None
     assert "spot check" in caplog.text
     # Only one batch out of place: caught too (the first MAC of every result batch is checked).
-    monkeypatch.setattr(hmac_native, "_pads", good)
+    monkeypatch.setattr(hmac_native, "hmac_pads", good)
     real_concat = pa.concat_arrays
 
     def swapped(arrays: list[pa.Array]) -> pa.Array:
@@ -106,7 +106,7 @@ def test_a_wrong_answer_is_not_trusted(monkeypatch: pytest.MonkeyPatch, caplog: 
 def test_a_failing_query_falls_back_without_quoting_it(monkeypatch: pytest.MonkeyPatch,
                                                        caplog: pytest.LogCaptureFixture) -> None:
     datafusion = hmac_native._datafusion()
-    ipad, _ = hmac_native._pads(KEY)
+    ipad, _ = hmac_native.hmac_pads(KEY)
 
     class Boom:
         def __init__(self, *args: object) -> None:

@@ -31,7 +31,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from securetrain.masking.tabular.transforms import as_string, lower, luhn_valid, offsets_and_data
+from securetrain.masking.tabular.arrow_buffers import offsets_and_data
+from securetrain.masking.tabular.transforms import as_string, lower, luhn_valid
 
 # Resolution order for overlapping findings: specific shapes before generic digit runs and names.
 DETECTOR_ORDER = ("email", "iban", "pan", "ssn", "phone", "person")

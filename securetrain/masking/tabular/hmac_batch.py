@@ -29,6 +29,15 @@ MAC_BYTES = 32
 HEADER = struct.Struct("<IIQQ")
 
 
+def hmac_pads(key: bytes) -> tuple[bytes, bytes]:
+    """``(K ^ ipad, K ^ opad)`` of RFC 2104 for SHA-256 (64-byte block): the key, hashed first when
+    longer than the block, zero-padded to it and XORed with 0x36 and 0x5C."""
+    if len(key) > 64:
+        key = hashlib.sha256(key).digest()
+    block = key.ljust(64, b"\x00")
+    return bytes(b ^ 0x36 for b in block), bytes(b ^ 0x5C for b in block)
+
+
 class HmacSha256:
     """HMAC-SHA256 (RFC 2104) for many short messages under one key, byte-identical to
     ``hmac.digest(key, msg, "sha256")``.
@@ -40,11 +49,9 @@ class HmacSha256:
     """
 
     def __init__(self, key: bytes) -> None:
-        if len(key) > 64:  # RFC 2104: keys longer than the block size are hashed first
-            key = hashlib.sha256(key).digest()
-        block = key.ljust(64, b"\x00")
-        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
-        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
+        inner_pad, outer_pad = hmac_pads(key)
+        self._inner = hashlib.sha256(inner_pad)
+        self._outer = hashlib.sha256(outer_pad)
 
     def with_prefix(self, prefix: bytes) -> HmacSha256:
         """The same key with ``prefix`` already absorbed: ``many(m)`` then MACs ``prefix || m``."""

@@ -18,7 +18,6 @@ type: DataFusion's messages can quote a query's literals, which hold the padded 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
@@ -27,7 +26,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from securetrain.masking.tabular.hmac_batch import MAC_BYTES, HmacSha256
+from securetrain.masking.tabular.arrow_buffers import offsets_and_data
+from securetrain.masking.tabular.hmac_batch import MAC_BYTES, HmacSha256, hmac_pads
 
 NATIVE_ENV = "SECURETRAIN_TABULAR_HMAC_NATIVE"
 # Below this many values the per-query overhead (~1 ms) is more than hashlib's loop costs.
@@ -66,13 +66,6 @@ def _datafusion() -> Any:
         return _module
 
 
-def _pads(key: bytes) -> tuple[bytes, bytes]:
-    if len(key) > 64:  # RFC 2104: keys longer than the block size are hashed first
-        key = hashlib.sha256(key).digest()
-    block = key.ljust(64, b"\x00")
-    return bytes(b ^ 0x36 for b in block), bytes(b ^ 0x5C for b in block)
-
-
 def _binary(values: pa.Array) -> pa.Array:
     """The values as ``binary`` (a zero-copy view of a ``string`` array)."""
     if pa.types.is_binary(values.type):
@@ -91,10 +84,7 @@ def _partitions(values: pa.Array, prefix_len: int) -> list[pa.Array]:
     values and CHUNK_BYTES bytes of MAC input."""
     n = len(values)
     target = max(MIN_VALUES, min(CHUNK_VALUES, -(-n // _threads())))
-    if pa.types.is_large_string(values.type) or pa.types.is_large_binary(values.type):
-        offs = np.frombuffer(values.buffers()[1], dtype=np.int64, count=n + 1, offset=values.offset * 8)
-    else:
-        offs = np.frombuffer(values.buffers()[1], dtype=np.int32, count=n + 1, offset=values.offset * 4)
+    offs = offsets_and_data(values)[0]
     cuts = [0]
     while cuts[-1] < n:
         start = cuts[-1]
@@ -102,7 +92,7 @@ def _partitions(values: pa.Array, prefix_len: int) -> list[pa.Array]:
         # Bytes of inner MAC input of values start..end: their data plus a pad and prefix each.
         size = int(offs[end]) - int(offs[start]) + (end - start) * (64 + prefix_len)
         if size > CHUNK_BYTES:
-            per_value = (offs[start + 1:end + 1].astype(np.int64) - int(offs[start])
+            per_value = (offs[start + 1:end + 1] - int(offs[start])
                          + np.arange(1, end - start + 1) * (64 + prefix_len))
             end = start + max(1, int(np.searchsorted(per_value, CHUNK_BYTES, side="right")))
         cuts.append(end)
@@ -119,7 +109,7 @@ def native_macs(values: pa.Array, key: bytes, prefix: bytes) -> bytes | None:
     df_mod = _datafusion()
     if df_mod is None:
         return None
-    ipad, opad = _pads(key)
+    ipad, opad = hmac_pads(key)
     try:
         from datafusion import col, lit
         from datafusion import functions as f

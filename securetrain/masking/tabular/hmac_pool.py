@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from securetrain.masking.tabular import hmac_batch
+from securetrain.masking.tabular.arrow_buffers import offsets_and_data
 from securetrain.masking.tabular.errors import TabularMaskingError
 from securetrain.masking.tabular.hmac_batch import HEADER, MAC_BYTES, HmacSha256
 
@@ -182,20 +183,6 @@ def helper_pids() -> list[int]:
     return [h.proc.pid for h in pool.helpers if h.proc.poll() is None]
 
 
-def _offsets_and_data(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Value offsets (n + 1, rebased to 0) and the bytes of a string/binary array, zero-copy."""
-    n = len(values)
-    wide = pa.types.is_large_string(values.type) or pa.types.is_large_binary(values.type)
-    _, offs_buf, data_buf = values.buffers()
-    item = 8 if wide else 4
-    offsets = np.frombuffer(offs_buf, dtype=np.int64 if wide else np.int32, count=n + 1,
-                            offset=values.offset * item).astype(np.int64)
-    start, end = int(offsets[0]), int(offsets[-1])
-    data = (np.frombuffer(data_buf, dtype=np.uint8, count=end - start, offset=start)
-            if data_buf is not None and end > start else np.zeros(0, dtype=np.uint8))
-    return offsets - start, data
-
-
 def hmac_many(values: pa.Array, key: bytes, prefix: bytes, *, workers: int | None = None) -> bytes:
     """Concatenated HMAC-SHA256(key, prefix || value) of each value of a string or binary array
     without nulls, in order; shared with helper processes when it is large enough (``workers``:
@@ -216,7 +203,7 @@ def hmac_many(values: pa.Array, key: bytes, prefix: bytes, *, workers: int | Non
 
 def _shared(values: pa.Array, mac: HmacSha256, key: bytes, prefix: bytes, shares: list[tuple[int, int]],
             pool: _Pool) -> bytes:
-    offsets, data = _offsets_and_data(values)
+    offsets, data = offsets_and_data(values)
 
     def here(start: int, end: int) -> bytes:
         return mac.many(values.slice(start, end - start).cast(pa.binary()).to_pylist())

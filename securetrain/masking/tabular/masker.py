@@ -347,12 +347,13 @@ class TabularMasker:
         def kept_chain() -> None:
             for name in kept:
                 kept_outcomes[name] = _outcome_now(one, name)
-                if isinstance(_peek_error(kept_outcomes[name]), BaseException):
+                if _peek_error(kept_outcomes[name]) is not None:
                     return  # later kept columns cannot be reported: an earlier column failed
 
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="securetrain-mask") as pool:
             chain = pool.submit(kept_chain) if kept else None
-            futures = {n: pool.submit(one, n) for n in names if n not in set(kept)}
+            kept_set = set(kept)
+            futures = {n: pool.submit(one, n) for n in names if n not in kept_set}
             try:
                 for name in names:
                     if name in futures:

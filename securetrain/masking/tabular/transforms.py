@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from securetrain.masking.tabular.arrow_buffers import offsets_and_data
 from securetrain.masking.tabular.hmac_batch import HmacSha256
 from securetrain.masking.tabular.hmac_native import native_macs
 from securetrain.masking.tabular.hmac_pool import hmac_many
@@ -175,17 +176,6 @@ def _tokens_of_distinct(values: pa.Array, token_key: bytes, *, domain: str, pref
     if stats is not None:
         stats.distinct = len(values)
     return tokens_for_array(values, token_key, domain=domain, prefix=prefix, length=length)
-
-
-def offsets_and_data(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Zero-copy numpy views of a string array's value offsets (n+1, rebased to 0) and UTF-8 bytes."""
-    n = len(arr)
-    _, offs_buf, data_buf = arr.buffers()
-    offsets = np.frombuffer(offs_buf, dtype=np.int32, count=n + 1, offset=arr.offset * 4).astype(np.int64)
-    start, end = int(offsets[0]), int(offsets[-1])
-    data = (np.frombuffer(data_buf, dtype=np.uint8, count=end - start, offset=start)
-            if data_buf is not None and end > start else np.zeros(0, dtype=np.uint8))
-    return offsets - start, data
 
 
 def keep_bytes(arr: pa.Array, keep: np.ndarray) -> pa.Array:
