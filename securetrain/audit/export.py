@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from securetrain.cpus import usable_cpus
 from securetrain.audit.merkle import CompactRange, leaf_hash
 from securetrain.io.atomic import atomic_write_bytes, atomic_writer
 
@@ -101,11 +102,7 @@ def default_workers(entries_bytes: int) -> int:
     """Worker processes for ``workers=None``: 1 below :data:`PARALLEL_MIN_BYTES`, else the usable CPUs (at most 8)."""
     if entries_bytes < PARALLEL_MIN_BYTES:
         return 1
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, 8))
+    return max(1, min(usable_cpus(), 8))
 
 #: Files every export has; a missing one is an error, not a failed verification.
 REQUIRED_FILES = ("manifest.json", "entries.jsonl", "checkpoints.note", "checkpoint.note")

@@ -9,11 +9,12 @@ under the ``securetrain.devices`` entry-point group.
 from __future__ import annotations
 
 import abc
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from securetrain.cpus import usable_cpus
 
 
 @dataclass(frozen=True)
@@ -131,10 +132,7 @@ class DeviceBackend(abc.ABC):
         loader workers would compete with the compute for the same cores."""
         if self.device_type == "cpu":
             return 0
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            cores = os.cpu_count() or 1
+        cores = usable_cpus()
         return max(0, min(self.max_loader_workers, int(0.7 * cores / max(1, procs_per_node))))
 
     def round_batch_size(self, batch_size: int) -> int:

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from securetrain.cpus import usable_cpus
 from securetrain.errors import SecureTrainError
 from securetrain.io.atomic import atomic_write_bytes
 
@@ -93,10 +94,7 @@ def _worker_env(config: Any) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
     if "OMP_NUM_THREADS" not in env:  # torchrun would force 1 (with a warning); share the cores instead
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            cores = os.cpu_count() or 1
+        cores = usable_cpus()
         env["OMP_NUM_THREADS"] = str(max(1, cores // config.training.nproc_per_node))
     return env
 

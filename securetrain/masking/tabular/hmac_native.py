@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from securetrain.cpus import usable_cpus
 from securetrain.masking.tabular.arrow_buffers import offsets_and_data
 from securetrain.masking.tabular.hmac_batch import MAC_BYTES, HmacSha256, hmac_pads
 
@@ -75,15 +76,11 @@ def _binary(values: pa.Array) -> pa.Array:
     return values.cast(pa.binary())  # large types: a copy with 32-bit offsets (chunks keep it small)
 
 
-def _threads() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def _partitions(values: pa.Array, prefix_len: int) -> list[pa.Array]:
     """Contiguous slices, one per thread for a mid-size column, each of at most CHUNK_VALUES
     values and CHUNK_BYTES bytes of MAC input."""
     n = len(values)
-    target = max(MIN_VALUES, min(CHUNK_VALUES, -(-n // _threads())))
+    target = max(MIN_VALUES, min(CHUNK_VALUES, -(-n // usable_cpus())))
     offs = offsets_and_data(values)[0]
     cuts = [0]
     while cuts[-1] < n:

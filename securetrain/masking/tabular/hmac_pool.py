@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from securetrain.cpus import usable_cpus
 from securetrain.masking.tabular import hmac_batch
 from securetrain.masking.tabular.arrow_buffers import offsets_and_data
 from securetrain.masking.tabular.errors import TabularMaskingError
@@ -63,7 +64,7 @@ def configured_workers() -> int:
         return workers
     if not sys.executable:  # embedded interpreter: nothing to start helpers with
         return 0
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = usable_cpus()
     workers = max(0, min(cpus - 1, MAX_AUTO_WORKERS))
     try:
         load = os.getloadavg()[0]

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
+from securetrain.cpus import usable_cpus
 from securetrain.io.atomic import atomic_write_bytes
 from securetrain.masking.tabular import detectors as D
 from securetrain.masking.tabular import transforms as T
@@ -117,8 +118,7 @@ def column_threads() -> int:
                 hint="set it to 1 (one column at a time) or more, or unset it for the default",
             )
         return threads
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(2, cpus - _other_runnable_tasks()))
+    return max(1, min(2, usable_cpus() - _other_runnable_tasks()))
 
 
 def _other_runnable_tasks() -> int:
