@@ -792,18 +792,7 @@ class AuditLog:
             # One statement for the whole batch: the rows travel as one JSON text (json's C encoder
             # here, PostgreSQL's parser there; far cheaper than text[] parameters), in entry order,
             # and the insert trigger checks each row as before.
-            ins = (f"INSERT INTO {table} (seq, ts, actor, hostname, mac, action, resource, outcome, details, "
-                   "prev_hash, entry_hash, server_view) SELECT u.seq, u.ts, %s, %s, %s, u.action, u.resource, "
-                   "u.outcome, u.details, u.prev_hash, u.entry_hash, %s FROM json_to_recordset(%s::json) "
-                   "AS u(seq bigint, ts text, action text, resource text, outcome text, details text, "
-                   "prev_hash text, entry_hash text)")
-            ins_mixed = (f"INSERT INTO {table} (seq, ts, actor, hostname, mac, action, resource, outcome, details, "
-                         "prev_hash, entry_hash, server_view) SELECT u.seq, u.ts, u.actor, u.hostname, u.mac, "
-                         "u.action, u.resource, u.outcome, u.details, u.prev_hash, u.entry_hash, %s "
-                         "FROM json_to_recordset(%s::json) AS u(seq bigint, ts text, actor text, hostname text, "
-                         "mac text, action text, resource text, outcome text, details text, prev_hash text, "
-                         "entry_hash text)")
-            sql = self._pg_sql_cache = (begin, ins, ins_mixed)
+            sql = self._pg_sql_cache = (begin, _pg_insert_sql(table, _PG_OWN_KEYS), _pg_insert_sql(table, _ROW_KEYS))
         return sql
 
     def _pg_commit_batch(self, batch: list[_Pending]) -> bool:
@@ -1617,6 +1606,19 @@ _SQLITE_INSERT = (f"INSERT INTO {E.name} ({', '.join(_ROW_KEYS)}) "  # nosec B60
 #: are validated text (no lone surrogates) and round-trip exactly through JSON; ensure_ascii=False
 #: keeps them UTF-8 so PostgreSQL never has to decode \\u escapes.
 _PG_OWN_KEYS = ("seq", "ts", "action", "resource", "outcome", "details", "prev_hash", "entry_hash")
+
+
+def _pg_insert_sql(table: str, json_keys: tuple[str, ...]) -> str:
+    """INSERT of a batch whose rows travel as one JSON array with ``json_keys`` per row; every
+    other column of ``_ROW_KEYS`` (the writer's identity, for a batch of this log's own events) is
+    one ``%s`` parameter for the whole batch, in ``_ROW_KEYS`` order, then ``server_view``, then
+    the JSON. Parameters: ``(*other columns, server_view, rows_json)``."""
+    values = ", ".join(f"u.{k}" if k in json_keys else "%s" for k in _ROW_KEYS)
+    record = ", ".join(f"{k} {'bigint' if k == 'seq' else 'text'}" for k in json_keys)
+    return (f"INSERT INTO {table} ({', '.join(_ROW_KEYS)}, server_view) SELECT {values}, %s "
+            f"FROM json_to_recordset(%s::json) AS u({record})")
+
+
 _JSON_ROWS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
 
 
