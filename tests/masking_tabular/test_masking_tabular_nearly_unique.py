@@ -1,5 +1,6 @@
 """Columns whose values are (almost) all distinct are transformed row by row instead of through a
-dictionary: the output, the invalid counts and the reported distinct counts are the same."""
+dictionary: the output, the invalid counts and the reported distinct counts are the same (the
+distinct count then comes from the MACs, not from hashing the strings again)."""
 
 from __future__ import annotations
 
@@ -35,20 +36,20 @@ def _table() -> pa.Table:
 def test_row_by_row_equals_the_dictionary_path(monkeypatch: pytest.MonkeyPatch) -> None:
     policy = load_policy(POLICY)
     table = _table()
-    taken: list[int | None] = []
-    real = T._nearly_unique
+    taken: list[bool] = []
+    real = T._probably_unique
 
-    def spy(arr: pa.Array) -> int | None:
+    def spy(arr: pa.Array) -> bool:
         taken.append(real(arr))
         return taken[-1]
 
-    monkeypatch.setattr(T, "_nearly_unique", spy)
+    monkeypatch.setattr(T, "_probably_unique", spy)
     rows_out, rows_rep = TabularMasker(policy, KEY).mask_table_with_report(table)
-    assert sum(d is not None for d in taken) >= 4  # id, IBAN, e-mail, phone (and the card) went row by row
-    monkeypatch.setattr(T, "NEARLY_UNIQUE", 2.0)  # never: everything through a dictionary
+    assert sum(taken) >= 4  # id, IBAN, e-mail, phone (and the card) went row by row
+    monkeypatch.setattr(T, "_probably_unique", lambda arr: taken.append(False) or False)  # all by dictionary
     taken.clear()
     dict_out, dict_rep = TabularMasker(policy, KEY).mask_table_with_report(table)
-    assert taken and all(d is None for d in taken)
+    assert taken and not any(taken)
     assert rows_out.equals(dict_out)
     assert rows_rep.to_dict() == dict_rep.to_dict()
     by_col = {c.column: c for c in rows_rep.columns}
@@ -58,17 +59,35 @@ def test_row_by_row_equals_the_dictionary_path(monkeypatch: pytest.MonkeyPatch) 
 
 def test_probe_and_nulls_send_columns_to_the_dictionary() -> None:
     n = 4 * T.UNIQUE_PROBE
-    assert T._nearly_unique(pa.array([f"v{i}" for i in range(n)])) == n
-    assert T._nearly_unique(pa.array([f"v{i % 100}" for i in range(n)])) is None  # repeats: probe says no
-    late_repeats = pa.array([f"v{i}" for i in range(T.UNIQUE_PROBE)] + ["same"] * (n - T.UNIQUE_PROBE))
-    assert T._nearly_unique(late_repeats) is None  # the probe passes, the whole column decides
-    assert T._nearly_unique(pa.array([f"v{i}" for i in range(n - 1)] + [None])) is None
-    assert T._nearly_unique(pa.array([f"v{i}" for i in range(n - 1)])) is None  # too short
+    assert T._probably_unique(pa.array([f"v{i}" for i in range(n)]))
+    assert not T._probably_unique(pa.array([f"v{i % 100}" for i in range(n)]))  # repeats: probe says no
+    assert not T._probably_unique(pa.array([f"v{i}" for i in range(n - 1)] + [None]))
+    assert not T._probably_unique(pa.array([f"v{i}" for i in range(n - 1)]))  # too short
+
+
+def test_late_repeats_go_row_by_row_with_the_exact_distinct_count() -> None:
+    # The probe passes, the rest of the column repeats: computed row by row (same tokens as the
+    # dictionary path) and the reported distinct count is still exact.
+    n = 4 * T.UNIQUE_PROBE
+    values = [f"v{i}" for i in range(T.UNIQUE_PROBE)] + [f"same{i % 7}" for i in range(n - T.UNIQUE_PROBE)]
+    assert T._probably_unique(pa.array(values))
+    stats = T.ColumnStats()
+    rows = T.tokenize(pa.array(values), KEY, domain="d", prefix="tok_", length=16, stats=stats)
+    assert stats.distinct == len(set(values)) == T.UNIQUE_PROBE + 7
+    assert rows.to_pylist() == T.tokens_for(values, KEY, domain="d", prefix="tok_", length=16).to_pylist()
+
+
+def test_distinct_count_from_macs() -> None:
+    key = bytes(32)
+    for values in ([], ["a"], ["a", "a"], ["a", "b", "a", "c", "b"], [f"x{i % 1000}" for i in range(5000)]):
+        macs = T._macs(pa.array(values, pa.string()), key, "d")
+        assert T.distinct_macs(macs) == len(set(values))
 
 
 def test_transaction_shaped_columns_stop_at_the_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     # 10 rows per customer in random order: the leading values are mostly distinct (about 92 % at
-    # 500k rows), but fewer than a nearly-unique column's would be: no full count is made.
+    # 500k rows), but fewer than a nearly-unique column's would be. No pass over the whole column
+    # counts distinct strings, for either kind of column.
     rng = np.random.default_rng(5)
     n = 200_000
     arr = pa.array([f"C{i:07d}" for i in rng.integers(0, n // 10, n)])
@@ -81,5 +100,39 @@ def test_transaction_shaped_columns_stop_at_the_probe(monkeypatch: pytest.Monkey
         return real_unique(values)
 
     monkeypatch.setattr(T.pc, "unique", counting_unique)
-    assert T._nearly_unique(arr) is None and not full_counts
-    assert T._nearly_unique(pa.array([f"C{i:07d}" for i in range(n)])) == n and full_counts == [n]
+    assert not T._probably_unique(arr)
+    unique = pa.array([f"C{i:07d}" for i in range(n)])
+    assert T._probably_unique(unique)
+    stats = T.ColumnStats()
+    T.tokenize(unique, KEY, domain="d", prefix="t", length=8, stats=stats)
+    assert stats.distinct == n and not full_counts
+
+
+def _dictionary_encoded(path: Path) -> dict[str, bool]:
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).metadata
+    out: dict[str, bool] = {}
+    for rg in range(meta.num_row_groups):
+        for i in range(meta.num_columns):
+            chunk = meta.row_group(rg).column(i)
+            out[chunk.path_in_schema] = out.get(chunk.path_in_schema, False) or chunk.has_dictionary_page
+    return out
+
+
+def test_masked_token_columns_are_written_without_a_dictionary(tmp_path: Path) -> None:
+    from securetrain.masking.tabular.tableio import parse_table, read_bytes, write_table
+
+    table = generate_finance_table(5000, seed=3)
+    src, dst = tmp_path / "in.parquet", tmp_path / "out.parquet"
+    write_table(table, src)
+    masker = TabularMasker(load_policy(POLICY), KEY)
+    report = masker.mask_file(src, dst)
+    encoded = _dictionary_encoded(dst)
+    by_col = {c.column: c for c in report.columns}
+    # One token per customer id: no dictionary; the repeating categories keep theirs.
+    assert by_col["customer_id"].distinct == len(set(table.column("customer_id").to_pylist()))
+    assert encoded["customer_id"] is False and encoded["email"] is False
+    assert encoded["category"] is True
+    # The file holds exactly the masked table.
+    assert parse_table(read_bytes(dst)[0], "parquet", name="out").equals(masker.mask_table(table))

@@ -87,6 +87,32 @@ def test_scrub_equals_per_row_reference(seed: int, min_length: int) -> None:
         assert changed == want_changed
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_scrub_on_threads_in_row_shares_equals_per_row_reference(monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
+    # Shares of 700 rows: free-text shares, a category-like share (the repeated tail), nulls and
+    # non-ASCII rows at the cuts; the input itself a slice.
+    monkeypatch.setattr(D, "SCRUB_SHARE_MIN_ROWS", 700)
+    rng = random.Random(7)
+    texts, values = _random_rows(rng, 2200)
+    texts[1100:] = [rng.choice(["pay ann", "Ann Lee", None, "straße"]) for _ in texts[1100:]]
+    texts[732], texts[733] = None, "İsmail ann"
+    sources = [RowSource("name", pa.array(values[0], pa.string()).slice(50), "[NAME]", parts=True),
+               RowSource("cid", pa.array(values[1], pa.string()).slice(50), "[CID]")]
+    want, want_changed = _reference(texts[50:], sources, min_length=2, parts=True)
+    calls: list[int] = []
+    real = D._scrub_rows
+
+    def spy(text: pa.Array, *args: object, **kwargs: object) -> tuple[pa.Array, int]:
+        calls.append(len(text))
+        return real(text, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(D, "_scrub_rows", spy)
+    got, changed = scrub_row_values(pa.array(texts, pa.string()).slice(50), sources, min_length=2, parts=True,
+                                    threads=threads)
+    assert len(calls) == min(threads, 2150 // 700) and sum(calls) == 2150  # really cut into shares
+    assert (got.to_pylist(), changed) == (want, want_changed)
+
+
 def test_scrub_sliced_chunked_and_all_paths_agree(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random(42)
     texts, values = _random_rows(rng, 2600)
@@ -183,3 +209,19 @@ def test_category_probe_agrees_with_the_whole_column(monkeypatch: pytest.MonkeyP
     # A category column: every aligned substring of its few values.
     cats = pa.array(["card payment", "salary", None] * 400, pa.string())
     assert D._aligned_substrings(cats, 4) == {"card payment", "card", "payment", "salary"}
+
+
+def test_category_column_matches_source_values_with_surrounding_spaces() -> None:
+    # A low-cardinality text column takes the category lookup; the source value is compared
+    # trimmed there as on the free-text path (" ann lee" is the whole name, not two words).
+    texts = pa.array(["Ann Lee", "paid", "Ann Lee", None] * 500, pa.string())
+    names = pa.array([" ann lee", "x", "ann lee ", "ann lee"] * 500, pa.string())
+    ids = pa.array([" C123 ", "c123", "x", "y"] * 500, pa.string())
+    sources = [RowSource("name", names, "[NAME]", parts=True), RowSource("cid", ids, "[CID]")]
+    got, changed = scrub_row_values(texts, sources, min_length=3, parts=True)
+    assert got.to_pylist()[:4] == ["[NAME]", "paid", "[NAME]", None]
+    assert (got.to_pylist(), changed) == _reference(texts.to_pylist(), sources, min_length=3, parts=True)
+    other = pa.array(["Ann Lee c123", "c123 paid", "Ann Lee c123", None] * 500, pa.string())
+    got, changed = scrub_row_values(other, sources, min_length=3, parts=True)
+    assert got.to_pylist()[:2] == ["[NAME] [CID]", "[CID] paid"]
+    assert (got.to_pylist(), changed) == _reference(other.to_pylist(), sources, min_length=3, parts=True)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -443,8 +444,35 @@ def _part_candidates(lower_vals: pa.Array, has_text: np.ndarray, min_length: int
     return rows_rep, ok_words.take(pa.array(np.repeat(first[indices[rows]], counts) + within))
 
 
+# Rows per share when a long text column is scrubbed on several threads (fewer rows: one share).
+SCRUB_SHARE_MIN_ROWS = 50_000
+
+
 def scrub_row_values(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSource], *, min_length: int,
-                     parts: bool) -> tuple[pa.Array, int]:
+                     parts: bool, threads: int = 1) -> tuple[pa.Array, int]:
+    """:func:`_scrub_rows` on up to ``threads`` threads, each scrubbing a contiguous share of the
+    rows (at least :data:`SCRUB_SHARE_MIN_ROWS` each). Each row's result depends only on that
+    row, so the shares, concatenated, are the result of one pass; the kernels (pyarrow, numpy's
+    string search) release the GIL, so a long free-text column no longer holds one core while
+    the other masks columns that finish first."""
+    s = as_string(text)
+    n = len(s)
+    shares = max(1, min(threads, n // SCRUB_SHARE_MIN_ROWS))
+    if shares == 1 or not sources:
+        return _scrub_rows(s, sources, min_length=min_length, parts=parts)
+    cuts = np.linspace(0, n, shares + 1).astype(np.int64).tolist()
+    pieces = [(a, b - a) for a, b in zip(cuts, cuts[1:])]
+    with ThreadPoolExecutor(max_workers=shares, thread_name_prefix="securetrain-scrub") as pool:
+        results = list(pool.map(
+            lambda piece: _scrub_rows(s.slice(*piece), [
+                RowSource(column=src.column, values=as_string(src.values).slice(*piece), marker=src.marker,
+                          parts=src.parts) for src in sources], min_length=min_length, parts=parts),
+            pieces))
+    return pa.concat_arrays([out for out, _ in results]), sum(changed for _, changed in results)
+
+
+def _scrub_rows(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSource], *, min_length: int,
+                parts: bool) -> tuple[pa.Array, int]:
     """Replace, case-insensitively and on word boundaries, each source value (and, with ``parts``,
     each of its words of at least ``min_length`` characters) found in the same row's ``text``.
 
@@ -482,19 +510,19 @@ def scrub_row_values(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSour
     for src in sources:
         raw = as_string(src.values)
         if value_set is not None:
-            # Categories: two cheap kernels per source (lower-case, hash lookup in the small set);
-            # trimming and lengths only for the few rows that pass.
+            # Categories: a hash lookup of the trimmed, lower-cased values in the small set, skipped
+            # when no ASCII value has the byte length of any of its substrings.
             assert set_lengths is not None
-            _, raw_data = offsets_and_data(raw)
-            lengths = pc.fill_null(pc.binary_length(raw), 0).to_numpy(zero_copy_only=False)
-            if (raw_data.size == 0 or int(raw_data.max()) < 0x80) and \
+            lower_vals = lower(pc.utf8_trim_whitespace(raw))
+            _, vals_data = offsets_and_data(lower_vals)
+            lengths = pc.fill_null(pc.binary_length(lower_vals), 0).to_numpy(zero_copy_only=False)
+            if (vals_data.size == 0 or int(vals_data.max()) < 0x80) and \
                     not set_lengths[np.minimum(lengths, len(set_lengths) - 1)].any():
                 whole = np.zeros(n, dtype=bool)
             else:
-                whole = has_text & _bool(pc.is_in(lower(raw), value_set=value_set))
+                whole = has_text & _bool(pc.is_in(lower_vals, value_set=value_set))
             if not whole.any() and not (parts and src.parts):
                 continue
-            lower_vals = lower(pc.utf8_trim_whitespace(raw))
         else:
             lower_vals = lower(pc.utf8_trim_whitespace(raw))
             whole = has_text & _bool(pc.greater_equal(_char_lengths(lower_vals), min_length))

@@ -95,8 +95,13 @@ def _is_integer(t: pa.DataType) -> bool:
 class _ScanContext:
     sources: list[Any] = field(default_factory=list)
     scanner: Any = None
+    threads: int = 1  # for one long text column's row-value scrub (detectors.scrub_row_values)
 MIN_KEY_BYTES = 16
 THREADS_ENV = "SECURETRAIN_TABULAR_THREADS"
+# Output columns with at least this share of distinct values (tokens of ids, e-mails...) are written
+# without Parquet dictionary encoding (see tableio.serialize_table).
+UNIQUE_SHARE = 0.5
+
 # Below this many rows a table's columns run one after another (a thread pool costs more).
 PARALLEL_MIN_ROWS = 20_000
 
@@ -286,7 +291,9 @@ class TabularMasker:
         if len(set(names)) != len(names):
             raise MalformedTableError("the table has duplicate column names", hint="rename the duplicates")
         plan = self.plan(names)
+        threads = column_threads()  # sampled once per table: the columns and a long text's scrub share it
         context = self._scan_context(table, plan)
+        context.threads = threads
 
         def one(name: str) -> tuple[Any, ColumnReport]:
             rule = plan[name]
@@ -311,7 +318,7 @@ class TabularMasker:
         out_names: list[str] = []
         reports: list[ColumnReport] = []
         # closing: on an error, the pool's pending columns are cancelled and its threads joined now.
-        with contextlib.closing(self._run_columns(names, plan, table.num_rows, one)) as outcomes:
+        with contextlib.closing(self._run_columns(names, plan, table.num_rows, one, threads)) as outcomes:
             for name, outcome in outcomes:
                 result, report = outcome()
                 reports.append(report)
@@ -326,7 +333,7 @@ class TabularMasker:
         return pa.Table.from_arrays(out_cols, names=out_names).replace_schema_metadata(meta), reports
 
     def _run_columns(self, names: list[str], plan: dict[str, Any], rows: int,
-                     one: Callable[[str], tuple[Any, ColumnReport]]
+                     one: Callable[[str], tuple[Any, ColumnReport]], threads: int
                      ) -> Generator[tuple[str, Callable[[], tuple[Any, ColumnReport]]], None, None]:
         """(name, outcome) per column in table order; calling ``outcome`` returns that column's
         (result, report) or raises its error, so the first failing column in table order is the
@@ -336,7 +343,6 @@ class TabularMasker:
         thread pool: pyarrow's kernels, numpy's and DataFusion's release the GIL, so a column's
         tokens overlap another's work. The kept (scanned) columns run one after another in one
         job, in table order (they share the detector scanner), the other columns one job each."""
-        threads = column_threads()
         if threads <= 1 or rows < PARALLEL_MIN_ROWS or len(names) < 2:
             for name in names:
                 yield name, _outcome_now(one, name)
@@ -449,7 +455,8 @@ class TabularMasker:
                 return column
             if context.sources:
                 scrubbed, n_scrubbed = D.scrub_row_values(
-                    s, context.sources, min_length=cfg.row_value_min_length, parts=cfg.row_value_parts)
+                    s, context.sources, min_length=cfg.row_value_min_length, parts=cfg.row_value_parts,
+                    threads=context.threads)
                 if n_scrubbed:
                     report.detections["row_value"] = n_scrubbed
                     if cfg.row_values == "refuse":
@@ -504,7 +511,8 @@ class TabularMasker:
             raise TabularMaskingError("refusing to mask a file onto itself", hint="choose a different output path")
         out_fmt = detect_format(dst)
         masked, report = self.read_masked(src, on_column=on_column)
-        data = serialize_table(masked, out_fmt)
+        unique = [c.column for c in report.columns if c.distinct is not None and c.distinct >= UNIQUE_SHARE * report.rows]
+        data = serialize_table(masked, out_fmt, unique_columns=unique)
         atomic_write_bytes(dst, data)
         report.output_sha256 = hashlib.sha256(data).hexdigest()
         self._audit.record("tabular.write", str(dst),

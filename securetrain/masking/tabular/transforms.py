@@ -113,69 +113,86 @@ def tokens_for(values: list[str | None], token_key: bytes, *, domain: str, prefi
     return pc.if_else(nulls, pa.scalar(None, pa.string()), toks)
 
 
+def _macs(values: pa.Array, token_key: bytes, domain: str) -> bytes:
+    """Concatenated 32-byte HMAC-SHA256(k_tok, utf8(domain) || 0x00 || utf8(value)) of each value
+    of a string array without nulls.
+
+    Values reach the MAC as ``bytes`` straight from pyarrow, so no Python string is created per
+    value. A large column's MACs are computed natively in one pass (hmac_native, DataFusion).
+    Without it: the domain separator is absorbed into the HMAC's inner state once per column, so
+    each value is hashed straight from pyarrow's bytes objects (no per-value concatenation), and a
+    large column is shared with helper processes (hmac_pool). The MACs are identical either way."""
+    if values.null_count:
+        raise ValueError("tokens_for_array needs an array without nulls")
+    dom = domain.encode("utf-8") + b"\x00"
+    macs = native_macs(values, token_key, dom)
+    return hmac_many(values, token_key, dom) if macs is None else macs
+
+
+def distinct_macs(macs: bytes) -> int:
+    """How many distinct values the concatenated 32-byte MACs ``macs`` came from.
+
+    Distinct values have distinct MACs (HMAC-SHA256), so counting the MACs' leading 8 bytes
+    (one sort of 64-bit integers) counts the values without hashing them again: several times
+    cheaper than ``pc.unique`` of the strings. Two distinct values share a 64-bit prefix with
+    probability about n^2 / 2^65 (5e-9 for a million values), which would undercount by one;
+    the count is a report statistic, never used for masking."""
+    if not macs:
+        return 0
+    heads = np.frombuffer(macs, dtype=np.uint64)[::_MAC_BYTES // 8].copy()
+    heads.sort()
+    return int(np.count_nonzero(heads[1:] != heads[:-1])) + 1
+
+
 def tokens_for_array(values: pa.Array, token_key: bytes, *, domain: str, prefix: str, length: int) -> pa.Array:
     """Tokens for a string array without nulls (e.g. a dictionary), one HMAC per element.
 
-    The MAC input is ``utf8(domain) || 0x00 || utf8(value)``; values reach the MAC as ``bytes``
-    straight from pyarrow, so no Python string is created per value.
-    """
-    if values.null_count:
-        raise ValueError("tokens_for_array needs an array without nulls")
-    # A large column's MACs are computed natively in one pass (hmac_native, DataFusion). Without
-    # it: the domain separator is absorbed into the HMAC's inner state once per column, so each
-    # value is hashed straight from pyarrow's bytes objects (no per-value concatenation), and a
-    # large column is shared with helper processes (hmac_pool). The MACs are identical either way.
-    dom = domain.encode("utf-8") + b"\x00"
-    macs = native_macs(values, token_key, dom)
-    if macs is None:
-        macs = hmac_many(values, token_key, dom)
-    return _finish_tokens(macs, len(values), prefix=prefix, length=length)
+    The MAC input is ``utf8(domain) || 0x00 || utf8(value)`` (see :func:`_macs`)."""
+    return _finish_tokens(_macs(values, token_key, domain), len(values), prefix=prefix, length=length)
 
 
 def tokenize(arr: pa.Array, token_key: bytes, *, domain: str, prefix: str, length: int, stats: ColumnStats | None = None) -> pa.Array:
     """Deterministic pseudonyms: prefix + base32(HMAC-SHA256(k_tok, domain || 0x00 || value))[:length]."""
     arr = as_string(arr)
-    distinct = _nearly_unique(arr)
-    if distinct is not None:  # (almost) every value distinct: a MAC per row, no dictionary or take
-        if stats is not None:
-            stats.distinct = distinct
-        return tokens_for_array(arr, token_key, domain=domain, prefix=prefix, length=length)
+    if _probably_unique(arr):  # a MAC per row, no dictionary or take (duplicates get the same token)
+        return _tokens_of_distinct(arr, token_key, domain=domain, prefix=prefix, length=length, stats=stats,
+                                   values_distinct=False)
     # Nulls become null indices (not dictionary entries), so take() keeps them null.
     enc = pc.dictionary_encode(arr)
     return pc.take(_tokens_of_distinct(enc.dictionary, token_key, domain=domain, prefix=prefix, length=length,
                                        stats=stats), enc.indices)
 
 
-# A column without nulls whose distinct values are at least this share of its rows is transformed
-# row by row (each duplicate computed again, with the same result) instead of through a
-# dictionary: counting the distinct values (``unique``) costs about half of a dictionary encode,
-# and the ``take`` back to rows goes away. Judged first on the leading values (a repeating column
-# pays only that probe).
+# A column without nulls whose leading values are (almost) all distinct is transformed row by row
+# (each duplicate computed again, with the same result) instead of through a dictionary: the
+# dictionary encode and the ``take`` back to rows go away, and the distinct count for the report
+# comes from the MACs (:func:`distinct_macs`). Judged on the leading values only: a column that
+# repeats (customers with several transactions each) says so there.
 NEARLY_UNIQUE = 0.9
 UNIQUE_PROBE = 8192
 
 
-def _nearly_unique(arr: pa.Array) -> int | None:
-    """The number of distinct values of ``arr`` when it has no nulls, at least 4 x UNIQUE_PROBE
-    values and at least NEARLY_UNIQUE of them distinct; else None."""
+def _probably_unique(arr: pa.Array) -> bool:
+    """Whether ``arr`` has no nulls, at least 4 x UNIQUE_PROBE values and leading values as
+    distinct as those of a column with NEARLY_UNIQUE of its values distinct."""
     n = len(arr)
     if arr.null_count or n < 4 * UNIQUE_PROBE:
-        return None
+        return False
     # Leading values drawn from a column with NEARLY_UNIQUE * n distinct values are themselves
     # distinct but for about probe / (2 * distinct) of them (birthday bound), so a probe below
-    # that (customers with several transactions each) says "repeats" before a full count is paid.
-    if len(pc.unique(arr.slice(0, UNIQUE_PROBE))) < UNIQUE_PROBE * (1 - UNIQUE_PROBE / (2 * NEARLY_UNIQUE * n) - 0.005):
-        return None
-    distinct = len(pc.unique(arr))
-    return distinct if distinct >= NEARLY_UNIQUE * n else None
+    # that (customers with several transactions each) says "repeats" before a full pass is paid.
+    return len(pc.unique(arr.slice(0, UNIQUE_PROBE))) >= UNIQUE_PROBE * (
+        1 - UNIQUE_PROBE / (2 * NEARLY_UNIQUE * n) - 0.005)
 
 
 def _tokens_of_distinct(values: pa.Array, token_key: bytes, *, domain: str, prefix: str, length: int,
-                        stats: ColumnStats | None) -> pa.Array:
-    """Tokens of already-distinct values (a dictionary): one HMAC each, no second encode."""
+                        stats: ColumnStats | None, values_distinct: bool = True) -> pa.Array:
+    """Tokens of ``values``, one HMAC each. ``values_distinct``: they are already distinct (a
+    dictionary), so their number is the distinct count; else it is counted from the MACs."""
+    macs = _macs(values, token_key, domain)
     if stats is not None:
-        stats.distinct = len(values)
-    return tokens_for_array(values, token_key, domain=domain, prefix=prefix, length=length)
+        stats.distinct = len(values) if values_distinct else distinct_macs(macs)
+    return _finish_tokens(macs, len(values), prefix=prefix, length=length)
 
 
 def keep_bytes(arr: pa.Array, keep: np.ndarray) -> pa.Array:
@@ -282,24 +299,23 @@ def _bool_np(arr: pa.Array) -> np.ndarray:
     return np.asarray(pc.fill_null(arr, False).to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def _per_distinct(norm: pa.Array, fn: Callable[[pa.Array], tuple[pa.Array, np.ndarray]],
+def _per_distinct(norm: pa.Array, fn: Callable[[pa.Array, bool], tuple[pa.Array, np.ndarray]],
                   stats: ColumnStats) -> tuple[pa.Array, int]:
-    """Run a per-value transform ``fn`` (-> output, valid mask) once per distinct value of the
-    row-wise normalised column ``norm`` and map the result back to rows; return (output, number
-    of non-null rows that were invalid).
+    """Run a per-value transform ``fn(values, distinct)`` (-> output, valid mask) once per distinct
+    value of the row-wise normalised column ``norm`` and map the result back to rows; return
+    (output, number of non-null rows that were invalid). ``distinct`` tells ``fn`` whether its
+    values are distinct (a dictionary) or the rows themselves (for its distinct count).
 
     The normalisation (trim, lower-case, digit filter) is a cheap vectorised pass over the rows;
     everything after it (validity, HMAC, formatting) is a function of the normalised value, so
     one dictionary encode serves the validity passes and the tokens alike (identifier columns
-    repeat: a customer's card, e-mail and phone on every transaction). Nulls stay null."""
-    distinct = _nearly_unique(norm)
-    if distinct is not None:  # (almost) every value distinct: row by row, no dictionary or take
-        out, valid = fn(norm)
-        if stats.distinct is not None:  # fn counted rows as its values: report the distinct ones
-            stats.distinct = distinct
+    repeat: a customer's card, e-mail and phone on every transaction). A column whose values are
+    (almost) all distinct skips the dictionary (:func:`_probably_unique`). Nulls stay null."""
+    if _probably_unique(norm):
+        out, valid = fn(norm, False)
         return out, int((~valid).sum())
     enc = pc.dictionary_encode(norm)
-    out_d, valid_d = fn(enc.dictionary)
+    out_d, valid_d = fn(enc.dictionary, True)
     indices = enc.indices
     rows = pc.drop_null(indices).to_numpy(zero_copy_only=False)
     invalid = int(np.bincount(rows, minlength=len(valid_d))[~valid_d].sum()) if len(valid_d) else 0
@@ -310,7 +326,7 @@ def pan(arr: pa.Array, token_key: bytes, *, mode: str, validate_luhn: bool, pref
         domain: str, stats: ColumnStats) -> tuple[pa.Array, int]:
     """Card numbers: keep last 4 (PCI DSS allows it), tokenise, or both. Returns (out, n_invalid)."""
 
-    def on_values(digits: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    def on_values(digits: pa.Array, distinct: bool) -> tuple[pa.Array, np.ndarray]:
         # ^\d{12,19}$ (RE2: ASCII digits), without a regex pass: ASCII decimal and 12-19 bytes long.
         size = pc.binary_length(digits)
         shape_ok = _bool_np(pc.and_(pc.ascii_is_decimal(digits),
@@ -320,7 +336,8 @@ def pan(arr: pa.Array, token_key: bytes, *, mode: str, validate_luhn: bool, pref
         if mode == "last4":
             out = _last4_masked(digits)  # valid values are 12-19 ASCII digits: bytes are code units
         else:
-            tok = _tokens_of_distinct(digits, token_key, domain=domain, prefix=prefix, length=length, stats=stats)
+            tok = _tokens_of_distinct(digits, token_key, domain=domain, prefix=prefix, length=length, stats=stats,
+                                      values_distinct=distinct)
             out = tok if mode == "tokenize" else pc.binary_join_element_wise(
                 tok, pc.utf8_slice_codeunits(digits, -4), "_")
         return pc.if_else(pa.array(valid), out, pa.scalar(INVALID_PAN)), valid
@@ -332,11 +349,12 @@ def email(arr: pa.Array, token_key: bytes, *, keep_domain: bool, prefix: str, le
           stats: ColumnStats) -> tuple[pa.Array, int]:
     """tok@domain: the token is the HMAC of the whole lower-cased address (so john@a and john@b differ)."""
 
-    def on_values(s: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    def on_values(s: pa.Array, distinct: bool) -> tuple[pa.Array, np.ndarray]:
         # Valid = ^[^@\s]+@[^@\s]+\.[^@\s]+$ (RE2 \s). A capture-free match runs as a DFA; the
         # domain is then the second '@'-separated part, which is exact for valid values.
         valid = _bool_np(pc.match_substring_regex(s, EMAIL_SHAPE))
-        tok = _tokens_of_distinct(s, token_key, domain=domain, prefix=prefix, length=length, stats=stats)
+        tok = _tokens_of_distinct(s, token_key, domain=domain, prefix=prefix, length=length, stats=stats,
+                                  values_distinct=distinct)
         if keep_domain:
             tok = pc.binary_join_element_wise(tok, _after_first_at(s, valid), "@")
         return pc.if_else(pa.array(valid), tok, pa.scalar(INVALID_EMAIL)), valid
@@ -377,10 +395,11 @@ def phone(arr: pa.Array, token_key: bytes, *, keep_last: int, prefix: str, lengt
           stats: ColumnStats) -> tuple[pa.Array, int]:
     """Tokenise the digits (formatting-insensitive); optionally append the last N digits."""
 
-    def on_values(digits: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    def on_values(digits: pa.Array, distinct: bool) -> tuple[pa.Array, np.ndarray]:
         nd = pc.binary_length(digits)  # ASCII digits only: bytes are characters
         valid = _bool_np(pc.and_(pc.greater_equal(nd, 7), pc.less_equal(nd, 15)))
-        out = _tokens_of_distinct(digits, token_key, domain=domain, prefix=prefix, length=length, stats=stats)
+        out = _tokens_of_distinct(digits, token_key, domain=domain, prefix=prefix, length=length, stats=stats,
+                                  values_distinct=distinct)
         if keep_last:
             out = pc.binary_join_element_wise(out, pc.utf8_slice_codeunits(digits, -keep_last), "~")
         return pc.if_else(pa.array(valid), out, pa.scalar(INVALID_PHONE)), valid
