@@ -26,7 +26,7 @@ import functools
 import re
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -322,6 +322,14 @@ class RowSource:
     # Also scrub the single words of multi-word values (names: "Smith" alone). Only for name-like
     # columns: the words of a dropped free-text column ("call", "back") are not identifiers.
     parts: bool = False
+    # The trimmed, lower-cased values: computed once, shared by every kept column scrubbed with
+    # this source (two kernels per source and column otherwise; ~15 ms per 500k values).
+    normalized: pa.Array | None = field(default=None, repr=False, compare=False)
+
+    def lowered(self) -> pa.Array:
+        if self.normalized is None:
+            self.normalized = lower(pc.utf8_trim_whitespace(as_string(self.values)))
+        return self.normalized
 
 
 def _np_strings(arr: pa.Array) -> np.ndarray:
@@ -460,13 +468,15 @@ def scrub_row_values(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSour
     shares = max(1, min(threads, n // SCRUB_SHARE_MIN_ROWS))
     if shares == 1 or not sources:
         return _scrub_rows(s, sources, min_length=min_length, parts=parts)
+    lowered = [src.lowered() for src in sources]  # once, here: the shares slice it
     cuts = np.linspace(0, n, shares + 1).astype(np.int64).tolist()
     pieces = [(a, b - a) for a, b in zip(cuts, cuts[1:])]
     with ThreadPoolExecutor(max_workers=shares, thread_name_prefix="securetrain-scrub") as pool:
         results = list(pool.map(
             lambda piece: _scrub_rows(s.slice(*piece), [
                 RowSource(column=src.column, values=as_string(src.values).slice(*piece), marker=src.marker,
-                          parts=src.parts) for src in sources], min_length=min_length, parts=parts),
+                          parts=src.parts, normalized=low.slice(*piece))
+                for src, low in zip(sources, lowered)], min_length=min_length, parts=parts),
             pieces))
     return pa.concat_arrays([out for out, _ in results]), sum(changed for _, changed in results)
 
@@ -508,12 +518,11 @@ def _scrub_rows(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSource], 
     hit_markers: list[np.ndarray] = []
     hit_pos: list[np.ndarray] = []
     for src in sources:
-        raw = as_string(src.values)
         if value_set is not None:
             # Categories: a hash lookup of the trimmed, lower-cased values in the small set, skipped
             # when no ASCII value has the byte length of any of its substrings.
             assert set_lengths is not None
-            lower_vals = lower(pc.utf8_trim_whitespace(raw))
+            lower_vals = src.lowered()
             _, vals_data = offsets_and_data(lower_vals)
             lengths = pc.fill_null(pc.binary_length(lower_vals), 0).to_numpy(zero_copy_only=False)
             if (vals_data.size == 0 or int(vals_data.max()) < 0x80) and \
@@ -524,7 +533,7 @@ def _scrub_rows(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSource], 
             if not whole.any() and not (parts and src.parts):
                 continue
         else:
-            lower_vals = lower(pc.utf8_trim_whitespace(raw))
+            lower_vals = src.lowered()
             whole = has_text & _bool(pc.greater_equal(_char_lengths(lower_vals), min_length))
         # Every row a candidate (the usual free-text case): no filtered copies, no gather of the text.
         candidates: list[tuple[np.ndarray, pa.Array]] = [
