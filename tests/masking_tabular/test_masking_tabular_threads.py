@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from securetrain.masking.tabular import detectors as D
 from securetrain.masking.tabular import masker as masker_mod
 from securetrain.masking.tabular.errors import MalformedTableError, PIIDetectedError, TabularMaskingError
 from securetrain.masking.tabular.masker import TabularMasker
@@ -44,11 +45,22 @@ def test_threaded_output_and_report_equal_one_at_a_time(monkeypatch: pytest.Monk
         return real_apply(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(TabularMasker, "_apply", spy)
+    # The memo column's same-row scrub in row shares too (3 shares of 200 rows).
+    shares: list[int] = []
+    real_scrub = D._scrub_rows
+
+    def scrub_spy(text: pa.Array, *args: object, **kwargs: object) -> object:
+        shares.append(len(text))
+        return real_scrub(text, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(D, "SCRUB_SHARE_MIN_ROWS", 200)
+    monkeypatch.setattr(D, "_scrub_rows", scrub_spy)
     monkeypatch.setenv(masker_mod.THREADS_ENV, "3")
     seen: list[str] = []
     threaded, rep_threaded = TabularMasker(policy, KEY).mask_table_with_report(table, on_column=seen.append)
     assert seen == table.column_names  # progress in table order
     assert any(n.startswith("securetrain-mask") for n in used)  # really ran on the pool
+    assert [200, 200, 200] in [shares[i:i + 3] for i in range(len(shares))]  # the memo column, in shares
     used.clear()
     monkeypatch.setenv(masker_mod.THREADS_ENV, "1")
     serial, rep_serial = TabularMasker(policy, KEY).mask_table_with_report(table)
