@@ -10,6 +10,7 @@ every ``checkpoint_every`` entries and on demand, and are published to the confi
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import getpass
 import hashlib
@@ -82,6 +83,9 @@ C = AuditCheckpointRow.__table__  # type: ignore[attr-defined]
 
 DEFAULT_PG_SCHEMA = "securetrain_audit"
 _BATCH = 2000
+#: Most entries in one transaction of an asynchronous log (see AuditLog._take_queued): what another
+#: writer of the database waits for at most (measured 10-90 ms with a thread spinning on record()).
+_ASYNC_BATCH = 500
 
 
 def data_dir() -> Path:
@@ -223,6 +227,7 @@ class AuditLog:
         self._turn_fd: int | None = None
         self._turn_depth = 0
         self._turn_path: Path | None = None
+        self._turn_queue: _TurnQueue | None = None  # this process's FIFO in front of the flock
         # Whether audit_entries has the server_view column (set when the schema is checked), and
         # whether appends record the server's view in it (PostgreSQL only).
         self._view_column = False
@@ -335,6 +340,7 @@ class AuditLog:
             with contextlib.suppress(OSError):
                 os.close(self._turn_fd)
             self._turn_fd, self._turn_depth = None, 0
+        self._turn_queue = None  # the parent's queue: the child looks up its own (see _turn_queue_for)
         # The parent's committer server or connection: never used here (the child's copies of the
         # sockets close with these objects, which leaves the parent's open). A forked copy commits
         # its own appends (see _committer_client).
@@ -367,49 +373,74 @@ class AuditLog:
 
     @contextlib.contextmanager
     def _writer_turn(self) -> Iterator[None]:
-        """SQLite: hold an exclusive ``flock`` on ``<db>.lock`` around a write transaction.
+        """SQLite: take the writers' turn around a write transaction: this process's FIFO queue for
+        the database, then an exclusive ``flock`` on ``<db>.lock``.
 
         Only a scheduler in front of ``BEGIN IMMEDIATE``, which stays the lock that keeps the chain
         linear: SQLite's busy handler polls the database lock with sleeps growing to 100 ms, so
         processes contending for it mostly sleep while it is free. Waiting here (polling every
         0.05-2 ms; shorter polls take CPU from the lock holder on small machines) hands the database
-        on within a millisecond or two. After ``busy_timeout_s`` (or when the file cannot be opened
-        or locked) it falls back to SQLite's own wait. Re-entrant; call under ``self._lock``.
+        on within a millisecond or two.
+
+        Fairness (issue 10): the log objects (and threads) of one process on one database first
+        queue in arrival order (``_TurnQueue``, one per turn file, new in a forked child), and a
+        writer ending its transaction hands the turn straight to the oldest waiter. A writer that
+        wants the turn again at once (an asynchronous log's flusher whose queue never empties) thus
+        queues behind those already waiting: no writer of the process waits for more than one
+        transaction of each writer queued ahead of it, and an asynchronous transaction holds at
+        most ``_ASYNC_BATCH`` entries (see ``_take_queued``). Before, the flusher took everything
+        queued in one transaction and the flock again right after it, so a second log object on
+        the same database (a durable one, which does not use this process's committer: see
+        ``_SERVING_HERE``) waited seconds or failed with ``AuditLockTimeoutError``. Between
+        processes the flock alone orders writers (not FIFO; they normally append through the shared
+        committer instead).
+
+        After ``busy_timeout_s`` in all (or when the file cannot be opened or locked) it falls back
+        to SQLite's own wait. Re-entrant; call under ``self._lock``.
         """
         fcntl = _fcntl
-        if self._turn_path is None or self._turn_depth or fcntl is None:
+        if self._turn_path is None or self._turn_depth:
             self._turn_depth += 1
             try:
                 yield
             finally:
                 self._turn_depth -= 1
             return
+        deadline = time.monotonic() + self._busy_timeout_s
+        queue = self._turn_queue
+        if queue is None:
+            queue = self._turn_queue = _turn_queue_for(str(self._turn_path))
+        queued = queue.acquire(deadline)
         held = False
         try:
-            if self._turn_fd is None:
-                self._turn_fd = os.open(self._turn_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            deadline = time.monotonic() + self._busy_timeout_s
-            delay = 0.00005
-            while True:
-                try:
-                    fcntl.flock(self._turn_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    held = True
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        break
-                    time.sleep(delay)
-                    delay = min(delay * 2, 0.002)
-        except OSError as exc:  # unwritable directory, no flock: SQLite's lock alone still applies
-            log.debug("audit writer turn file unavailable (%s); using SQLite's lock wait", type(exc).__name__)
-        self._turn_depth += 1
-        try:
-            yield
+            try:
+                if fcntl is not None:
+                    if self._turn_fd is None:
+                        self._turn_fd = os.open(self._turn_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                    delay = 0.00005
+                    while True:
+                        try:
+                            fcntl.flock(self._turn_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                            held = True
+                            break
+                        except BlockingIOError:
+                            if time.monotonic() >= deadline:
+                                break
+                            time.sleep(delay)
+                            delay = min(delay * 2, 0.002)
+            except OSError as exc:  # unwritable directory, no flock: SQLite's lock alone still applies
+                log.debug("audit writer turn file unavailable (%s); using SQLite's lock wait", type(exc).__name__)
+            self._turn_depth += 1
+            try:
+                yield
+            finally:
+                self._turn_depth -= 1
+                if held and self._turn_fd is not None:
+                    with contextlib.suppress(OSError):
+                        fcntl.flock(self._turn_fd, fcntl.LOCK_UN)
         finally:
-            self._turn_depth -= 1
-            if held and self._turn_fd is not None:
-                with contextlib.suppress(OSError):
-                    fcntl.flock(self._turn_fd, fcntl.LOCK_UN)
+            if queued:
+                queue.release()
 
     def _take_lock(self, conn: Connection) -> None:
         if self.backend != "sqlite":
@@ -574,6 +605,7 @@ class AuditLog:
         queued so far (after an optional bounded wait, ``group_commit_window_s``) and appends them
         all in one transaction; callers arriving meanwhile wait and form the next batch.
         """
+        _fork_gate()
         cond = self._gc_cond
         with cond:
             self._gc_pending.extend(reqs)
@@ -597,13 +629,13 @@ class AuditLog:
                 remote: bool | None = None
                 if client is not None:
                     with cond:
-                        batch, self._gc_pending = self._gc_pending, []
+                        batch = self._take_queued([])
                     remote = self._commit_remote(client, batch) if batch else False
                 if remote is None or client is None:
                     # SQLite: wait for the writers' turn first, then take everything queued meanwhile.
                     with self._writer_turn():
                         with cond:
-                            batch, self._gc_pending = batch + self._gc_pending, []
+                            batch = self._take_queued(batch)
                         if batch:
                             crossed = self._commit_batch(batch)
                 else:
@@ -629,6 +661,26 @@ class AuditLog:
         if crossed:
             self.checkpoint()
         return batch
+
+    def _take_queued(self, batch: list[_Pending]) -> list[_Pending]:
+        """``batch`` plus the queued requests it takes on; call under ``self._gc_cond``.
+
+        Durable mode takes them all (each is a caller waiting, the leader's own among them).
+        Asynchronous mode stops once the batch holds ``_ASYNC_BATCH`` events (a request is never
+        split): a flusher whose queue never empties then holds the writers' turn for one bounded
+        transaction at a time, and the turn's queue lets another log's writer in between two.
+        """
+        pending = self._gc_pending
+        if self.durable:
+            self._gc_pending = []
+            return batch + pending
+        n = sum(len(r.events) for r in batch)
+        i = 0
+        while i < len(pending) and n < _ASYNC_BATCH:
+            n += len(pending[i].events)
+            i += 1
+        self._gc_pending = pending[i:]
+        return batch + pending[:i]
 
     def _commit_batch(self, batch: list[_Pending], prepare: Any = None) -> bool:
         """Append every request of ``batch`` in one transaction; True if a checkpoint is due.
@@ -1104,6 +1156,7 @@ class AuditLog:
         cond = self._gc_cond
         pid = os.getpid()
         while pid == os.getpid():
+            _fork_gate()
             with cond:
                 while not self._gc_pending or self._gc_leader:
                     if self._gc_closing and not self._gc_pending:
@@ -1660,6 +1713,83 @@ def _opens(note: str) -> bool:
     return True
 
 
+class _TurnQueue:
+    """A FIFO lock with direct hand-over: the writers' turn of one database among this process's threads.
+
+    ``release`` passes the turn to the oldest waiter before anyone else can take it, so a writer
+    that re-acquires at once (an asynchronous flusher) queues behind those already waiting instead
+    of winning the race again. Uncontended, ``acquire`` and ``release`` take one internal lock each.
+    """
+
+    __slots__ = ("_mutex", "_held", "_waiters", "__weakref__")
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._held = False
+        self._waiters: collections.deque[threading.Lock] = collections.deque()
+
+    def acquire(self, deadline: float) -> bool:
+        """Take the turn, waiting in line until ``deadline`` (``time.monotonic()``); False if it passed."""
+        with self._mutex:
+            if not self._held:  # free means nobody waits: release() hands over while anyone does
+                self._held = True
+                return True
+            ticket = threading.Lock()
+            ticket.acquire()
+            self._waiters.append(ticket)
+        try:
+            if ticket.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                return True  # handed over by release(): the turn is ours
+        except BaseException:  # interrupted while waiting: leave the line, or pass on a turn handed to us
+            with self._mutex:
+                try:
+                    self._waiters.remove(ticket)
+                    handed = False
+                except ValueError:
+                    handed = True
+            if handed:
+                self.release()
+            raise
+        with self._mutex:
+            try:
+                self._waiters.remove(ticket)
+            except ValueError:  # handed over between the timeout and here: ours after all
+                return True
+            return False
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._waiters:
+                self._waiters.popleft().release()  # stays held: now the oldest waiter's
+            else:
+                self._held = False
+
+
+#: Turn file path -> this process's queue for it, shared by every log object on that database.
+_TURN_QUEUES: weakref.WeakValueDictionary[str, _TurnQueue] = weakref.WeakValueDictionary()
+_TURN_QUEUES_LOCK = threading.Lock()
+_TURN_QUEUES_PID = os.getpid()
+
+
+def _turn_queue_for(path: str) -> _TurnQueue:
+    """This process's queue for the turn file ``path`` (a forked child starts with none)."""
+    if _TURN_QUEUES_PID != os.getpid():  # forked without the at-fork hook having run (defensive)
+        _reset_turn_queues()
+    with _TURN_QUEUES_LOCK:
+        queue = _TURN_QUEUES.get(path)
+        if queue is None:
+            queue = _TURN_QUEUES[path] = _TurnQueue()
+        return queue
+
+
+def _reset_turn_queues() -> None:
+    """In a forked child: the parent's queues (and their locks) are never used here."""
+    global _TURN_QUEUES, _TURN_QUEUES_LOCK, _TURN_QUEUES_PID
+    _TURN_QUEUES = weakref.WeakValueDictionary()
+    _TURN_QUEUES_LOCK = threading.Lock()
+    _TURN_QUEUES_PID = os.getpid()
+
+
 #: Every open log in this process, so the at-fork hook can reset them in the child.
 _LIVE_LOGS: weakref.WeakSet[AuditLog] = weakref.WeakSet()
 # Commit address -> the log object of this process serving it. Other log objects of this process on
@@ -1722,16 +1852,38 @@ def _install_exit_flush() -> None:
 
 def _after_fork_in_child() -> None:
     _SERVING_HERE.clear()  # a forked child serves nothing (its copies of the servers are closed)
+    _reset_turn_queues()
     for audit_log in list(_LIVE_LOGS):
         audit_log._forget_inherited_state()
 
 
 _HELD_AT_FORK: list[Any] = []
+#: Forks of this process waiting in _before_fork for the logs' locks, and the gate where writers
+#: wait meanwhile before they start another transaction (see _fork_gate).
+_FORKS_WAITING = 0
+_FORK_GATE = threading.Condition(threading.Lock())
+
+
+def _fork_gate() -> None:
+    """Wait while a fork of this process waits for the logs' locks; call holding no log's lock.
+
+    Threading locks are not fair: a thread appending in a loop (an asynchronous log's flusher)
+    released its log's lock and took it again before the forking thread, waiting for it, woke up,
+    so a fork could wait for many transactions. Held here, such a thread lets the fork through
+    after the transaction it is in.
+    """
+    if _FORKS_WAITING:  # unlocked read: a fork that has just begun waits one transaction at most
+        with _FORK_GATE:
+            while _FORKS_WAITING:
+                _FORK_GATE.wait(0.5)
 
 
 def _before_fork() -> None:
     # No append/checkpoint transaction of this process may be in flight when it forks: SQLite keeps
     # per-file lock state in process memory, and a child inheriting "lock held" would wait forever.
+    global _FORKS_WAITING
+    with _FORK_GATE:
+        _FORKS_WAITING += 1
     for audit_log in list(_LIVE_LOGS):
         lock = audit_log._lock
         lock.acquire()
@@ -1739,12 +1891,18 @@ def _before_fork() -> None:
 
 
 def _after_fork_in_parent() -> None:
+    global _FORKS_WAITING
     while _HELD_AT_FORK:
         _HELD_AT_FORK.pop().release()
+    with _FORK_GATE:
+        _FORKS_WAITING -= 1
+        _FORK_GATE.notify_all()
 
 
 def _after_fork_in_child_all() -> None:
+    global _FORKS_WAITING, _FORK_GATE
     _HELD_AT_FORK.clear()  # the child replaces every log's lock (see _forget_inherited_state)
+    _FORKS_WAITING, _FORK_GATE = 0, threading.Condition(threading.Lock())
     _after_fork_in_child()
 
 
