@@ -225,3 +225,16 @@ def test_category_column_matches_source_values_with_surrounding_spaces() -> None
     got, changed = scrub_row_values(other, sources, min_length=3, parts=True)
     assert got.to_pylist()[:2] == ["[NAME] [CID]", "[CID] paid"]
     assert (got.to_pylist(), changed) == _reference(other.to_pylist(), sources, min_length=3, parts=True)
+
+
+@pytest.mark.parametrize("name", ["\tann lee", "ann lee\x0b", "\nann lee\r", "\u00a0ann lee", "ann lee\u2003", "ann lee"])
+def test_category_lookup_trims_every_kind_of_edge_whitespace(name: str) -> None:
+    # A source without edge whitespace skips trimming (raw byte lengths prefilter the lookup); any
+    # whitespace byte at an edge, ASCII or not, sends it through the same trim as free text.
+    texts = pa.array(["Ann Lee paid", "refund", None] * 400, pa.string())
+    ids = pa.array(["c1234567", "x", "y"] * 400, pa.string())  # no whitespace at all: the fast path
+    sources = [RowSource("name", pa.array([name, "bob", "eve"] * 400, pa.string()), "[NAME]"),
+               RowSource("cid", ids, "[CID]")]
+    got, changed = scrub_row_values(texts, sources, min_length=3, parts=False)
+    assert got.to_pylist()[:3] == ["[NAME] paid", "refund", None]
+    assert changed == 400

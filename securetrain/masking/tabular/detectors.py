@@ -325,11 +325,38 @@ class RowSource:
     # The trimmed, lower-cased values: computed once, shared by every kept column scrubbed with
     # this source (two kernels per source and column otherwise; ~15 ms per 500k values).
     normalized: pa.Array | None = field(default=None, repr=False, compare=False)
+    _untrimmed_ascii: bool | None = field(default=None, repr=False, compare=False)
 
     def lowered(self) -> pa.Array:
         if self.normalized is None:
-            self.normalized = lower(pc.utf8_trim_whitespace(as_string(self.values)))
+            values = as_string(self.values)
+            self.normalized = lower(values if self.untrimmed_ascii() else pc.utf8_trim_whitespace(values))
         return self.normalized
+
+    def untrimmed_ascii(self) -> bool:
+        """Every value is ASCII and none starts or ends with whitespace: trimming changes nothing
+        and lower-casing keeps byte lengths, so the raw byte lengths are the normalised values'."""
+        if self._untrimmed_ascii is None:
+            offsets, data = offsets_and_data(as_string(self.values))
+            if data.size == 0:
+                self._untrimmed_ascii = True
+            elif int(data.max()) >= 0x80:
+                self._untrimmed_ascii = False
+            elif int(data.min()) > 0x20:  # no space or control byte anywhere (ids, card numbers, e-mails)
+                self._untrimmed_ascii = True
+            else:
+                # Each value's first and last byte (an empty value reads a neighbour's: at worst
+                # a needless trim, never a missed one).
+                first = data[np.minimum(offsets[:-1], data.size - 1)]
+                last = data[np.maximum(offsets[1:] - 1, 0)]
+                self._untrimmed_ascii = not (_EDGE_SPACE[first].any() or _EDGE_SPACE[last].any())
+        return self._untrimmed_ascii
+
+
+# Bytes that may count as whitespace at a value's edge (Unicode White_Space in ASCII, and the
+# information separators Python's str.isspace() also trims): any of them sends a source through trimming.
+_EDGE_SPACE = np.zeros(256, dtype=bool)
+_EDGE_SPACE[[0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x1C, 0x1D, 0x1E, 0x1F, 0x20]] = True
 
 
 def _np_strings(arr: pa.Array) -> np.ndarray:
@@ -522,16 +549,15 @@ def _scrub_rows(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSource], 
             # Categories: a hash lookup of the trimmed, lower-cased values in the small set, skipped
             # when no ASCII value has the byte length of any of its substrings.
             assert set_lengths is not None
-            lower_vals = src.lowered()
-            _, vals_data = offsets_and_data(lower_vals)
-            lengths = pc.fill_null(pc.binary_length(lower_vals), 0).to_numpy(zero_copy_only=False)
-            if (vals_data.size == 0 or int(vals_data.max()) < 0x80) and \
-                    not set_lengths[np.minimum(lengths, len(set_lengths) - 1)].any():
-                whole = np.zeros(n, dtype=bool)
+            if src.untrimmed_ascii():  # raw lengths are the normalised ones: no kernel over the values yet
+                lengths = np.diff(offsets_and_data(as_string(src.values))[0])
+                maybe = bool(set_lengths[np.minimum(lengths, len(set_lengths) - 1)].any())
             else:
-                whole = has_text & _bool(pc.is_in(lower_vals, value_set=value_set))
+                maybe = True
+            whole = has_text & _bool(pc.is_in(src.lowered(), value_set=value_set)) if maybe else np.zeros(n, bool)
             if not whole.any() and not (parts and src.parts):
                 continue
+            lower_vals = src.lowered()
         else:
             lower_vals = src.lowered()
             whole = has_text & _bool(pc.greater_equal(_char_lengths(lower_vals), min_length))
