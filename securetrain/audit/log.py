@@ -183,17 +183,23 @@ class AuditLog:
         group_commit_window_s: float = 0.0,
         durable: bool = True,
         shared_commit: bool | None = None,
+        max_queued: int = 100_000,
     ) -> None:
         self.url = _normalise_url(url)
         # Kept so a worker process can reopen the same log (see __getstate__).
         self._reopen_args = {"actor": actor, "signing_key": signing_key, "origin": origin,
                              "checkpoint_every": checkpoint_every, "anchors": tuple(anchors), "schema": schema,
                              "busy_timeout_s": busy_timeout_s, "group_commit_window_s": group_commit_window_s,
-                             "durable": durable, "shared_commit": shared_commit}
+                             "durable": durable, "shared_commit": shared_commit, "max_queued": max_queued}
         if not 0.0 <= group_commit_window_s <= 1.0:
             raise AuditConfigError("group_commit_window_s must be between 0 and 1 second")
         self.group_commit_window_s = float(group_commit_window_s)
         self.durable = bool(durable)
+        if isinstance(max_queued, bool) or not isinstance(max_queued, int) or max_queued < 1:
+            raise AuditConfigError("max_queued must be a positive number of events")
+        # Asynchronous mode: events queued for the background commit at most; record() waits
+        # while the queue is full, so a writer faster than the database cannot grow it without bound.
+        self.max_queued = max_queued
         if not self.durable:
             _install_exit_flush()
         self.actor = canon._check_text("actor", actor or os.environ.get("SECURETRAIN_ACTOR") or getpass.getuser(), limit=256)
@@ -592,6 +598,7 @@ class AuditLog:
     def _init_group_commit(self) -> None:
         self._gc_cond = threading.Condition(threading.Lock())
         self._gc_pending: list[_Pending] = []
+        self._gc_queued_events = 0  # events in _gc_pending (asynchronous mode's bound, max_queued)
         self._gc_leader = False
         self._gc_async_error: BaseException | None = None
         self._gc_flusher: threading.Thread | None = None
@@ -672,14 +679,18 @@ class AuditLog:
         """
         pending = self._gc_pending
         if self.durable:
-            self._gc_pending = []
+            self._gc_pending, self._gc_queued_events = [], 0
             return batch + pending
         n = sum(len(r.events) for r in batch)
-        i = 0
+        i = taken = 0
         while i < len(pending) and n < _ASYNC_BATCH:
             n += len(pending[i].events)
+            taken += len(pending[i].events)
             i += 1
         self._gc_pending = pending[i:]
+        self._gc_queued_events = max(0, self._gc_queued_events - taken)
+        if taken:
+            self._gc_cond.notify_all()  # writers waiting for room (max_queued)
         return batch + pending[:i]
 
     def _commit_batch(self, batch: list[_Pending], prepare: Any = None) -> bool:
@@ -1138,17 +1149,28 @@ class AuditLog:
 
     # -- asynchronous mode (opt-in) ---------------------------------------------------------
     def _enqueue_async(self, prepared: list[tuple[Any, ...]]) -> list[AuditEntry]:
-        """Queue without waiting; a background thread commits. Errors surface on the next call."""
+        """Queue and return; a background thread commits. Errors surface on the next call.
+
+        Waits while ``max_queued`` events are already queued (a writer faster than the database
+        would otherwise grow the queue without bound); not in the background thread itself, which
+        is what empties the queue (it records an alert from ``checkpoint()``)."""
         cond = self._gc_cond
         with cond:
             if self._gc_async_error is not None:
                 raise self._gc_async_error
-            self._gc_pending.append(_Pending(prepared))
             if self._gc_flusher is None or not self._gc_flusher.is_alive():
                 _install_exit_flush()
                 self._gc_flusher = threading.Thread(target=self._flusher_loop, name="securetrain-audit-flush",
                                                     daemon=True)
                 self._gc_flusher.start()
+            if threading.current_thread() is not self._gc_flusher:
+                while self._gc_queued_events >= self.max_queued and self._gc_async_error is None:
+                    cond.notify_all()
+                    cond.wait(0.5)
+                if self._gc_async_error is not None:
+                    raise self._gc_async_error
+            self._gc_pending.append(_Pending(prepared))
+            self._gc_queued_events += len(prepared)
             cond.notify_all()
         return []
 
