@@ -159,7 +159,8 @@ class HEConfig(BaseModel):
     enabled: bool = True
     scope: Literal["auto", "head", "model"] = Field(
         "auto", description="head: the last linear layer on plaintext features; model: the whole model "
-        "(tabular MLP/logistic); auto: model for tables, head otherwise.")
+        "(tabular MLP/logistic; hidden activations become polynomials); auto: the whole model for tables "
+        "when HE computes it exactly (no hidden activation, e.g. logistic), the last linear layer otherwise.")
     checkpoint: Literal["best", "last"] = Field("best", description="Which weights are scored: the best validation's or the last.")
     decimals: int = Field(5, ge=1, le=8, description="Decrypted scores are rounded to this many decimals.")
 

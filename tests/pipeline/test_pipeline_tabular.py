@@ -127,3 +127,26 @@ def test_split_column_must_be_tokenised_and_label_kept(tmp_path: Path) -> None:
         run_pipeline(_with_table(tmp_path / "b", table, label_column="notes"))
     inferred = run_pipeline(_with_table(tmp_path / "c", table, split_by=None))
     assert inferred.masking.split_by == "customer_id" and inferred.training.steps > 0
+
+
+def test_he_auto_scope_is_exact_for_a_model_with_hidden_activations(tmp_path: Path) -> None:
+    # An MLP's hidden ReLUs would be polynomials under CKKS (encrypted accuracy then differs from
+    # the model's): the default scope scores its last linear layer instead, exactly.
+    config = load_pipeline_config(data=finance_config(
+        tmp_path, name="mlp", model={"target": "mlp", "kwargs": {"hidden": [8]}}, he={"scope": "auto"},
+        training={"epochs": 2}))
+    he = run_pipeline(config).he
+    assert he is not None and he.scope == "head" and he.max_abs_error < 1e-3
+    assert abs(he.encrypted_accuracy - he.plaintext_accuracy) <= 1 / he.samples
+
+
+def test_only_hidden_activations_count_as_approximated() -> None:
+    from torch import nn
+
+    from securetrain.pipeline.stages import _approximated_activations
+
+    assert _approximated_activations(nn.Sequential(nn.Linear(3, 1))) == []
+    assert _approximated_activations(nn.Sequential(nn.Linear(3, 1), nn.Sigmoid(), nn.Dropout())) == []
+    assert _approximated_activations(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))) == []
+    assert _approximated_activations(nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Dropout(), nn.Linear(4, 2))) == ["ReLU"]
+    assert _approximated_activations(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1), nn.Sigmoid())) == ["Tanh"]
