@@ -24,7 +24,10 @@ KEK = "11" * 32
 ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = textwrap.dedent("""
-    import sys, time
+    import signal, sys, time
+    # A writer in a normal session: SIGHUP at its default even when the tests run under nohup
+    # (which ignores it, and the writer rightly keeps an ignored signal ignored).
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     from securetrain.crypto import private_file
     from securetrain.crypto import _container as S
     from securetrain.crypto.keys import EnvKeyProvider
