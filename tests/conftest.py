@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# Tests send SIGINT to child processes (an interrupted run must exit 130 and clean up). A runner
+# started as a background job of a non-interactive shell ignores SIGINT, and every child would
+# inherit that; restore Python's own handler so children start with the default disposition.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 POSTGRES_URL = os.environ.get("SECURETRAIN_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 POSTGRES_LIBPQ = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
