@@ -166,28 +166,35 @@ class CommitServer:
         with contextlib.suppress(OSError):
             conn.close()
 
+    def _read_ready(self, timeout: float | None, batch: list[tuple[socket.socket, dict[str, Any]]]) -> bool:
+        """Accept, read and queue what is ready (waiting up to ``timeout``); True if kicked."""
+        kicked = False
+        for key, _mask in self._selector.select(timeout):
+            obj = key.fileobj
+            if obj is self._sock:
+                self._accept()
+            elif obj == self._wake_r:
+                with contextlib.suppress(OSError):
+                    os.read(self._wake_r, 512)
+                kicked = True
+            else:
+                assert isinstance(obj, socket.socket)
+                try:
+                    request = _recv(obj)
+                except (OSError, ValueError):
+                    request = None
+                if isinstance(request, dict):
+                    batch.append((obj, request))
+                else:  # end of stream, a malformed frame or a stall: the peer is gone
+                    self._drop(obj)
+        return kicked
+
     def _loop(self) -> None:
         try:
             while not self._closing:
                 batch: list[tuple[socket.socket, dict[str, Any]]] = []
-                for key, _mask in self._selector.select():
-                    obj = key.fileobj
-                    if obj is self._sock:
-                        self._accept()
-                    elif obj == self._wake_r:
-                        with contextlib.suppress(OSError):
-                            os.read(self._wake_r, 512)
-                    else:
-                        assert isinstance(obj, socket.socket)
-                        try:
-                            request = _recv(obj)
-                        except (OSError, ValueError):
-                            request = None
-                        if isinstance(request, dict):
-                            batch.append((obj, request))
-                        else:  # end of stream, a malformed frame or a stall: the peer is gone
-                            self._drop(obj)
-                if self._closing or not batch:
+                kicked = self._read_ready(None, batch)
+                if self._closing or not (batch or kicked):
                     continue  # read but not processed when closing: answered bye below
                 handle_many = self._handle_ref()
                 if handle_many is None:  # the log was garbage-collected without close()
@@ -222,6 +229,21 @@ class CommitServer:
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+    def kick(self) -> None:
+        """Wake the serving thread: ``handle_many`` runs (with the requests that have arrived, if any)
+        even when no other process sent one. The serving process's own appends queue up and kick,
+        so they share the transaction of the other processes' appends."""
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"k")
+
+    def serves(self) -> bool:
+        """True while the serving thread runs (it may commit appends queued by this process)."""
+        return not self._closing and self._thread.is_alive() and self._pid == os.getpid()
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
 
     def forget_in_child(self) -> None:
         """In a forked child: close this process's copies of the descriptors, never shutting anything

@@ -614,6 +614,12 @@ class AuditLog:
         """
         _fork_gate()
         cond = self._gc_cond
+        server = self._server
+        if server is not None and threading.current_thread() is not server.thread and server.serves():
+            if self._submit_to_server(reqs, server):
+                return
+            self._lead()  # the serving thread stopped before committing them: lead ourselves
+            return
         with cond:
             self._gc_pending.extend(reqs)
             while self._gc_leader and not all(r.done for r in reqs):
@@ -622,6 +628,35 @@ class AuditLog:
                 return
             self._gc_leader = True
         self._lead()  # takes everything queued, ours included
+
+    def _submit_to_server(self, reqs: list[_Pending], server: CommitServer) -> bool:
+        """In the process serving this log's committer: queue ``reqs`` for the serving thread, which
+        commits them in the same transaction as the other processes' appends, and wait.
+
+        Leading here instead (as before) made this process's appends a transaction of their own
+        between every two of the other processes': half the transactions held one entry (measured
+        with 8 writer processes on SQLite). True once every request is done; False with
+        leadership taken (``_gc_leader`` set) when the serving thread stopped first.
+        """
+        cond = self._gc_cond
+        with cond:
+            self._gc_pending.extend(reqs)
+        server.kick()
+        with cond:
+            while not all(r.done for r in reqs):
+                if not self._gc_leader and not server.serves():
+                    self._gc_leader = True
+                    return False
+                cond.wait(0.05)
+        return True
+
+    def _lead_queued(self) -> None:
+        """The serving thread, kicked by its own process: commit whatever that process queued."""
+        with self._gc_cond:
+            if self._gc_leader or not self._gc_pending:
+                return
+            self._gc_leader = True
+        self._lead()
 
     def _lead(self) -> list[_Pending]:
         """Commit one batch as leader, then hand leadership on (caller set ``_gc_leader``)."""
@@ -1107,6 +1142,8 @@ class AuditLog:
                 replies[i] = committer.error_reply(exc)
         if pending:
             self._submit([req for _, req in pending])
+        else:
+            self._lead_queued()
         for i, req in pending:
             if req.error is not None:
                 replies[i] = committer.error_reply(req.error)
