@@ -934,7 +934,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--public-key", action="append", help="trusted Ed25519 public key (PEM; repeatable)")
     parser.add_argument("--trust-embedded-key", action="store_true",
                         help="accept the export's own public_key.pem (self-consistency only) and exit 0")
-    parser.add_argument("--trusted-checkpoint", action="append", help="checkpoint note you kept earlier (repeatable)")
+    parser.add_argument("--trusted-checkpoint", "--checkpoint", action="append",
+                        help="checkpoint note you kept earlier, or an anchor file of them (repeatable; also "
+                        "spelled --checkpoint, as in 'securetrain audit verify')")
     parser.add_argument("--since-checkpoint", help="incremental: a checkpoint note you hold from an earlier full "
                         "verification (or an anchor file: its newest note); only newer entries are parsed")
     parser.add_argument("--workers", type=int, help="processes checking entries (default: CPU count for "

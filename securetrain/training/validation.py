@@ -32,7 +32,10 @@ def _average_ranks(x: np.ndarray) -> np.ndarray:
 
 
 def binary_auc(scores: np.ndarray, positive: np.ndarray) -> float | None:
-    """ROC AUC by the Mann-Whitney statistic (ties count half); ``None`` if one class is absent."""
+    """ROC AUC by the Mann-Whitney statistic (ties count half); ``None`` if one class is absent.
+
+    ``positive`` is a mask (0/1 integers are taken as one, never as indices)."""
+    positive = np.asarray(positive).astype(bool).ravel()
     n_pos = int(positive.sum())
     n_neg = len(positive) - n_pos
     if n_pos == 0 or n_neg == 0:

@@ -121,6 +121,7 @@ def test_cli_checkpoint_accepts_an_anchor_file_of_many_notes(log: AuditLog, tmp_
     r = cli("verify", "--export", str(out), "--checkpoint", str(anchors), "--public-key", str(held_key), "--json")
     assert r.exit_code == 0 and json.loads(r.output)["trusted_verified"] == 3, r.output
     assert standalone(out, "--vkey", str(held_key), "--trusted-checkpoint", str(anchors)).returncode == 0
+    assert standalone(out, "--vkey", str(held_key), "--checkpoint", str(anchors)).returncode == 0  # the CLI's spelling
     # The second held note altered: its signature no longer verifies.
     text = anchors.read_text()
     notes = split_notes(text)
@@ -128,6 +129,7 @@ def test_cli_checkpoint_accepts_an_anchor_file_of_many_notes(log: AuditLog, tmp_
     (tmp_path / "bad.notes").write_text(notes[0] + bad)
     r = cli("verify", "--export", str(out), "--checkpoint", str(tmp_path / "bad.notes"), "--public-key", str(held_key))
     assert r.exit_code == 1 and "does not verify" in flat(r), r.output
+    assert standalone(out, "--vkey", str(held_key), "--checkpoint", str(tmp_path / "bad.notes")).returncode == 1
 
 
 @pytest.mark.parametrize("missing", ["entries.jsonl", "manifest.json", "checkpoints.note", "checkpoint.note"])

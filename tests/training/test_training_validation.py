@@ -45,6 +45,13 @@ def test_auc_matches_sklearn_including_ties() -> None:
     assert binary_auc(s, np.zeros(100, bool)) is None  # one class only: undefined, not 0.5
 
 
+def test_binary_auc_takes_integer_labels_as_a_mask_not_as_indices() -> None:
+    scores = np.array([0.1, 0.2, 0.8, 0.9])
+    assert binary_auc(scores, np.array([0, 0, 1, 1])) == 1.0  # was 0.75: ranks[[0, 0, 1, 1]]
+    assert binary_auc(scores[::-1].copy(), np.array([0, 0, 1, 1])) == 0.0
+    assert binary_auc(scores, np.array([0, 0, 1, 1], dtype=bool)) == 1.0
+
+
 def test_classification_metrics_counts_and_confusion() -> None:
     logits = torch.tensor([[3.0, 0, 0], [0, 3.0, 0], [0, 3.0, 0], [0, 0, 3.0]])
     targets = torch.tensor([0, 1, 2, 2])

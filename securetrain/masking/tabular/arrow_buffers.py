@@ -23,3 +23,9 @@ def offsets_and_data(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     data = (np.frombuffer(data_buf, dtype=np.uint8, count=end - start, offset=start)
             if data_buf is not None and end > start else np.zeros(0, dtype=np.uint8))
     return offsets - start, data
+
+
+def is_ascii(data: np.ndarray) -> bool:
+    """Every byte is ASCII (``data`` from :func:`offsets_and_data`): then code points are bytes and
+    the cheaper ASCII kernels (``ascii_lower``, ``binary_length``) give the UTF-8 kernels' results."""
+    return data.size == 0 or int(data.max()) < 0x80

@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from securetrain.masking.tabular.arrow_buffers import offsets_and_data
+from securetrain.masking.tabular.arrow_buffers import is_ascii, offsets_and_data
 from securetrain.masking.tabular.transforms import as_string, lower, luhn_valid
 
 # Resolution order for overlapping findings: specific shapes before generic digit runs and names.
@@ -325,22 +325,37 @@ class RowSource:
     # The trimmed, lower-cased values: computed once, shared by every kept column scrubbed with
     # this source (two kernels per source and column otherwise; ~15 ms per 500k values).
     normalized: pa.Array | None = field(default=None, repr=False, compare=False)
-    _untrimmed_ascii: bool | None = field(default=None, repr=False, compare=False)
+    # Computed once from the raw values' buffers (see untrimmed_ascii): every byte ASCII; ASCII with no
+    # value starting or ending with whitespace; each value's byte length.
+    _ascii: bool | None = field(default=None, init=False, repr=False, compare=False)
+    _untrimmed_ascii: bool | None = field(default=None, init=False, repr=False, compare=False)
+    _byte_lengths: np.ndarray | None = field(default=None, init=False, repr=False, compare=False)
 
     def lowered(self) -> pa.Array:
         if self.normalized is None:
             values = as_string(self.values)
-            self.normalized = lower(values if self.untrimmed_ascii() else pc.utf8_trim_whitespace(values))
+            if self.untrimmed_ascii():
+                self.normalized = lower(values, ascii=True)
+            else:  # trimmed first; a non-ASCII source may still trim to ASCII values
+                self.normalized = lower(pc.utf8_trim_whitespace(values), ascii=True if self._ascii else None)
         return self.normalized
+
+    def byte_lengths(self) -> np.ndarray:
+        """Each raw value's length in bytes (nulls: 0)."""
+        self.untrimmed_ascii()
+        assert self._byte_lengths is not None
+        return self._byte_lengths
 
     def untrimmed_ascii(self) -> bool:
         """Every value is ASCII and none starts or ends with whitespace: trimming changes nothing
         and lower-casing keeps byte lengths, so the raw byte lengths are the normalised values'."""
         if self._untrimmed_ascii is None:
             offsets, data = offsets_and_data(as_string(self.values))
+            self._byte_lengths = np.diff(offsets)
+            self._ascii = is_ascii(data)
             if data.size == 0:
                 self._untrimmed_ascii = True
-            elif int(data.max()) >= 0x80:
+            elif not self._ascii:
                 self._untrimmed_ascii = False
             elif int(data.min()) > 0x20:  # no space or control byte anywhere (ids, card numbers, e-mails)
                 self._untrimmed_ascii = True
@@ -365,8 +380,7 @@ def _np_strings(arr: pa.Array) -> np.ndarray:
 
 def _char_lengths(arr: pa.Array) -> pa.Array:
     """``utf8_length``, through the cheaper ``binary_length`` when every byte is ASCII (then equal)."""
-    _, data = offsets_and_data(arr)
-    return pc.binary_length(arr) if data.size == 0 or int(data.max()) < 0x80 else pc.utf8_length(arr)
+    return pc.binary_length(arr) if is_ascii(offsets_and_data(arr)[1]) else pc.utf8_length(arr)
 
 
 def _fixed_width(arr: pa.Array) -> np.ndarray:
@@ -386,7 +400,7 @@ def _fixed_width(arr: pa.Array) -> np.ndarray:
     _, data = offsets_and_data(arr)
     if shortest == longest == width:  # already fixed width (ids, card numbers...): a view
         return np.frombuffer(data, dtype=f"S{width}", count=len(arr))
-    if data.size == 0 or int(data.max()) < 0x80:  # ASCII: code points are bytes
+    if is_ascii(data):  # code points are bytes
         padded = pc.utf8_rpad(arr, width=width, padding="\x00").cast(pa.binary(width))
     else:  # padded per row in bytes (utf8_rpad counts code points)
         pads = pc.binary_repeat(pa.scalar(b"\x00", pa.binary()), pc.subtract(width, lengths))
@@ -550,7 +564,7 @@ def _scrub_rows(text: pa.Array | pa.ChunkedArray, sources: Sequence[RowSource], 
             # when no ASCII value has the byte length of any of its substrings.
             assert set_lengths is not None
             if src.untrimmed_ascii():  # raw lengths are the normalised ones: no kernel over the values yet
-                lengths = np.diff(offsets_and_data(as_string(src.values))[0])
+                lengths = src.byte_lengths()
                 maybe = bool(set_lengths[np.minimum(lengths, len(set_lengths) - 1)].any())
             else:
                 maybe = True
