@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from securetrain.audit import log as audit_log
 from securetrain.audit.log import AuditLog
 
 BUSY_S = 3.0  # the second log's busy timeout; starved, a record failed after 2 x this
@@ -138,3 +139,65 @@ def test_async_tight_loop_starves_neither_a_second_log_nor_a_fork(logs: tuple[Au
     report = slow.verify()
     assert report.ok, report.error
     assert report.entries == fast.size() >= len(waits) + 6
+
+
+def test_a_forked_writer_is_not_starved_by_a_spinning_parent(
+        logs: tuple[AuditLog, AuditLog], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between processes the writers' turn was a bare ``flock`` polled with sleeps: a forked child
+    committing its own durable appends (as DataLoader workers do) against a parent whose
+    asynchronous log never runs out of work found it free only by chance, and waited for up to 20
+    of the parent's transactions. A writer that has waited marks itself, and the parent then lets
+    it in first: the child waits for the transaction in progress and at most the next. The child
+    marks itself at once here (the default waits 25 ms first, a tuning for throughput under
+    ordinary contention whose cost in transactions depends on the machine's speed)."""
+    monkeypatch.setattr(audit_log, "_TURN_ESCALATE_S", 0.0)  # inherited by the forked child
+    fast, slow = logs
+    with _spinning(fast) as spin_errors:
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 1
+            try:
+                os.close(read_fd)
+                waits, errors = _durable_records(slow, RUN_S)
+                os.write(write_fd, repr((waits, [repr(e) for e in errors])).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write_fd)
+        with os.fdopen(read_fd, "rb") as reader:
+            raw = reader.read()
+        status = os.waitpid(pid, 0)[1]
+    assert status == 0 and not spin_errors, (status, spin_errors)
+    waits, errors = eval(raw.decode())  # noqa: S307 - our own child's repr of ints, floats and strings
+    assert not errors, errors
+    assert len(waits) >= 5
+    assert max(n for n, _ in waits) <= BOUND, f"entries committed while the child's record waited: {waits}"
+    fast.flush()
+    assert slow.verify().ok
+
+
+def test_writers_still_take_turns_without_the_wait_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``<db>.lock-wait`` that cannot be opened (here a directory) only costs the courtesy: the
+    turn file still orders writers, and appends from two processes land densely."""
+    monkeypatch.setenv("SECURETRAIN_DATA_DIR", str(tmp_path))
+    db = tmp_path / "audit.db"
+    (tmp_path / "audit.db.lock-wait").mkdir()
+    log = AuditLog(db, checkpoint_every=None, shared_commit=False)
+    log.record("test.a", "0")
+    assert log._wait_fd == -1
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            for i in range(50):
+                log.record("test.child", str(i))
+            code = 0
+        finally:
+            os._exit(code)
+    for i in range(50):
+        log.record("test.parent", str(i))
+    assert os.waitpid(pid, 0)[1] == 0
+    assert log.size() == 101
+    assert log.verify().ok
+    log.close()
