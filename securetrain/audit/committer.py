@@ -166,10 +166,10 @@ class CommitServer:
         with contextlib.suppress(OSError):
             conn.close()
 
-    def _read_ready(self, timeout: float | None, batch: list[tuple[socket.socket, dict[str, Any]]]) -> bool:
-        """Accept, read and queue what is ready (waiting up to ``timeout``); True if kicked."""
+    def _read_ready(self, batch: list[tuple[socket.socket, dict[str, Any]]]) -> bool:
+        """Wait, then accept, read and queue into ``batch`` what is ready; True if kicked."""
         kicked = False
-        for key, _mask in self._selector.select(timeout):
+        for key, _mask in self._selector.select():
             obj = key.fileobj
             if obj is self._sock:
                 self._accept()
@@ -193,7 +193,7 @@ class CommitServer:
         try:
             while not self._closing:
                 batch: list[tuple[socket.socket, dict[str, Any]]] = []
-                kicked = self._read_ready(None, batch)
+                kicked = self._read_ready(batch)
                 if self._closing or not (batch or kicked):
                     continue  # read but not processed when closing: answered bye below
                 handle_many = self._handle_ref()

@@ -462,8 +462,8 @@ class AuditLog:
         writer that finds the turn free while any is held leaves it to them until one of them has
         taken it (they poll at least every 2 ms; at most ``_TURN_COURTESY_S``), then waits too. A
         writer ending its transaction thus never takes the turn back ahead of a writer that has
-        been waiting that long. Locks of a killed process are
-        released by the kernel; a stopped waiter delays others by the courtesy bound at most.
+        been waiting that long. Locks of a killed process are released by the kernel; a stopped
+        waiter delays others by the courtesy bound at most.
         """
         delay = 0.00005
         courtesy_end = min(deadline, time.monotonic() + _TURN_COURTESY_S)
@@ -776,12 +776,12 @@ class AuditLog:
         if self.durable:
             self._gc_pending, self._gc_queued_events = [], 0
             return batch + pending
-        n = sum(len(r.events) for r in batch)
-        i = taken = 0
+        n = first = sum(len(r.events) for r in batch)
+        i = 0
         while i < len(pending) and n < _ASYNC_BATCH:
             n += len(pending[i].events)
-            taken += len(pending[i].events)
             i += 1
+        taken = n - first
         self._gc_pending = pending[i:]
         self._gc_queued_events = max(0, self._gc_queued_events - taken)
         if taken:
