@@ -120,13 +120,21 @@ def bench_processes(name: str, url: str, n: int, schema: str | None, procs: int 
     return rate_
 
 
-def bench_shared(name: str, url_of, n: int, schema: str | None) -> None:  # noqa: ANN001
-    """Durable appends from 8 processes with and without the shared commit, alternating (best of 2)."""
-    own, shared = [], []
+def bench_shared(name: str, url_of, n: int, schema: str | None, floor_target: str) -> None:  # noqa: ANN001
+    """Durable appends from 8 processes with and without the shared commit, and the bare committer
+    (``_commit_floor``: what any Python shared commit costs at least on this machine), alternating
+    (best of 2)."""
+    from _commit_floor import floor_rate
+
+    own, shared, floor = [], [], []
     for i in range(2):
         own.append(bench_processes(name, url_of(f"own{i}"), n, schema and f"{schema}_o{i}", shared=False))
         shared.append(bench_processes(name, url_of(f"sh{i}"), n, schema and f"{schema}_s{i}", shared=True))
+        floor.append(floor_rate(floor_target if name == "postgres" else f"{floor_target}-{i}", n))
+        print(f"{name:10s} 8 procs x bare committer (no hash, no checks), durable: {floor[-1]:9.0f}/s")
     print(f"{name:10s} shared commit vs own commits (8 procs, durable, same run): {max(shared) / max(own):5.2f}x")
+    print(f"{name:10s} shared commit vs bare committer (8 procs, durable, same run): {max(shared) / max(floor):5.2f}x"
+          f"   (the bare committer reaches {max(floor) / TARGET_PROC[name]:4.2f}x the target here)")
 
 
 def bench_loader(name: str, url: str, schema: str | None, tmp: str, quick: bool) -> None:
@@ -189,14 +197,15 @@ def main() -> None:
             os.environ["SECURETRAIN_AUDIT_KEY"] = f"{tmp}/audit-signing.pem"  # inherited by the writer processes
         bench("sqlite", f"sqlite:///{tmp}/bench.db", n, batch, None)
         per_proc = 150 if args.quick else 1000
-        bench_shared("sqlite", lambda tag: f"sqlite:///{tmp}/bench-procs-{tag}.db", per_proc, None)
+        bench_shared("sqlite", lambda tag: f"sqlite:///{tmp}/bench-procs-{tag}.db", per_proc, None,
+                     f"{tmp}/bench-floor.db")
         bench_processes("sqlite", f"sqlite:///{tmp}/bench-procs.db", per_proc, None, durable=False)
         bench_loader("sqlite", f"sqlite:///{tmp}/bench-loader.db", None, tmp, args.quick)
         if not args.no_postgres:
             schema = f"st_audit_bench_{uuid.uuid4().hex[:8]}"
             try:
                 bench("postgres", PG_URL, n, batch, schema)
-                bench_shared("postgres", lambda tag: PG_URL, per_proc, schema + "_p")
+                bench_shared("postgres", lambda tag: PG_URL, per_proc, schema + "_p", PG_URL)
                 bench_processes("postgres", PG_URL, per_proc, schema + "_p", durable=False)
                 bench_loader("postgres", PG_URL, schema + "_l", tmp, args.quick)
             except Exception as exc:  # noqa: BLE001 - report and continue
