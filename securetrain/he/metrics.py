@@ -4,26 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from securetrain.metrics import binary_auc
+
 
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """Area under the ROC curve = P(score_pos > score_neg) + ½·P(tie) (Mann–Whitney U, with
-    average ranks for ties)."""
-    y = np.asarray(labels).astype(bool).ravel()
-    s = np.asarray(scores, dtype=np.float64).ravel()
-    n_pos, n_neg = int(y.sum()), int((~y).sum())
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    order = np.argsort(s, kind="mergesort")
-    ranks = np.empty(len(s))
-    sorted_s = s[order]
-    i = 0
-    while i < len(s):  # average ranks over ties
-        j = i
-        while j + 1 < len(s) and sorted_s[j + 1] == sorted_s[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2.0 + 1.0
-        i = j + 1
-    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+    """Area under the ROC curve (``securetrain.metrics.binary_auc``); NaN if one class is absent."""
+    auc = binary_auc(scores, labels)
+    return float("nan") if auc is None else auc
 
 
 def accuracy(labels: np.ndarray, outputs: np.ndarray, threshold: float) -> float:

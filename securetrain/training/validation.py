@@ -17,31 +17,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from securetrain.metrics import binary_auc
+
 #: ``metrics_fn(logits, targets) -> {name: value}``; values are floats, ints or lists of them.
 MetricsFn = Callable[[torch.Tensor, torch.Tensor], dict[str, Any]]
-
-
-def _average_ranks(x: np.ndarray) -> np.ndarray:
-    order = np.argsort(x, kind="mergesort")
-    sorted_x = x[order]
-    _, first, counts = np.unique(sorted_x, return_index=True, return_counts=True)
-    avg = first + (counts - 1) / 2.0 + 1.0  # 1-based average rank of each tie group
-    ranks = np.empty(len(x), dtype=np.float64)
-    ranks[order] = np.repeat(avg, counts)
-    return ranks
-
-
-def binary_auc(scores: np.ndarray, positive: np.ndarray) -> float | None:
-    """ROC AUC by the Mann-Whitney statistic (ties count half); ``None`` if one class is absent.
-
-    ``positive`` is a mask (0/1 integers are taken as one, never as indices)."""
-    positive = np.asarray(positive).astype(bool).ravel()
-    n_pos = int(positive.sum())
-    n_neg = len(positive) - n_pos
-    if n_pos == 0 or n_neg == 0:
-        return None
-    ranks = _average_ranks(scores.astype(np.float64))
-    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
 def macro_auc(probabilities: np.ndarray, targets: np.ndarray) -> float | None:
