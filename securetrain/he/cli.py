@@ -314,6 +314,9 @@ def decrypt(
             from securetrain.he.errors import HEFormatError
 
             raise HEFormatError(f"{len(y)} labels for {len(scores)} scores")
+        from securetrain.he.evaluate import check_class_ids
+
+        y = check_class_ids(y, scores.shape[1])
         threshold = 0.5 if output == "probabilities" else 0.0
         probs = scores if output == "probabilities" or scores.shape[1] == 1 else apply_final(scores, "softmax")
         result["auc"] = macro_auc(y, probs)  # macro one-vs-rest for several classes

@@ -109,6 +109,21 @@ def _class_ids(y: np.ndarray) -> np.ndarray:
     return ids
 
 
+def check_class_ids(y: np.ndarray, n_outputs: int) -> np.ndarray:
+    """``y`` as class ids of a model with ``n_outputs`` score columns (one column: 0/1; K: 0..K-1).
+    A label the model has no score for would give a made-up AUC and accuracy, so it is refused."""
+    ids = _class_ids(np.asarray(y).reshape(-1))
+    classes = 2 if n_outputs == 1 else n_outputs
+    if ids.size and int(ids.max()) >= classes:
+        raise HEModelError(
+            f"labels must be class ids 0..{classes - 1} for a model with {n_outputs} output column(s), "
+            f"found label {int(ids.max())}",
+            hint="pass the class ids the model was trained on (not a regression target), or a model with "
+                 "one output column per class",
+        )
+    return ids
+
+
 def _rows(x: np.ndarray, n_inputs: int, what: str) -> np.ndarray:
     """One row per sample; trailing dimensions are flattened (what nn.Flatten does)."""
     if x.ndim == 1:
@@ -218,6 +233,8 @@ def evaluate_encrypted(
         x = _rows(raw_x, plan.n_inputs, "features")
         if y is not None and len(y) != len(x):
             raise HEModelError(f"{len(y)} labels for {len(x)} samples")
+        if y is not None:
+            y = check_class_ids(y, plan.n_outputs)
         cal_x = x if calibration is None else np.vstack([_rows(_array(calibration), plan.n_inputs, "calibration "
                                                                 "features"), x])
         if not isinstance(model, HEPlan):

@@ -239,6 +239,12 @@ def test_cli_end_to_end(tmp_path, data, mlp, monkeypatch) -> None:  # noqa: ANN0
     expected = compile_plan(mlp).evaluate_plain(x[:300])[:, 0]
     np.testing.assert_allclose(scores, expected, atol=1e-4)
     assert '"auc"' in r.output
+    # A label the one-column model has no score for: refused, not scored as a made-up AUC.
+    np.save(tmp_path / "y3.npy", np.where(np.arange(300) % 7 == 0, 2, y[:300]))
+    r = run(app, ["he", "decrypt", "--context", str(keys / "secret.stctx"), "--input", str(tmp_path / "out.stcts"),
+                  "--labels", str(tmp_path / "y3.npy")])
+    assert r.exit_code != 0 and '"auc"' not in r.output
+    assert "class ids 0..1" in str(r.exception) + r.output
 
 
 def test_cli_probabilities_are_exact_at_decryption_and_calibration_is_recorded(tmp_path, monkeypatch) -> None:  # noqa: ANN001

@@ -236,6 +236,21 @@ def test_bad_labels_and_decimals_are_refused_before_any_key(_no_keygen_after_ref
     assert _no_keygen_after_refusal == []
 
 
+def test_labels_beyond_the_models_classes_are_refused_before_any_key(_no_keygen_after_refusal) -> None:  # noqa: ANN001
+    """A label id the model has no score for (a 3-class target on a 1- or 2-column model, or a
+    regression target such as sklearn's diabetes) gave a made-up AUC and accuracy instead of an error."""
+    x = np.zeros((4, 3))
+    with pytest.raises(HEModelError, match=r"class ids 0\.\.1.*label 2"):
+        evaluate_encrypted(nn.Linear(3, 1), x, np.array([0, 1, 2, 1]))
+    with pytest.raises(HEModelError, match=r"class ids 0\.\.1.*label 2"):
+        evaluate_encrypted(nn.Linear(3, 2), x, np.array([0, 1, 2, 1]))
+    with pytest.raises(HEModelError, match=r"class ids 0\.\.2.*label 151"):
+        evaluate_encrypted(nn.Linear(3, 3), x, np.array([151.0, 75.0, 0.0, 2.0]))
+    assert _no_keygen_after_refusal == []
+    r = evaluate_encrypted(nn.Linear(3, 3), np.eye(3)[[0, 1, 2, 0]], np.array([0, 1, 2, 2]))  # all K used: fine
+    assert r.n_classes == 3
+
+
 def test_packed_cancelling_features_stay_exact() -> None:
     rng = np.random.default_rng(10)
     a = rng.normal(size=(50, 1))
