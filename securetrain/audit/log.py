@@ -840,7 +840,8 @@ class AuditLog:
         seq, prev = (head.seq + 1, head.entry_hash) if head is not None else (0, canon.GENESIS_HASH)
         start = seq
         own = (self.actor, self.hostname, self.mac)
-        encode, sha256, utc_timestamp = canon.canonical_bytes_validated, hashlib.sha256, canon.utc_timestamp
+        entry_bytes, sha256, utc_timestamp = canon.entry_bytes, hashlib.sha256, canon.utc_timestamp
+        view_json = None if view is None else canon.canonical_bytes_validated(view).decode()
         seqs: list[int] = []
         tss: list[str] = []
         actions: list[str] = []
@@ -858,10 +859,9 @@ class AuditLog:
             entries = []
             for action, resource, outcome, clean, details_json in req.events:
                 ts = utc_timestamp()
-                obj = canon.entry_object(seq=seq, ts=ts, actor=actor, hostname=hostname, mac=mac, action=action,
-                                         resource=resource, outcome=outcome, details=clean, prev_hash=prev,
-                                         server_view=view)
-                digest = sha256(encode(obj)).hexdigest()
+                digest = sha256(entry_bytes(seq=seq, ts=ts, actor=actor, hostname=hostname, mac=mac, action=action,
+                                            resource=resource, outcome=outcome, details_json=details_json,
+                                            prev_hash=prev, server_view_json=view_json)).hexdigest()
                 entries.append(AuditEntry(seq, ts, actor, hostname, mac, action, resource, outcome, clean, prev,
                                           digest, view))
                 seqs.append(seq)
@@ -1164,23 +1164,34 @@ class AuditLog:
         """Rebuild the stored entries from the committer's reply, re-hashing each from our own event."""
         rows, view = reply.get("entries"), reply.get("view")
         total = sum(len(req.events) for req in batch)
+        malformed = AuditIntegrityError("the audit committer sent a malformed reply",
+                                        hint="its entries were not accepted; see the log's tail")
         if not isinstance(rows, list) or len(rows) != total or not (view is None or isinstance(view, dict)):
-            raise AuditIntegrityError("the audit committer sent a malformed reply",
-                                      hint="its entries were not accepted; see the log's tail")
-        encode, sha256 = canon.canonical_bytes_validated, hashlib.sha256
+            raise malformed
+        try:
+            view_json = None if view is None else canon.canonical_bytes_validated(view).decode()
+        except AuditEventError:
+            raise malformed from None
+        entry_bytes, sha256 = canon.entry_bytes, hashlib.sha256
         results: list[list[AuditEntry]] = []
         it = iter(rows)
         expect_seq: int | None = None
         expect_prev: str | None = None
         for req in batch:
             entries = []
-            for action, resource, outcome, clean, _dj in req.events:
+            for action, resource, outcome, clean, details_json in req.events:
                 row = next(it)
+                if not (isinstance(row, list) and len(row) == 4 and type(row[0]) is int
+                        and all(isinstance(v, str) for v in row[1:])):
+                    raise malformed
                 seq, ts, prev, digest = row
-                obj = canon.entry_object(seq=seq, ts=ts, actor=self.actor, hostname=self.hostname, mac=self.mac,
-                                         action=action, resource=resource, outcome=outcome, details=clean,
-                                         prev_hash=prev, server_view=view)
-                if (sha256(encode(obj)).hexdigest() != digest or (expect_seq is not None and seq != expect_seq)
+                try:
+                    hashed = entry_bytes(seq=seq, ts=ts, actor=self.actor, hostname=self.hostname, mac=self.mac,
+                                         action=action, resource=resource, outcome=outcome, details_json=details_json,
+                                         prev_hash=prev, server_view_json=view_json)
+                except AuditEventError:
+                    raise malformed from None
+                if (sha256(hashed).hexdigest() != digest or (expect_seq is not None and seq != expect_seq)
                         or (expect_prev is not None and prev != expect_prev)):
                     raise AuditIntegrityError(
                         "the audit committer returned an entry that does not hash from this event", seq=seq,

@@ -1,5 +1,6 @@
-"""The writer's fast canonical JSON (json's C encoder) is byte-identical to RFC 8785 (rfc8785) on
-everything the writer hashes: validated details and entry objects."""
+"""The writer's fast canonical JSON (json's C encoder, and ``entry_bytes`` for whole entries) is
+byte-identical to RFC 8785 (rfc8785) on everything the writer hashes: validated details and entry
+objects."""
 
 from __future__ import annotations
 
@@ -75,3 +76,63 @@ def test_details_limits_still_hold() -> None:
         canon.validated_details({"blob": "x" * (canon.MAX_DETAILS_BYTES + 1)})
     with pytest.raises(AuditEventError, match="secret"):
         canon.validated_details({"api_token": "t"})
+
+
+def _entry(rng: random.Random) -> dict:
+    return dict(seq=rng.choice([0, 1, 2**53 - 1, rng.randint(0, 10**9)]), ts=_text(rng, 30) or "t",
+                actor=_text(rng), hostname=_text(rng), mac=_text(rng), action=_text(rng), resource=_text(rng, 40),
+                outcome=_text(rng), prev_hash=_text(rng, 64))
+
+
+def test_entry_bytes_equal_rfc8785_of_the_entry_object() -> None:
+    rng = random.Random(20261205)
+    checked = 0
+    for i in range(3000):
+        fields = _entry(rng)
+        details = {_text(rng, 6): _value(rng) for _ in range(rng.randint(0, 5))}
+        view = None if i % 3 else {"addr": rng.choice([None, "10.0.0.7"]), "role": _text(rng), "time": _text(rng)}
+        obj = canon.entry_object(**fields, details=details, server_view=view)
+        try:
+            expected = rfc8785.dumps(obj)
+        except (rfc8785.CanonicalizationError, UnicodeError):
+            with pytest.raises(AuditEventError):
+                canon.entry_bytes(**fields, details_json=canon.canonical_bytes(details).decode(),
+                                  server_view_json=None if view is None else canon.canonical_bytes(view).decode())
+            continue
+        got = canon.entry_bytes(**fields, details_json=canon.canonical_bytes_validated(details).decode(),
+                                server_view_json=None if view is None else canon.canonical_bytes_validated(view).decode())
+        assert got == expected, obj
+        assert got == canon.canonical_bytes_validated(obj)
+        checked += 1
+    assert checked > 1000
+
+
+def test_lone_surrogate_in_a_field_is_refused_with_the_typed_error() -> None:
+    fields = dict(seq=1, ts="t", actor="a", hostname="h", mac="m", action="x.y", resource="r\ud800", outcome="success",
+                  prev_hash="0" * 64)
+    with pytest.raises(AuditEventError, match="surrogate"):
+        canon.entry_bytes(**fields, details_json="{}")
+
+
+@pytest.mark.parametrize("seq", [True, 1.0, "1", 2**53, -(2**53)])
+def test_seq_must_be_a_plain_integer_in_range(seq: object) -> None:
+    # True would print as 1 and hash like the entry with seq 1; json writes it as true.
+    with pytest.raises(AuditEventError, match="seq"):
+        canon.entry_bytes(seq=seq, ts="t", actor="a", hostname="h", mac="m", action="x.y", resource="r",  # type: ignore[arg-type]
+                          outcome="success", details_json="{}", prev_hash="0" * 64)
+
+
+def test_utc_timestamp_formats_each_second_and_microsecond(monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    before = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    now = canon.utc_timestamp()
+    assert before <= now <= datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # The cached date and time follow the clock across seconds (and back: a clock set backwards).
+    for ns, expected in [(1_700_000_000_999_999_000, "2023-11-14T22:13:20.999999Z"),
+                         (1_700_000_001_000_000_000, "2023-11-14T22:13:21.000000Z"),
+                         (1_700_000_001_000_042_999, "2023-11-14T22:13:21.000042Z"),
+                         (1_600_000_000_000_001_000, "2020-09-13T12:26:40.000001Z")]:
+        monkeypatch.setattr(canon.time, "time_ns", lambda ns=ns: ns)
+        assert canon.utc_timestamp() == expected
+        assert canon.utc_timestamp(datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=ns // 1000)) == expected

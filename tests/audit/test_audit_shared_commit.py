@@ -269,6 +269,26 @@ def test_a_reply_that_does_not_hash_from_the_event_is_refused(target: dict[str, 
     log.close()
 
 
+@pytest.mark.parametrize("reply", [
+    {"entries": [[True, "2026-01-01T00:00:00.000000Z", "0" * 64, "f" * 64]], "view": None},  # seq as a boolean
+    {"entries": [[0, 5, "0" * 64, "f" * 64]], "view": None},  # ts not text
+    {"entries": [[0, "t", "0" * 64]], "view": None},  # a short row
+    {"entries": ["row"], "view": None},
+    {"entries": [[0, "t", "0" * 64, "f" * 64]], "view": {"time": float("nan")}},  # a view with no JSON form
+], ids=["bool-seq", "int-ts", "short-row", "not-a-row", "nan-view"])
+def test_a_malformed_reply_is_refused_as_an_integrity_error(target: dict[str, Any], reply: dict[str, Any]) -> None:
+    # Before, a short row or a non-list escaped record() as a bare ValueError/TypeError.
+    log = _open(target)
+    assert log._commit_address is not None
+    fake = _fake_server(log._commit_address, reply)
+    try:
+        with pytest.raises(AuditIntegrityError, match="malformed reply"):
+            log.record("x", "forged")
+    finally:
+        fake.close()
+    log.close()
+
+
 def test_the_committers_error_reaches_the_client_as_the_same_type(target: dict[str, Any]) -> None:
     log = _open(target)
     assert log._commit_address is not None
