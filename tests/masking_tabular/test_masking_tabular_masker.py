@@ -143,6 +143,28 @@ def test_bins_and_year() -> None:
     assert set(out.column("ds").to_pylist()) == {"2024-01"}
 
 
+def test_empty_cells_of_generalised_text_columns_are_missing_not_refused(tmp_path: Path) -> None:
+    """A CSV date column in a format pyarrow does not infer (dd/mm/yyyy) stays text, and its empty
+    cells came through as "" rather than null: strptime failed and the whole table was refused,
+    although the same empty cell in an ISO date or numeric column is simply missing."""
+    p = load_policy(data={"policy_version": "1", "columns": [
+        {"name": "id", "action": "tokenize"},
+        {"name": "opened", "action": "generalize", "granularity": "year", "date_format": "%d/%m/%Y"},
+        {"name": "bal", "action": "generalize", "bins": [0, 100]}]})
+    m = TabularMasker(p, KEY)
+    (tmp_path / "a.csv").write_text("id,opened,bal\n1,31/01/2024,5\n2,,x\n3, ,7\n".replace(",x", ","))
+    out, _ = m.read_masked(tmp_path / "a.csv")
+    assert out.column("opened").to_pylist() == ["2024", None, None]
+    t = pa.table({"opened": ["31/01/2024", "", "  "], "bal": ["5", "", " "], "id": ["1", "2", "3"]})
+    out = m.mask_table(t)
+    assert out.column("opened").to_pylist() == ["2024", None, None]
+    assert out.column("bal").to_pylist() == ["[0,100)", None, None]
+    # A value that is there but does not parse is still refused, naming the format, not the value.
+    with pytest.raises(MalformedTableError, match=r"'opened'.*1 value\(s\).*'%d/%m/%Y'") as info:
+        m.mask_table(pa.table({"opened": ["31/01/2024", "2024-01-31 Secretname"], "bal": [1, 2], "id": ["1", "2"]}))
+    assert "Secretname" not in str(info.value) and "2024-01-31" not in str(info.value)
+
+
 def test_pan_validation_modes() -> None:
     def run(**rule: object) -> list:
         p = load_policy(data={"policy_version": "1", "columns": [{"name": "pan", "action": "pan", **rule}]})

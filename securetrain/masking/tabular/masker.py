@@ -306,6 +306,11 @@ class TabularMasker:
                                      context=context)
             except TabularMaskingError:
                 raise
+            except T.UnparsableValuesError as exc:  # counts and the expected format only
+                raise MalformedTableError(
+                    f"column {name!r}: cannot apply action {rule.action!r}: {exc} (values withheld)",
+                    hint="fix those cells, or change the column's rule (e.g. its date_format)",
+                ) from None
             except (pa.ArrowException, TypeError, ValueError) as exc:
                 # pyarrow messages can quote cell values: report only the column, rule and error type.
                 raise MalformedTableError(

@@ -409,14 +409,31 @@ def phone(arr: pa.Array, token_key: bytes, *, keep_last: int, prefix: str, lengt
     return _per_distinct(keep_bytes(as_string(arr), DIGITS), on_values, stats)
 
 
+class UnparsableValuesError(ValueError):
+    """Cells that hold a value the rule cannot parse; the message has counts and the expected
+    format only, never a value."""
+
+
+def _blank_to_null(arr: pa.Array) -> pa.Array:
+    """Trimmed text with empty cells as nulls: an empty CSV cell of a text column is missing, as it
+    is in a date or numeric column that pyarrow parsed itself."""
+    trimmed = pc.utf8_trim_whitespace(arr)
+    return pc.if_else(pc.equal(trimmed, ""), pa.scalar(None, trimmed.type), trimmed)
+
+
 def generalize_date(arr: pa.Array | pa.ChunkedArray, *, granularity: str, date_format: str) -> pa.Array:
-    """Dates/timestamps -> 'YYYY-MM' or 'YYYY'. Strings are parsed with ``date_format`` (strict)."""
+    """Dates/timestamps -> 'YYYY-MM' or 'YYYY'. Strings are parsed with ``date_format`` (strict;
+    empty cells are missing)."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     if pa.types.is_dictionary(arr.type):
         arr = arr.cast(arr.type.value_type)
     if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
-        arr = pc.strptime(pc.utf8_trim_whitespace(arr), format=date_format, unit="s", error_is_null=False)
+        text = _blank_to_null(arr)
+        arr = pc.strptime(text, format=date_format, unit="s", error_is_null=True)
+        bad = arr.null_count - text.null_count
+        if bad:
+            raise UnparsableValuesError(f"{bad} value(s) do not match date_format {date_format!r}")
     elif not (pa.types.is_date(arr.type) or pa.types.is_timestamp(arr.type)):
         raise TypeError(f"expected a date, timestamp or string column, got {arr.type}")
     if pa.types.is_timestamp(arr.type) and arr.type.tz is not None:
@@ -444,7 +461,10 @@ def generalize_bins(arr: pa.Array | pa.ChunkedArray, edges: list[float]) -> pa.A
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
-        arr = pc.cast(pc.utf8_trim_whitespace(arr), pa.float64())  # strict: non-numbers raise
+        try:
+            arr = pc.cast(_blank_to_null(arr), pa.float64())  # strict: non-numbers raise
+        except pa.ArrowInvalid:
+            raise UnparsableValuesError("some values are not numbers (bins need numbers)") from None
     elif not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_decimal(arr.type)):
         raise TypeError(f"expected a numeric column, got {arr.type}")
     values = pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False)
