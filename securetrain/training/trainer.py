@@ -554,8 +554,16 @@ class Trainer:
             self._resume_shard(ckpt)
         else:
             model_sd = {k.removeprefix("model/"): v for k, v in ckpt.tensors.items() if k.startswith("model/")}
+            _check_model_state(self.unwrapped_model, model_sd, latest.path.name)
             self.unwrapped_model.load_state_dict(model_sd, strict=True)
-            self.optimizer.load_state_dict(st.unflatten_optimizer(ckpt.tensors, saved["optimizer"]))
+            try:
+                self.optimizer.load_state_dict(st.unflatten_optimizer(ckpt.tensors, saved["optimizer"]))
+            except ValueError as exc:  # parameter groups of another size (e.g. a layer frozen since)
+                raise ResumeMismatchError(
+                    f"cannot resume from {latest.path.name}: the optimizer does not match the checkpoint's ({exc})",
+                    hint="restore the trainable parameters and optimizer of that run, use a fresh output_dir, "
+                         "or set resume=false",
+                ) from None
             rank = str(self.dist.rank)
             prefix = f"rng/{rank}/"
             restore_rng_state(
@@ -958,6 +966,30 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_step(self, metrics)
         self._window = self._new_window()
+
+
+def _check_model_state(model: nn.Module, saved: Mapping[str, torch.Tensor], name: str) -> None:
+    """Refuse (:class:`ResumeMismatchError`) a checkpoint whose ``model/`` tensors do not fit ``model``
+    (renamed, added or removed modules, other layer sizes), naming the first differences."""
+    current = model.state_dict()
+    missing = [k for k in current if k not in saved]
+    unexpected = [k for k in saved if k not in current]
+    shapes = [f"{k}: checkpoint {list(saved[k].shape)} vs model {list(v.shape)}"
+              for k, v in current.items() if k in saved and saved[k].shape != v.shape]
+    if not (missing or unexpected or shapes):
+        return
+
+    def listed(what: str, items: list[str]) -> str:
+        more = f", ... ({len(items)} in all)" if len(items) > 3 else ""
+        return f"{what} {', '.join(items[:3])}{more}"
+
+    parts = [listed("not in the checkpoint:", missing) if missing else "",
+             listed("not in the model:", unexpected) if unexpected else "",
+             listed("shape of", shapes) if shapes else ""]
+    raise ResumeMismatchError(
+        f"cannot resume from {name}: the model does not match the checkpoint's ({'; '.join(p for p in parts if p)})",
+        hint="build the model that wrote it (same code and model kwargs), use a fresh output_dir, or set resume=false",
+    )
 
 
 def _info_to_json(info: CheckpointInfo | None) -> dict[str, Any] | None:

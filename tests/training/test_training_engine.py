@@ -77,6 +77,33 @@ def test_resume_refuses_changed_settings(tmp_path: Path) -> None:
     assert r.resumed_from is None and r.steps == 1
 
 
+def test_resume_refuses_a_changed_model_with_a_typed_error(tmp_path: Path) -> None:
+    """A user's model whose architecture changed since the checkpoint (wider layer, an added or
+    renamed module, a newly frozen parameter) is refused with ResumeMismatchError naming the
+    tensors, not torch's multi-line RuntimeError/ValueError."""
+    Trainer(make_mlp(8, 3, hidden=16, seed=1), _data(), _cfg(tmp_path, max_steps=2)).fit()
+    with pytest.raises(ResumeMismatchError, match=r"model does not match.*shape") as info:
+        Trainer(make_mlp(8, 3, hidden=24, seed=1), _data(), _cfg(tmp_path)).fit()
+    assert "resume=false" in (info.value.hint or "")
+
+    class Extra(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = make_mlp(8, 3, hidden=16, seed=1)
+            self.extra = torch.nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.extra(self.body(x))
+
+    with pytest.raises(ResumeMismatchError, match="model does not match"):
+        Trainer(Extra(), _data(), _cfg(tmp_path)).fit()
+
+    frozen = make_mlp(8, 3, hidden=16, seed=1)
+    next(frozen.parameters()).requires_grad_(False)  # same tensors, fewer optimised parameters
+    with pytest.raises(ResumeMismatchError, match="optimizer"):
+        Trainer(frozen, _data(), _cfg(tmp_path)).fit()
+
+
 def test_grad_accumulation_matches_big_batch(tmp_path: Path) -> None:
     kw = dict(epochs=1, shuffle=False, grad_clip=None, lr=0.1)
     a, b = make_mlp(8, 3, seed=1), make_mlp(8, 3, seed=1)
