@@ -119,6 +119,26 @@ def test_csv_ids_keep_leading_zeros(tmp_path: Path) -> None:
     assert toks == m.mask_table(pa.table({"id": ["007", "7"], "v": [1, 2]})).column("id").to_pylist()
 
 
+def test_csv_empty_cells_of_text_rule_columns_stay_missing(tmp_path: Path) -> None:
+    """Text-rule columns are read from CSV as strings (to keep '007'), and their empty cells came
+    through as "" instead of null: every row without an id got the same real-looking token (one
+    made-up entity, joinable across tables), an empty e-mail counted as invalid. Nulls stay null,
+    as in Parquet and in every other CSV column."""
+    p = load_policy(data=_policy(columns=[{"name": "id", "action": "tokenize"},
+                                          {"name": "mail", "action": "email"},
+                                          {"name": "v", "action": "keep"}]))
+    m = TabularMasker(p, KEY)
+    (tmp_path / "a.csv").write_text('id,mail,v\n007,a@b.com,1\n,,2\n"",x@y.org,3\n')
+    out, report = m.read_masked(tmp_path / "a.csv")
+    ids, mails = out.column("id").to_pylist(), out.column("mail").to_pylist()
+    assert ids[0] is not None and ids[1] is None and ids[2] is None
+    assert mails[1] is None and mails[2].endswith("@y.org")
+    by_col = {c.column: c for c in report.columns}
+    assert by_col["id"].nulls == 2 and by_col["mail"].nulls == 1 and by_col["mail"].invalid == 0
+    parquet = pa.table({"id": ["007", None, None], "mail": ["a@b.com", None, "x@y.org"], "v": [1, 2, 3]})
+    assert m.mask_table(parquet).column("id").to_pylist() == ids  # same as the Parquet/null input
+
+
 def test_bins_and_year() -> None:
     p = load_policy(data={"policy_version": "1", "columns": [
         {"name": "amt", "action": "generalize", "bins": [0, 1000, 5000]},

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
@@ -61,10 +62,11 @@ def parse_table(data: bytes, fmt: Format, *, name: str, string_columns: set[str]
     try:
         if fmt == "csv":
             types = {c: pa.string() for c in (string_columns or ())}
-            return pacsv.read_csv(
+            table = pacsv.read_csv(
                 pa.BufferReader(data),
                 convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False),
             )
+            return _empty_cells_as_null(table, types)
         return pq.read_table(pa.BufferReader(data))
     except (pa.ArrowException, OSError, ValueError) as exc:
         reason = _safe_csv_reason(exc) if fmt == "csv" else type(exc).__name__
@@ -72,6 +74,18 @@ def parse_table(data: bytes, fmt: Format, *, name: str, string_columns: set[str]
             f"cannot read {name} as {fmt.upper()}: {reason} (cell contents withheld)",
             hint="check that the file is complete and really is " + fmt.upper(),
         ) from None
+
+
+def _empty_cells_as_null(table: pa.Table, columns: Collection[str]) -> pa.Table:
+    """Empty cells of the ``columns`` forced to text are nulls, as pyarrow makes them in every
+    column it types itself: a missing id must stay missing, not become the token of ""."""
+    for name in columns:
+        if name not in table.column_names:
+            continue
+        i = table.column_names.index(name)
+        col = table.column(i)
+        table = table.set_column(i, name, pc.if_else(pc.equal(col, ""), pa.scalar(None, col.type), col))
+    return table
 
 
 def read_bytes(path: str | os.PathLike[str]) -> tuple[bytes, str]:
