@@ -139,6 +139,21 @@ def test_csv_empty_cells_of_text_rule_columns_stay_missing(tmp_path: Path) -> No
     assert m.mask_table(parquet).column("id").to_pylist() == ids  # same as the Parquet/null input
 
 
+def test_csv_header_wider_than_64_kib(tmp_path: Path) -> None:
+    """The header was read from the first 64 KiB only: a wide table (6,000 feature columns) was
+    refused for a truncated column name that does not exist ("fe"), and text-rule columns past the
+    cut were not read as text (leading zeros lost)."""
+    names = [f"feature_{i:05d}" for i in range(6000)] + ["cid"]
+    (tmp_path / "w.csv").write_text(",".join(names) + "\n" + ",".join(["1"] * 6000 + ["007"]) + "\n"
+                                    + ",".join(["2"] * 6000 + ["7"]) + "\n")
+    p = load_policy(data={"policy_version": "1", "columns": [{"glob": "feature_*", "action": "keep"},
+                                                             {"name": "cid", "action": "tokenize"}]})
+    m = TabularMasker(p, KEY)
+    out, _ = m.read_masked(tmp_path / "w.csv")
+    assert out.num_columns == 6001
+    assert out.column("cid").to_pylist() == m.mask_table(pa.table({"cid": ["007", "7"]})).column("cid").to_pylist()
+
+
 def test_bins_and_year() -> None:
     p = load_policy(data={"policy_version": "1", "columns": [
         {"name": "amt", "action": "generalize", "bins": [0, 1000, 5000]},

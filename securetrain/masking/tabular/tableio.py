@@ -49,10 +49,11 @@ def _safe_csv_reason(exc: Exception) -> str:
 
 
 def csv_header(data: bytes) -> list[str]:
-    """Column names from the first CSV record (handles BOM and quoting)."""
-    head = data[:1 << 16].decode("utf-8-sig", errors="replace")
+    """Column names from the first CSV record (handles BOM and quoting), however long it is: only
+    that record is decoded, line by line, not the whole file."""
+    text = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig", errors="replace", newline="")
     try:
-        return next(csv.reader(io.StringIO(head)), [])
+        return next(csv.reader(text), [])
     except csv.Error:
         return []
 
