@@ -321,3 +321,14 @@ def test_clean_pixel_data_on_compressed_rle_input() -> None:
     after = out.pixel_array
     assert after.shape == before.shape == (rows, cols, 3)
     assert (after[:10] == 0).all() and np.array_equal(after[10:], before[10:])
+
+
+def test_curves_removed_whole_under_clean_graphics(phi_ds: Dataset) -> None:
+    # Clean Graphics codes (50xx,xxxx) C, but there is no curve cleaner: Curve Data goes, so its
+    # label/description text must go with it ("Curves (50xx,xxxx) are removed"), as for overlays.
+    phi_ds.add_new(0x50002500, "LO", "ZEBEDIAH CURVE")  # Curve Label
+    phi_ds.add_new(0x50020022, "LO", "ZEBEDIAH DESCR")  # Curve Description, second curve group
+    phi_ds.add_new(0x50023000, "OW", b"\x01" * 8)
+    out, blob = out_bytes(research(), phi_ds)
+    assert not [e for e in out if 0x5000 <= e.tag.group <= 0x501E]
+    assert b"ZEBEDIAH" not in blob

@@ -407,11 +407,15 @@ class Deidentifier:
             ctx.phi.update(name_needles(s) if vr == "PN" else value_needles(s))
 
     def _overlays(self, ds: Dataset, ctx: _Ctx, prefix: str) -> None:
-        """Overlay planes go as a whole: without Overlay Data (60xx,3000) the rest of the group is a
-        dangling, invalid overlay. We have no overlay-bitmap cleaner, so Clean Graphics (C) also
-        removes them; only an explicit K override keeps a plane."""
-        groups = {int(t) >> 16 for t in ds.keys() if 0x6000 <= (int(t) >> 16) <= 0x601E and not (int(t) >> 16) & 1}
-        for group in groups:
+        """Overlay planes and curves go as a whole: without Overlay Data (60xx,3000) / Curve Data
+        (50xx,3000) the rest of the group is a dangling, invalid plane or curve (and its labels and
+        descriptions are free text). We have no overlay-bitmap or curve cleaner, so Clean Graphics
+        (C) also removes them; only an explicit K override of the data element keeps a group."""
+        groups = {
+            g for g in (int(t) >> 16 for t in ds.keys())
+            if (0x6000 <= g <= 0x601E or 0x5000 <= g <= 0x501E) and not g & 1
+        }
+        for group in sorted(groups):
             if self.profile.action_for((group << 16) | 0x3000) == "K":
                 continue
             for tag in [int(t) for t in ds.keys() if int(t) >> 16 == group]:
