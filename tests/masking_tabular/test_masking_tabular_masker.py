@@ -256,6 +256,41 @@ def test_detectors_refuse_unlisted_pii(values: list[str], kind: str) -> None:
         assert v not in str(info.value)  # the refusal never echoes the value
 
 
+@pytest.mark.parametrize("arr", [
+    pa.array([b"ssn 123-45-6789"]),                        # Hive/Impala write strings as plain BINARY
+    pa.array([b"ssn 123-45-6789"], pa.large_binary()),
+    pa.array(["ssn 123-45-6789"], pa.string_view()),
+])
+def test_kept_text_of_other_string_types_is_scanned(arr: pa.Array) -> None:
+    """Kept binary / string_view columns passed through unscanned, SSNs and all."""
+    p = load_policy(data={"policy_version": "1", "columns": [], "default": {"action": "keep"}})
+    with pytest.raises(PIIDetectedError, match="'memo'.*ssn x1"):
+        TabularMasker(p, KEY).mask_table(pa.table({"memo": arr}))
+
+
+@pytest.mark.parametrize("arr", [
+    pa.array([["john@example.com", "123-45-6789"]]),
+    pa.array([{"email": "john@example.com"}]),
+    pa.array([[("ssn", "123-45-6789")]], pa.map_(pa.string(), pa.string())),
+    pa.array([b"\xff\xfe john@example.com"]),              # bytes that are not UTF-8 text
+])
+def test_kept_columns_the_detectors_cannot_read_fail_closed(arr: pa.Array) -> None:
+    """Nested (list/struct/map) and non-UTF-8 binary columns kept by a rule or the default passed
+    through unscanned, PII inside; they are refused unless the policy says scan: false."""
+    t = pa.table({"id": ["a"], "blob": arr, "n": [1.5], "d": [dt.date(2020, 1, 1)], "ok": [True]})
+    for policy in ({"columns": [{"name": "id", "action": "tokenize"}], "default": {"action": "keep"}},
+                   {"columns": [{"name": "id", "action": "tokenize"}, {"name": "blob", "action": "keep"},
+                                {"glob": "*", "action": "keep"}]}):
+        p = load_policy(data={"policy_version": "1", **policy})
+        with pytest.raises(UnmaskedColumnError, match="'blob'.*cannot be scanned") as info:
+            TabularMasker(p, KEY).mask_table(t)
+        assert "john" not in str(info.value) and "123-45" not in str(info.value)
+    p = load_policy(data={"policy_version": "1", "columns": [
+        {"name": "id", "action": "tokenize"}, {"name": "blob", "action": "keep", "scan": False}],
+        "default": {"action": "keep"}})
+    assert TabularMasker(p, KEY).mask_table(t).column("blob").equals(pa.chunked_array([arr]))
+
+
 def test_detectors_integer_pan_and_false_positives() -> None:
     p = load_policy(data=_policy(default={"action": "keep"}))
     m = TabularMasker(p, KEY)

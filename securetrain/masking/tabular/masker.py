@@ -457,7 +457,13 @@ class TabularMasker:
         else:
             s = T.scannable(column)
             if s is None:
-                return column
+                if T.holds_no_text(column.type):
+                    return column
+                raise UnmaskedColumnError(
+                    f"column {report.column!r} would pass through unmasked ({report.rule}) but its type "
+                    f"({column.type}) cannot be scanned for PII",
+                    hint="drop or redact it, or keep it with 'scan: false' if it holds no personal data",
+                )
             if context.sources:
                 scrubbed, n_scrubbed = D.scrub_row_values(
                     s, context.sources, min_length=cfg.row_value_min_length, parts=cfg.row_value_parts,

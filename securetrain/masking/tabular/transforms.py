@@ -473,9 +473,30 @@ def generalize_bins(arr: pa.Array | pa.ChunkedArray, edges: list[float]) -> pa.A
     return pc.take(pa.array(bin_labels(edges), pa.string()), pa.array(idx.astype(np.int32), mask=missing))
 
 
+def _is_other_text(t: pa.DataType) -> bool:
+    """Text in another Arrow type: string_view, or binary (Hive/Impala write strings as BINARY)."""
+    return (pa.types.is_string_view(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
+            or pa.types.is_fixed_size_binary(t) or pa.types.is_binary_view(t))
+
+
 def scannable(arr: pa.Array | pa.ChunkedArray) -> pa.Array | None:
-    """The string view of a column the detectors can scan, or None (floats, dates, bools...)."""
+    """The string view of a column the detectors can scan, or None (floats, dates, bools..., and
+    binary that is not UTF-8 text or nested types: see :func:`holds_no_text`)."""
     t = arr.type.value_type if pa.types.is_dictionary(arr.type) else arr.type
     if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t):
         return as_string(arr)
+    if _is_other_text(t):
+        try:
+            return as_string(arr)
+        except pa.ArrowInvalid:  # not UTF-8: the detectors cannot read it
+            return None
     return None
+
+
+def holds_no_text(t: pa.DataType) -> bool:
+    """Types that cannot carry text (numbers, booleans, dates and times, nulls): safe to keep
+    unscanned. Anything else the detectors cannot read (lists, structs, maps, non-UTF-8 binary)
+    may hide PII and is refused when kept with scanning on."""
+    t = t.value_type if pa.types.is_dictionary(t) else t
+    return (pa.types.is_null(t) or pa.types.is_boolean(t) or pa.types.is_integer(t) or pa.types.is_floating(t)
+            or pa.types.is_decimal(t) or pa.types.is_temporal(t))
