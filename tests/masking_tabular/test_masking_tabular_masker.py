@@ -309,6 +309,23 @@ def test_detectors_integer_pan_and_false_positives() -> None:
     assert TabularMasker(p3, KEY).mask_table(pa.table({"id": ["a"], "c": ["123-45-6789"]})).column("c")[0].as_py()
 
 
+def test_detectors_card_numbers_in_float_columns() -> None:
+    """An integer column with one missing value becomes float64 in pandas: card numbers stored
+    that way passed a kept column unscanned, while the same numbers as int64 are refused."""
+    p = load_policy(data=_policy(default={"action": "keep"}))
+    m = TabularMasker(p, KEY)
+    with pytest.raises(PIIDetectedError, match="'ref'.*pan x1"):
+        m.mask_table(pa.table({"id": ["a", "b"], "ref": pa.array([4111111111111111.0, None], pa.float64())}))
+    with pytest.raises(PIIDetectedError, match="'ref'.*pan x1"):
+        m.mask_table(pa.table({"id": ["a", "b"], "ref": pa.array([4111111111111111.0, float("nan")])}))
+    ok = m.mask_table(pa.table({"id": ["a", "b", "c"],
+                                "ref": pa.array([4111111111111112.0, 1234.5, float("inf")], pa.float64())}))
+    assert ok.column("ref").to_pylist() == [4111111111111112.0, 1234.5, float("inf")]
+    p2 = load_policy(data=_policy(default={"action": "keep"}, detectors={"on_detect": "redact_values"}))
+    out = TabularMasker(p2, KEY).mask_table(pa.table({"id": ["a", "b"], "ref": [4111111111111111.0, 2.5]}))
+    assert out.column("ref").to_pylist() == ["[PAN]", "2.5"]
+
+
 def test_detectors_redact_values_and_column() -> None:
     p = load_policy(data=_policy(default={"action": "keep"}, detectors={"on_detect": "redact_values"}))
     out, report = TabularMasker(p, KEY).mask_table_with_report(pa.table({

@@ -296,12 +296,18 @@ class TextScanner:
 
 
 def integer_pan_mask(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """Integer cells that are whole 13-19 digit Luhn-valid card numbers (a numeric range test
-    first, so an ordinary integer column costs one comparison)."""
+    """Integer (or whole float) cells that are whole 13-19 digit Luhn-valid card numbers (a numeric
+    range test first, so an ordinary integer column costs one comparison). Floats count because an
+    integer column with a missing value becomes float64 in pandas."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     if pa.types.is_dictionary(arr.type):
         arr = arr.cast(arr.type.value_type)
+    if pa.types.is_floating(arr.type):
+        v = pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False)
+        with np.errstate(invalid="ignore"):
+            whole = np.isfinite(v) & (v >= 1e12) & (v < 1e19) & (np.floor(v) == v)
+        arr = pa.array(np.where(whole, v, 0.0).astype(np.uint64))
     big = _bool(pc.greater_equal(pc.cast(arr, pa.float64()), 1e12))
     out = np.zeros(len(arr), dtype=bool)
     if big.any():

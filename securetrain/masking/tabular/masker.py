@@ -447,9 +447,9 @@ class TabularMasker:
         cfg = self.policy.detectors
         if not cfg.enabled:
             return column
-        if _is_integer(column.type):
-            # Integer columns: only whole-value card numbers are possible (a numeric test first,
-            # so no string view is made of an ordinary integer column).
+        if _is_integer(column.type) or pa.types.is_floating(column.type):
+            # Integer (and float) columns: only whole-value card numbers are possible (a numeric
+            # test first, so no string view is made of an ordinary number column).
             mask = D.integer_pan_mask(column) if "pan" in cfg.detectors else np.zeros(len(column), bool)
             hits, redacted = ({"pan": mask} if mask.any() else {}), None
             if hits and cfg.on_detect == "redact_values":
