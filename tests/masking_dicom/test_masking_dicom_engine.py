@@ -332,3 +332,18 @@ def test_curves_removed_whole_under_clean_graphics(phi_ds: Dataset) -> None:
     out, blob = out_bytes(research(), phi_ds)
     assert not [e for e in out if 0x5000 <= e.tag.group <= 0x501E]
     assert b"ZEBEDIAH" not in blob
+
+
+@pytest.mark.parametrize(("name_form", "text_form"), [("NFC", "NFD"), ("NFD", "NFD"), ("NFD", "NFC")])
+def test_scrub_matches_names_across_unicode_normalization_forms(name_form: str, text_form: str) -> None:
+    # A name typed precomposed (NFC) in PatientName and decomposed (NFD, e.g. from macOS) in a
+    # retained description is the same name: the description must be scrubbed either way.
+    import unicodedata
+
+    ds = make_dataset(name=unicodedata.normalize(name_form, "Müllerström^Jürgen"))
+    ds.SpecificCharacterSet = "ISO_IR 192"
+    ds.SeriesDescription = unicodedata.normalize(text_form, "T1 Müllerström knee")
+    out, _ = out_bytes(research(), roundtrip(ds))
+    described = unicodedata.normalize("NFC", str(out.SeriesDescription))
+    assert "Müllerström" not in described and "ller" not in described
+    assert described.startswith("T1 ") and described.endswith(" knee")

@@ -128,7 +128,10 @@ class Redactor:
         return self._pattern is not None
 
     def could_match(self, lowered: str) -> bool:
-        """Cheap pre-filter: does any needle occur at all (ignoring boundaries)?"""
+        """Cheap pre-filter: does any needle occur at all (ignoring boundaries)? Compared in NFC,
+        like :meth:`redact` (the needles are NFC), so decomposed text (``u`` + U+0308) still matches."""
+        if not lowered.isascii():
+            lowered = unicodedata.normalize("NFC", lowered)
         return any(n.lower() in lowered for n in self.needles)
 
     def redact(self, text: str) -> str:
