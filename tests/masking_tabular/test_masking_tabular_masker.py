@@ -154,6 +154,20 @@ def test_csv_header_wider_than_64_kib(tmp_path: Path) -> None:
     assert out.column("cid").to_pylist() == m.mask_table(pa.table({"cid": ["007", "7"]})).column("cid").to_pylist()
 
 
+def test_nan_in_float_identifier_columns_is_missing() -> None:
+    """Float id columns (an integer id column with gaps) had NaN tokenised as the text "nan": every
+    row without an id shared one real-looking token (one made-up entity, joinable across tables)."""
+    p = load_policy(data=_policy(columns=[{"name": "id", "action": "tokenize"}, {"name": "tel", "action": "phone"},
+                                          {"name": "ssn", "action": "redact"}]))
+    t = pa.table({"id": [1234.0, float("nan"), float("nan")], "tel": [2025550143.0, float("nan"), 2025550143.0],
+                  "ssn": [float("nan"), 123456789.0, None]})
+    out, report = TabularMasker(p, KEY).mask_table_with_report(t)
+    assert out.column("id").to_pylist()[1:] == [None, None]
+    assert out.column("id")[0].as_py() == TabularMasker(p, KEY).mask_table(pa.table({"id": [1234]})).column("id")[0].as_py()
+    assert out.column("tel").to_pylist()[1] is None and out.column("ssn").to_pylist() == [None, "[REDACTED]", None]
+    assert {c.column: c.invalid for c in report.columns}["tel"] == 0
+
+
 def test_bins_and_year() -> None:
     p = load_policy(data={"policy_version": "1", "columns": [
         {"name": "amt", "action": "generalize", "bins": [0, 1000, 5000]},

@@ -383,6 +383,11 @@ class TabularMasker:
         k = self._token_key
         if isinstance(rule, DropRule) or (isinstance(rule, DefaultAction) and rule.action == "drop"):
             return None
+        if pa.types.is_floating(column.type) and (
+                isinstance(rule, _STRING_ACTIONS) or (isinstance(rule, DefaultAction) and rule.action == "redact")):
+            # NaN is a missing value (pandas' null), not the text "nan" to tokenise or redact.
+            column = pc.if_else(pc.is_nan(column), pa.scalar(None, column.type), column)
+            report.nulls = column.null_count
         if isinstance(rule, RedactRule) or (isinstance(rule, DefaultAction) and rule.action == "redact"):
             return T.redact(column, rule.replacement)
         if isinstance(rule, (KeepRule, DefaultAction)):  # default keep
