@@ -240,6 +240,16 @@ def test_phone_and_invalid_email() -> None:
     assert em[0] == em[1] and "@" not in em[0] and em[2] == "[INVALID_EMAIL]"
 
 
+def test_unnamed_column_is_named_in_the_refusal(tmp_path: Path, masker: TabularMasker) -> None:
+    """pandas' to_csv writes its index as a column with an empty name; the refusal listed it as
+    nothing at all ("...has no default: "), which told the user nothing."""
+    (tmp_path / "a.csv").write_text(",customer_id,amount,label\n0,007,1.5,0\n1,008,2.5,1\n")
+    with pytest.raises(UnmaskedColumnError) as info:
+        masker.read_masked(tmp_path / "a.csv")
+    assert "no default: '' (unnamed)" in str(info.value)
+    assert "index=False" in (info.value.hint or "")
+
+
 def test_unknown_column_fails_closed_and_writes_nothing(tmp_path: Path, masker: TabularMasker) -> None:
     t = generate_finance_table(10).append_column("mothers_maiden_name", pa.array(["Smith"] * 10))
     with pytest.raises(UnmaskedColumnError, match="mothers_maiden_name"):

@@ -233,10 +233,16 @@ class TabularMasker:
         plan = {c: self.policy.rule_for(c) for c in columns}
         missing = [c for c, r in plan.items() if r is None]
         if missing:
+            unnamed = [c for c in missing if not c.strip()]
+            shown = ", ".join(f"{c!r} (unnamed)" if not c.strip() else c for c in missing)
+            hint = "add rules for them (keep/drop/redact/...) or set a 'default' action in the policy"
+            if unnamed:
+                hint += ("; a column without a name is often a pandas index written by to_csv: "
+                         "write the file with index=False, or name the column")
             raise UnmaskedColumnError(
                 f"{len(missing)} column(s) match no rule in policy {self.policy.name!r} "
-                f"v{self.policy.policy_version} and it has no default: {', '.join(missing)}",
-                hint="add rules for them (keep/drop/redact/...) or set a 'default' action in the policy",
+                f"v{self.policy.policy_version} and it has no default: {shown}",
+                hint=hint,
             )
         return plan
 
