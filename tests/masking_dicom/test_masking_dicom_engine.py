@@ -347,3 +347,21 @@ def test_scrub_matches_names_across_unicode_normalization_forms(name_form: str, 
     described = unicodedata.normalize("NFC", str(out.SeriesDescription))
     assert "Müllerström" not in described and "ller" not in described
     assert described.startswith("T1 ") and described.endswith(" knee")
+
+
+def test_scrub_uses_inherited_character_set_for_values_removed_in_nested_items() -> None:
+    # A sequence item has no (0008,0005) of its own: its text is in the character set it inherits
+    # (UTF-8 here). A name removed inside the item must become a needle as the name, not as its
+    # UTF-8 bytes read as Latin-1, so retained text naming it is scrubbed.
+    from pydicom.sequence import Sequence
+
+    ds = make_dataset(name="PLAIN^ASCII")
+    ds.SpecificCharacterSet = "ISO_IR 192"
+    item = Dataset()
+    item.ValueType = "PNAME"
+    item.PersonName = "Øyvindsen^Åse"
+    ds.ContentSequence = Sequence([item])
+    ds.StudyDescription = "Øyvindsen referral"
+    out, _ = out_bytes(research(), roundtrip(ds))
+    assert "Øyvindsen" not in str(out.StudyDescription)
+    assert str(out.StudyDescription).endswith(" referral")

@@ -138,11 +138,14 @@ def _raw_strings(ds: Dataset, raw: Any) -> list[str] | None:
     if raw.VR in _ASCII_ONLY_VRS or data.isascii():
         text = data.decode("ascii", "replace")
     else:
-        charset = ds.get("SpecificCharacterSet", "") or ""
-        charset = charset if isinstance(charset, str) else "\\".join(charset)
-        if charset.strip() == "ISO_IR 192":
+        # pydicom's codec names for the item's own (0008,0005), else the set it inherits from its
+        # parent (a sequence item usually has none of its own)
+        encodings = ds._character_set
+        codecs = [encodings] if isinstance(encodings, str) else list(encodings)
+        codec = codecs[0].lower().replace("-", "_") if len(codecs) == 1 else ""
+        if codec in ("utf8", "utf_8"):
             text = data.decode("utf-8", "replace")
-        elif charset.strip() in ("", "ISO_IR 100", "ISO_IR 6"):
+        elif codec in ("iso8859", "latin_1"):  # default repertoire, ISO_IR 6, ISO_IR 100
             text = data.decode("latin-1")
         else:
             return None
