@@ -106,3 +106,15 @@ def test_cli_without_key_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("SECURETRAIN_MASK_KEY", "zz-not-hex")
     res = CliRunner().invoke(_app(), ["mask", str(src), str(tmp_path / "o.csv"), "-p", str(POLICY)])
     assert isinstance(res.exception, MaskKeyError) and "zz-not-hex" not in str(res.exception)
+
+
+def test_cli_mask_default_policy_outside_the_source_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--policy` is optional, but its default was the relative path policies/finance-pii.yaml:
+    run from anywhere but the repository root, `securetrain mask IN OUT` failed with "policy file
+    policies/finance-pii.yaml not found". The default is the shipped policy, found by name."""
+    src = write_finance_file(tmp_path / "in.csv", 20)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SECURETRAIN_MASK_KEY", KEY.hex())
+    res = CliRunner().invoke(_app(), ["mask", str(src), str(tmp_path / "out.parquet")])
+    assert res.exit_code == 0, res.output
+    assert pq.read_table(tmp_path / "out.parquet").equals(TabularMasker(POLICY, KEY).read_masked(src)[0])

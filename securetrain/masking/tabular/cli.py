@@ -37,7 +37,8 @@ def _load_key(key_file: Path | None) -> bytes:
 def mask_command(
     src: Path = typer.Argument(..., help="input table (.csv, .parquet, .pq)"),
     dst: Path = typer.Argument(..., help="output table (.csv, .parquet, .pq); replaced atomically"),
-    policy: Path = typer.Option(Path("policies/finance-pii.yaml"), "--policy", "-p", help="masking policy YAML"),
+    policy: Path = typer.Option(Path("finance-pii"), "--policy", "-p",
+                                help="masking policy YAML, or a shipped policy's name (default: finance-pii)"),
     key_file: Path | None = typer.Option(None, "--key-file", help=f"key file, mode 0600 (64 hex chars, hex:..., base64:... or 32 raw bytes); else ${KEY_ENV}"),
     report_json: Path | None = typer.Option(None, "--report-json", help="also write the report (counts only) as JSON"),
     audit_db: str | None = AUDIT_DB_OPTION,
