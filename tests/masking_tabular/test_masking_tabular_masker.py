@@ -408,6 +408,23 @@ def test_type_mismatch_withholds_values(tmp_path: Path) -> None:
     assert "Secretname" not in str(info.value)
 
 
+def test_csv_output_of_types_csv_cannot_hold(tmp_path: Path) -> None:
+    """Masking a Parquet file to .csv ended in a raw pyarrow ArrowInvalid ("Unsupported Type") for a
+    kept string_view column (which CSV can hold) and for nested columns kept with scan: false."""
+    p = load_policy(data={"policy_version": "1", "columns": [
+        {"name": "id", "action": "tokenize"}, {"name": "tags", "action": "keep", "scan": False}],
+        "default": {"action": "keep"}})
+    m = TabularMasker(p, KEY)
+    pq.write_table(pa.table({"id": ["a"], "sv": pa.array(["x"], pa.string_view())}), tmp_path / "a.parquet")
+    m.mask_file(tmp_path / "a.parquet", tmp_path / "a.csv")
+    assert (tmp_path / "a.csv").read_text().splitlines()[1].endswith(',"x"')
+    pq.write_table(pa.table({"id": ["a"], "tags": pa.array([[1, 2]])}), tmp_path / "b.parquet")
+    (tmp_path / "b.csv").write_bytes(b"previous")
+    with pytest.raises(MalformedTableError, match=r"CSV.*tags \(list<"):
+        m.mask_file(tmp_path / "b.parquet", tmp_path / "b.csv")
+    assert (tmp_path / "b.csv").read_bytes() == b"previous"
+
+
 def test_files_and_keys_errors(tmp_path: Path, masker: TabularMasker) -> None:
     with pytest.raises(UnsupportedFormatError):
         masker.mask_file(tmp_path / "x.xlsx", tmp_path / "y.csv")

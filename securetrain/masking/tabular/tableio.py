@@ -107,12 +107,28 @@ def serialize_table(table: pa.Table, fmt: Format, *, unique_columns: Collection[
     time of a table with four such columns; the file is no larger)."""
     sink = pa.BufferOutputStream()
     if fmt == "csv":
-        pacsv.write_csv(table, sink)
+        pacsv.write_csv(_csv_writable(table), sink)
     else:
         plain = set(unique_columns)
         use_dictionary: bool | list[str] = [c for c in table.column_names if c not in plain] if plain else True
         pq.write_table(table, sink, compression="zstd", use_dictionary=use_dictionary)
     return sink.getvalue().to_pybytes()
+
+
+def _csv_writable(table: pa.Table) -> pa.Table:
+    """``table`` with view types cast to the plain ones pyarrow's CSV writer takes; nested columns
+    (lists, structs, maps), which CSV cannot hold, are refused by name and type."""
+    nested = [f"{f.name} ({f.type})" for f in table.schema if pa.types.is_nested(f.type)]
+    if nested:
+        raise MalformedTableError(
+            f"cannot write column(s) as CSV: {', '.join(nested)}",
+            hint="write the output as .parquet, or drop those columns",
+        )
+    for i, f in enumerate(table.schema):
+        if pa.types.is_string_view(f.type) or pa.types.is_binary_view(f.type):
+            plain = pa.string() if pa.types.is_string_view(f.type) else pa.binary()
+            table = table.set_column(i, f.name, pc.cast(table.column(i), plain))
+    return table
 
 
 def write_table(table: pa.Table, path: str | os.PathLike[str]) -> tuple[str, int]:
