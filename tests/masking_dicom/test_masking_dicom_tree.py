@@ -73,3 +73,31 @@ def test_batch_writer_abort_leaves_nothing(tmp_path: Path) -> None:
             w.write(tmp_path / "x.dcm", b"data")
             raise RuntimeError("boom")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_tree_two_inputs_with_one_sop_instance_uid_give_one_output(tmp_path: Path) -> None:
+    # The documented rule: two inputs with the same SOP Instance UID give one output. With 8 inputs
+    # a chunk holds 2 (one BatchWriter): the run must not crash on the second rename of one name.
+    import io
+
+    from dicom_fixtures import make_dataset
+
+    src = tmp_path / "in"
+    src.mkdir()
+    buf = io.BytesIO()
+    pydicom.dcmwrite(buf, make_dataset(), enforce_file_format=True)
+    for i in range(8):
+        (src / f"copy{i}.dcm").write_bytes(buf.getvalue())
+    report = deidentify_tree(src, tmp_path / "out", BASIC, SECRET, workers=1)
+    assert [r.outcome for r in report.results] == [FileOutcome.WRITTEN] * 8
+    assert len({r.output for r in report.results}) == 1
+    assert [p.name for p in (tmp_path / "out").iterdir()] == [report.results[0].output]
+
+
+def test_batch_writer_same_target_twice_in_one_batch(tmp_path: Path) -> None:
+    writer = BatchWriter()
+    writer.write(tmp_path / "x.dcm", b"first")
+    writer.write(tmp_path / "x.dcm", b"second")
+    assert writer.flush() == [tmp_path / "x.dcm"]
+    assert (tmp_path / "x.dcm").read_bytes() == b"second"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.dcm"]

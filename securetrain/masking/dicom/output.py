@@ -24,7 +24,8 @@ class BatchWriter:
         self._pending: list[tuple[Path, Path]] = []
 
     def write(self, path: str | os.PathLike[str], data: bytes) -> None:
-        """Stage ``data`` for ``path``; visible at the next :meth:`flush` (automatic every ``max_pending``)."""
+        """Stage ``data`` for ``path``; visible at the next :meth:`flush` (automatic every ``max_pending``).
+        Staging one path twice in a batch keeps the last data (one temporary file per path and process)."""
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -40,7 +41,8 @@ class BatchWriter:
                 tmp.unlink()
             raise
         os.close(fd)
-        self._pending.append((tmp, target))
+        if (tmp, target) not in self._pending:  # the same target again: its staged file now holds the new data
+            self._pending.append((tmp, target))
         if len(self._pending) >= self.max_pending:
             self.flush()
 
