@@ -425,6 +425,20 @@ def test_csv_output_of_types_csv_cannot_hold(tmp_path: Path) -> None:
     assert (tmp_path / "b.csv").read_bytes() == b"previous"
 
 
+def test_csv_that_is_not_utf8_is_refused_as_such(tmp_path: Path) -> None:
+    """A Latin-1 CSV: pyarrow reads a kept column with non-UTF-8 bytes as *binary*, which passed
+    through unscanned (later: refused as an unscannable type, which hid the cause); a text-rule
+    column failed with a hint to check that the file is complete. Both now say: not UTF-8."""
+    p = load_policy(data={"policy_version": "1", "columns": [{"name": "id", "action": "tokenize"}],
+                          "default": {"action": "keep"}})
+    m = TabularMasker(p, KEY)
+    for name, content in (("kept", b"id,city\n1,M\xfcnchen Hans\n"), ("token", b"id,city\nM\xfcller,x\n")):
+        (tmp_path / f"{name}.csv").write_bytes(content)
+        with pytest.raises(MalformedTableError, match="UTF-8") as info:
+            m.read_masked(tmp_path / f"{name}.csv")
+        assert "UTF-8" in (info.value.hint or "") and "nchen" not in str(info.value) and "ller" not in str(info.value)
+
+
 def test_files_and_keys_errors(tmp_path: Path, masker: TabularMasker) -> None:
     with pytest.raises(UnsupportedFormatError):
         masker.mask_file(tmp_path / "x.xlsx", tmp_path / "y.csv")

@@ -48,6 +48,9 @@ def _safe_csv_reason(exc: Exception) -> str:
     return type(exc).__name__
 
 
+_NOT_UTF8_HINT = "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8 in.csv > out.csv)"
+
+
 def csv_header(data: bytes) -> list[str]:
     """Column names from the first CSV record (handles BOM and quoting), however long it is: only
     that record is decoded, line by line, not the whole file."""
@@ -67,14 +70,25 @@ def parse_table(data: bytes, fmt: Format, *, name: str, string_columns: set[str]
                 pa.BufferReader(data),
                 convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False),
             )
-            return _empty_cells_as_null(table, types)
-        return pq.read_table(pa.BufferReader(data))
+        else:
+            return pq.read_table(pa.BufferReader(data))
     except (pa.ArrowException, OSError, ValueError) as exc:
         reason = _safe_csv_reason(exc) if fmt == "csv" else type(exc).__name__
         raise MalformedTableError(
             f"cannot read {name} as {fmt.upper()}: {reason} (cell contents withheld)",
-            hint="check that the file is complete and really is " + fmt.upper(),
+            hint=_NOT_UTF8_HINT if "utf8" in reason.lower() else
+            "check that the file is complete and really is " + fmt.upper(),
         ) from None
+    # pyarrow types a CSV column as binary only when its bytes are not UTF-8 (a Latin-1 export):
+    # refuse that as what it is, rather than as a column of an odd type.
+    binary = [f.name for f in table.schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
+    if binary:
+        raise MalformedTableError(
+            f"cannot read {name} as CSV: column(s) {', '.join(binary)} are not valid UTF-8 text "
+            "(cell contents withheld)",
+            hint=_NOT_UTF8_HINT,
+        )
+    return _empty_cells_as_null(table, types)
 
 
 def _empty_cells_as_null(table: pa.Table, columns: Collection[str]) -> pa.Table:
