@@ -101,3 +101,47 @@ def test_batch_writer_same_target_twice_in_one_batch(tmp_path: Path) -> None:
     assert writer.flush() == [tmp_path / "x.dcm"]
     assert (tmp_path / "x.dcm").read_bytes() == b"second"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.dcm"]
+
+
+def _sr_with_bad_last_element() -> bytes:
+    """A small object whose last element has a VR pydicom does not know and length 0: pydicom
+    raises NotImplementedError when that element is first accessed."""
+    import io
+
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import ExplicitVRLittleEndian
+
+    ds = Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.MediaStorageSOPClassUID = ds.SOPClassUID = "1.2.840.10008.5.1.4.1.1.88.33"
+    ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID = "1.2.3.4.5"
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.PatientName = "QUILLFEATHER^ROSALIND"
+    ds.PatientID = "PID-88213"
+    buf = io.BytesIO()
+    pydicom.dcmwrite(buf, ds, enforce_file_format=True)
+    return buf.getvalue() + b"\x10\x00\x02\x10Sd\x00\x00"  # (0010,1002), VR "Sd", length 0
+
+
+def test_corrupt_element_is_a_typed_refusal_and_never_ends_the_run(tmp_path: Path) -> None:
+    import io
+
+    from dicom_fixtures import make_dataset
+
+    from securetrain.masking.dicom.engine import Deidentifier
+    from securetrain.masking.dicom.errors import UnreadableDicomError
+
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "bad.dcm").write_bytes(_sr_with_bad_last_element())
+    buf = io.BytesIO()
+    pydicom.dcmwrite(buf, make_dataset(), enforce_file_format=True)
+    (src / "good.dcm").write_bytes(buf.getvalue())
+    with pytest.raises(UnreadableDicomError, match="corrupt"):
+        Deidentifier(BASIC, SECRET).deidentify_file(src / "bad.dcm", tmp_path / "bad-out.dcm")
+    assert not (tmp_path / "bad-out.dcm").exists()
+    report = deidentify_tree(src, tmp_path / "out", BASIC, SECRET, workers=1)
+    outcome = {r.source: r.outcome for r in report.results}
+    assert outcome == {"bad.dcm": FileOutcome.QUARANTINED, "good.dcm": FileOutcome.WRITTEN}
+    bad = next(r for r in report.results if r.source == "bad.dcm")
+    assert "corrupt" in (bad.reason or "") and "QUILLFEATHER" not in (bad.reason or "")

@@ -43,6 +43,7 @@ from pydicom.uid import (
 
 from securetrain import __version__
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
+from securetrain.errors import SecureTrainError
 from securetrain.io.atomic import atomic_write_bytes
 from securetrain.masking.dicom.burned_in.cleaner import BurnedInCleaner
 from securetrain.masking.dicom.dates import shift_da, shift_dt
@@ -324,10 +325,20 @@ class Deidentifier:
         except OSError as exc:
             raise UnreadableDicomError(f"{name}: cannot read ({type(exc).__name__})") from None
         ds = read_dicom(io.BytesIO(data), name=name)
-        check_complete(ds, name, size=len(data))
+        try:
+            check_complete(ds, name, size=len(data))
+        except SecureTrainError:
+            raise
+        except Exception as exc:  # pydicom parses lazily: a corrupt element fails when first touched
+            raise UnreadableDicomError(f"{name}: corrupt DICOM ({type(exc).__name__})") from None
         digest = hashlib.sha256(data).hexdigest()
         self.audit.record("dicom.read", f"sha256:{digest}", details={"sha256": digest, "bytes": len(data)})
-        _, report = self.deidentify_dataset(ds, source=name)
+        try:
+            _, report = self.deidentify_dataset(ds, source=name)
+        except SecureTrainError:
+            raise
+        except Exception as exc:  # as above; the typed error lets a folder run quarantine it and go on
+            raise UnreadableDicomError(f"{name}: corrupt or unsupported DICOM ({type(exc).__name__})") from None
         report.input_sha256 = digest
         if callable(dst):
             dst = None if dry_run else dst(report)
