@@ -439,6 +439,14 @@ def test_csv_that_is_not_utf8_is_refused_as_such(tmp_path: Path) -> None:
         assert "UTF-8" in (info.value.hint or "") and "nchen" not in str(info.value) and "ller" not in str(info.value)
 
 
+def test_duplicate_column_names_are_named(tmp_path: Path, masker: TabularMasker) -> None:
+    """The refusal said only "the table has duplicate column names", leaving the user to search a
+    wide export for them."""
+    (tmp_path / "d.csv").write_text("customer_id,amount,label,amount\n007,1.5,0,2\n")
+    with pytest.raises(MalformedTableError, match=r"duplicate column names: amount \(2 times\)"):
+        masker.read_masked(tmp_path / "d.csv")
+
+
 def test_files_and_keys_errors(tmp_path: Path, masker: TabularMasker) -> None:
     with pytest.raises(UnsupportedFormatError):
         masker.mask_file(tmp_path / "x.xlsx", tmp_path / "y.csv")

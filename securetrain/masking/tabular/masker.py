@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+from collections import Counter
 from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -295,7 +296,9 @@ class TabularMasker:
     def _mask(self, table: pa.Table, on_column: Callable[[str], None] | None) -> tuple[pa.Table, list[ColumnReport]]:
         names = table.column_names
         if len(set(names)) != len(names):
-            raise MalformedTableError("the table has duplicate column names", hint="rename the duplicates")
+            counts = Counter(names)
+            dupes = ", ".join(f"{c if c.strip() else repr(c)} ({k} times)" for c, k in counts.items() if k > 1)
+            raise MalformedTableError(f"the table has duplicate column names: {dupes}", hint="rename the duplicates")
         plan = self.plan(names)
         threads = column_threads()  # sampled once per table: the columns and a long text's scrub share it
         context = self._scan_context(table, plan)
