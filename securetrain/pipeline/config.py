@@ -22,7 +22,7 @@ from pathlib import Path
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 from securetrain.config.loader import load_model
 from securetrain.errors import ConfigError
@@ -49,6 +49,15 @@ class SyntheticTableConfig(BaseModel):
     seed: int = Field(0, ge=0)
 
 
+def canonical_label(value: str) -> str:
+    """``"01"`` and ``"1"`` are the same class; strings are kept as written (stripped)."""
+    value = value.strip()
+    try:
+        return str(int(value))
+    except ValueError:
+        return value
+
+
 class DataConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     source: Path | None = Field(
@@ -65,6 +74,20 @@ class DataConfig(BaseModel):
     classes: list[str] | None = Field(
         None, description="Class names in id order; default: the sorted distinct labels (integers numerically)."
     )
+    @field_validator("classes", mode="before")
+    @classmethod
+    def _canonical_classes(cls, value: Any) -> Any:
+        # The labels' rules: YAML integers are class names too, and "01" is "1" (canonical_label).
+        if not isinstance(value, list):
+            return value
+        names = [canonical_label(str(v)) if isinstance(v, (str, int)) and not isinstance(v, bool) else v
+                 for v in value]
+        repeated = sorted({n for n in names if isinstance(n, str) and names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"data.classes names {', '.join(map(repr, repeated))} more than once "
+                             "(integer labels count as one class however written: 01 is 1)")
+        return names
+
     frames: Literal["first", "middle", "all"] | int = Field(
         "first", description="Multi-frame DICOM: which frame (index, first, middle), or all frames stacked.")
     depth: PositiveInt | None = Field(None, description="frames: all -> resample every file to this many frames.")

@@ -114,3 +114,20 @@ def test_integer_labels_and_declared_classes(tmp_path: Path) -> None:
     assert label_names(["a"], ["b", "a", "c"], where="m") == ["b", "a", "c"]  # declared order wins
     with pytest.raises(TaskError, match="not in data.classes"):
         label_names(["a", "z"], ["a", "b"], where="m")
+
+
+def test_declared_classes_are_canonical_like_the_labels() -> None:
+    """data.classes follows the labels' rules: integer classes may be written as YAML integers, and
+    "01" is "1" there as in the manifest (it was refused: every label 'not in data.classes')."""
+    from securetrain.pipeline.config import DataConfig
+    from securetrain.pipeline.errors import TaskError
+    from securetrain.pipeline.tasks.base import canonical_label, label_names
+
+    assert DataConfig(classes=[2, 0, 1]).classes == ["2", "0", "1"]
+    assert DataConfig(classes=[" 02", "x"]).classes == ["2", "x"]
+    labels = [canonical_label(v) for v in ["01", "02", "01"]]
+    assert label_names(labels, ["02", "01"], where="m") == ["2", "1"]
+    with pytest.raises(ValueError, match="more than once"):
+        DataConfig(classes=["1", "01"])
+    with pytest.raises(TaskError, match="more than once"):
+        label_names(["a"], ["a", "a"], where="m")

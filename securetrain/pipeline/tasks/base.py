@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
-from securetrain.pipeline.config import PipelineConfig
+from securetrain.pipeline.config import PipelineConfig, canonical_label
 from securetrain.pipeline.errors import TaskError
 from securetrain.pipeline.secrets import RunSecrets
 
@@ -75,6 +75,11 @@ def label_names(values: Iterable[str], classes: list[str] | None, *, where: str)
     labels (numerically when all are integers, so ``2`` < ``10``)."""
     distinct = sorted(set(values))
     if classes is not None:
+        classes = [canonical_label(c) for c in classes]  # as the labels are ("01" is "1")
+        repeated = sorted({c for c in classes if classes.count(c) > 1})
+        if repeated:
+            raise TaskError(f"{where}: data.classes names {', '.join(map(repr, repeated))} more than once",
+                            hint="list every class once (integer labels: 01 is 1)")
         unknown = [v for v in distinct if v not in classes]
         if unknown:
             raise TaskError(f"{where}: {len(unknown)} label value(s) not in data.classes",
@@ -92,12 +97,6 @@ def _is_int(value: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def canonical_label(value: str) -> str:
-    """``"01"`` and ``"1"`` are the same class; strings are kept as written (stripped)."""
-    value = value.strip()
-    return str(int(value)) if _is_int(value) else value
 
 
 def holdout(entities: Iterable[str], fraction: float) -> set[str]:
