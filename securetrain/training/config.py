@@ -125,6 +125,9 @@ class TrainingConfig(BaseModel):
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp", description="Multi-process wrapping: ddp (replicated, rank 0 writes one checkpoint) or fsdp "
         "(FSDP2 fully_shard, every rank writes its own encrypted shard).")
+    find_unused_parameters: bool = Field(
+        False, description="strategy ddp: let DistributedDataParallel find parameters that get no gradient in a "
+        "step (a model with an unused or conditionally used branch); costs a graph traversal per step.")
     stop_check_every: PositiveInt = Field(
         10, description="Multi-process: all-reduce the stop (preemption) flag every N optimizer steps "
         "(and at every checkpoint), not every step.")

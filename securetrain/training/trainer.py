@@ -370,7 +370,8 @@ class Trainer:
     def _wrap_distributed(self, device: torch.device) -> None:
         """Wrap the model for data parallelism (after resume; DP-SGD substitutes Opacus' wrapper)."""
         self.model = nn.parallel.DistributedDataParallel(
-            self.model, device_ids=[device.index] if device.type == "cuda" else None
+            self.model, device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=self.config.find_unused_parameters,
         )
 
     def _steps_per_epoch(self) -> int | None:
@@ -784,7 +785,16 @@ class Trainer:
         )
         with sync:
             with autocast:
-                loss = self.loss_fn(model, batch)
+                try:
+                    loss = self.loss_fn(model, batch)
+                except RuntimeError as exc:
+                    if ddp is None or "find_unused_parameters" not in str(exc):
+                        raise
+                    raise TrainingError(
+                        "under DDP every trainable parameter must get a gradient in every step, and this model "
+                        "has parameters its loss did not use", hint="set training.find_unused_parameters: true "
+                        "(TrainingConfig(find_unused_parameters=True)), or freeze them with requires_grad_(False)",
+                    ) from exc
             scaled = loss / window_size if window_size != 1 else loss
             scaler.scale(scaled).backward() if scaler.is_enabled() else scaled.backward()
         w = self._window

@@ -43,3 +43,20 @@ def test_torchrun_two_ranks_identical_weights_and_exact_resume(tmp_path: Path) -
     assert any(not torch.equal(init[k], weights[k]) for k in init)  # it trained
     resumed_steps = [i.step for i in SafetensorsCheckpointStore(tmp_path / "resumed" / "checkpoints").list()]
     assert resumed_steps == [3, 4, 8]
+
+
+@pytest.mark.slow
+def test_torchrun_model_with_unused_parameters(tmp_path: Path) -> None:
+    """A user's model with a parameter the loss does not use cannot train under plain DDP: a
+    TrainingError names training.find_unused_parameters (it was torch's RuntimeError telling the
+    user to pass a DDP argument the Trainer does not expose), and with the setting it trains."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    worker = Path(__file__).with_name("ddp_unused_worker.py")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(worker), str(tmp_path)],
+        capture_output=True, text=True, env=env, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for rank in (0, 1):
+        # 32 samples -> 16 per rank -> 4 steps
+        assert (tmp_path / f"rank{rank}.txt").read_text().split("\n")[:2] == ["TrainingError True", "completed 4"]
