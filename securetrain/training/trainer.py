@@ -100,7 +100,13 @@ def split_batch(batch: Any) -> tuple[Any, torch.Tensor]:
 def cross_entropy_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     """Default loss: ``F.cross_entropy(model(x), y)``."""
     x, y = split_batch(batch)
-    return F.cross_entropy(model(x), y)
+    out = model(x)
+    if not isinstance(out, torch.Tensor):
+        raise TrainingError(
+            f"the model returned {type(out).__name__}; the default loss is cross-entropy on a logits tensor",
+            hint="pass loss_fn(model, batch) (and predict_fn for validation) that picks the logits from it",
+        )
+    return F.cross_entropy(out, y)
 
 
 def default_predict(model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:

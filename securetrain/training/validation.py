@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from securetrain.metrics import binary_auc
+from securetrain.training.errors import TrainingError
 
 #: ``metrics_fn(logits, targets) -> {name: value}``; values are floats, ints or lists of them.
 MetricsFn = Callable[[torch.Tensor, torch.Tensor], dict[str, Any]]
@@ -34,6 +35,14 @@ def macro_auc(probabilities: np.ndarray, targets: np.ndarray) -> float | None:
 
 def classification_metrics(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
     """loss (mean cross-entropy), accuracy, auc (macro OvR), class_counts, predicted_counts, confusion."""
+    fractional = targets.is_floating_point() and not torch.equal(targets, targets.round())  # 0./1. are ids
+    if logits.dim() != 2 or targets.dim() != 1 or fractional:
+        what = "[N, classes] logits" if logits.dim() != 2 else "class ids as targets"
+        raise TrainingError(
+            f"the default validation metrics are for classification and need {what}; got outputs of shape "
+            f"{list(logits.shape)} and {targets.dtype} targets of shape {list(targets.shape)}",
+            hint="pass metrics_fn(outputs, targets) -> dict (a task: metrics()) for other outputs, e.g. regression",
+        )
     logits = logits.detach().float().cpu()
     targets = targets.detach().long().cpu()
     n_classes = logits.shape[1]

@@ -208,3 +208,52 @@ def test_secure_defaults_follow_the_configured_key_source_and_audit_url(tmp_path
         actions = [e.action for e in log.entries()]
         assert log.verify().ok
     assert actions[0] == "training.start" and "checkpoint.write" in actions and actions[-1] == "training.stop"
+
+
+def test_default_loss_and_metrics_refuse_outputs_they_cannot_score(tmp_path: Path) -> None:
+    """A user's regression model (outputs [N], float targets) with its own loss_fn but the default
+    metrics, or a model returning a tuple/dict with the default loss, fails with a TrainingError
+    that says what to pass, not torch's IndexError/TypeError from inside the engine."""
+    from torch.utils.data import TensorDataset
+
+    with pytest.raises(TrainingError, match=r"\[N, classes\] logits") as info:
+        classification_metrics(torch.randn(6), torch.randn(6))
+    assert "metrics_fn" in (info.value.hint or "")
+    with pytest.raises(TrainingError, match="class ids"):
+        classification_metrics(torch.randn(6, 3), torch.rand(6, 3))  # soft targets (probabilities)
+    with pytest.raises(TrainingError, match="class ids"):
+        classification_metrics(torch.randn(6, 3), torch.rand(6) * 3)  # fractional targets
+    assert classification_metrics(torch.randn(4, 2), torch.tensor([0.0, 1.0, 1.0, 0.0]))["samples"] == 4
+
+    x = torch.randn(24, 4)
+    data = TensorDataset(x, x.sum(dim=1))
+
+    class Regressor(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 1)
+
+        def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+            return self.linear(inputs).squeeze(-1)
+
+    def mse(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(model(batch[0]), batch[1])
+
+    with pytest.raises(TrainingError, match="metrics_fn"):
+        Trainer(Regressor(), data, _cfg(tmp_path / "r", epochs=1), loss_fn=mse, eval_data=data).fit()
+    result = Trainer(Regressor(), data, _cfg(tmp_path / "ok", epochs=1), loss_fn=mse, eval_data=data,
+                     metrics_fn=lambda out, y: {"loss": float(((out - y) ** 2).mean())}).fit()
+    assert result.validation[-1]["loss"] >= 0
+
+    class Pair(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 3)
+
+        def forward(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            logits = self.linear(inputs)
+            return logits, logits.softmax(-1)
+
+    with pytest.raises(TrainingError, match="returned tuple") as info:
+        Trainer(Pair(), _train(), _cfg(tmp_path / "t", epochs=1)).fit()
+    assert "loss_fn" in (info.value.hint or "")
