@@ -261,6 +261,13 @@ def head_and_features(model: nn.Module, batches: Any, predict: Callable[[nn.Modu
     return head, torch.cat(captured), torch.cat(labels)
 
 
+def linear_bias(layer: nn.Linear) -> torch.Tensor:
+    """The layer's bias, or zeros for a layer built with ``bias=False`` (a head HE scores all the same)."""
+    if layer.bias is None:
+        return torch.zeros(layer.out_features, dtype=layer.weight.dtype, device=layer.weight.device)
+    return layer.bias.detach()
+
+
 def he_head(weight: torch.Tensor, bias: torch.Tensor) -> nn.Sequential:
     """The head for HE: 2 classes -> one logistic unit (logit of class 1 minus class 0), else as is."""
     if weight.shape[0] == 2:
@@ -278,4 +285,4 @@ def logistic_head(model: nn.Module) -> nn.Sequential:
     _, head = last_linear(model)
     if head.out_features != 2:
         raise ValueError("the HE head export needs a 2-class model")
-    return he_head(head.weight.detach(), head.bias.detach())
+    return he_head(head.weight.detach(), linear_bias(head))

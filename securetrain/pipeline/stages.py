@@ -347,7 +347,7 @@ def extract_features(
     """
     from torch.utils.data import DataLoader
 
-    from securetrain.pipeline.models import head_and_features
+    from securetrain.pipeline.models import head_and_features, linear_bias
     from securetrain.training.trainer import split_batch
 
     task, data = task_datasets(config, secrets, audit)
@@ -360,7 +360,7 @@ def extract_features(
         "features": features,
         "labels": labels,
         "head_weight": head.weight.detach().clone(),
-        "head_bias": head.bias.detach().clone(),
+        "head_bias": linear_bias(head).clone(),
     }
     if _he_scope(config) == "model":
         with torch.no_grad():
@@ -431,7 +431,7 @@ def _chain_from_tensors(features: dict[str, torch.Tensor]) -> torch.nn.Sequentia
             raise PipelineError(f"HE scope 'model' cannot carry a {kind} layer", hint="set he.scope: head")
         params = {k.split("/", 2)[2]: v for k, v in features.items() if k.startswith(f"layer/{i}/")}
         if kind == "Linear":
-            layer: nn.Module = nn.Linear(params["weight"].shape[1], params["weight"].shape[0])
+            layer: nn.Module = nn.Linear(params["weight"].shape[1], params["weight"].shape[0], bias="bias" in params)
         elif kind == "BatchNorm1d":
             layer = nn.BatchNorm1d(params["weight"].shape[0])
         else:
@@ -499,13 +499,13 @@ def _he_model_from_chain(features: dict[str, torch.Tensor]) -> torch.nn.Sequenti
     """The whole model for HE; with two classes its last linear layer becomes one logistic unit."""
     from torch import nn
 
-    from securetrain.pipeline.models import he_head
+    from securetrain.pipeline.models import he_head, linear_bias
 
     layers = list(_chain_from_tensors(features))
     last = max(i for i, m in enumerate(layers) if isinstance(m, nn.Linear))
     head = cast(nn.Linear, layers[last])  # the isinstance check above picked it
     if head.out_features == 2:
-        layers[last] = he_head(head.weight.detach(), head.bias.detach())[0]
+        layers[last] = he_head(head.weight.detach(), linear_bias(head))[0]
     return nn.Sequential(*layers).eval()
 
 

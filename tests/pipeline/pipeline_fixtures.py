@@ -78,6 +78,12 @@ def build(num_classes, width=4, in_channels=1):
     return TinyNet(num_classes, in_channels, width)
 
 
+def no_bias_head(num_classes, in_channels=1, width=4):
+    """A classifier without bias (the last nn.Linear is the head HE scores)."""
+    return nn.Sequential(nn.Conv2d(in_channels, width, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
+                         nn.Flatten(), nn.Linear(4 * width, num_classes, bias=False))
+
+
 def two_outputs(width=4):
     return TinyNet(2, 1, width)
 

@@ -155,3 +155,43 @@ def test_example_byom_config_names_a_model_next_to_it() -> None:
         assert type(model).__name__ == "SmallResNet" and model.classifier.out_features == 3
     finally:
         sys.modules.pop("user_nets", None)
+
+
+def test_a_head_without_bias_is_scored_under_he(tmp_path: Path) -> None:
+    """A user's classifier whose last nn.Linear has bias=False trains and is HE-scored (the
+    feature stage read head.bias and failed with AttributeError after training)."""
+    pytest.importorskip("tenseal", reason="the pipeline's HE stage needs tenseal ([he] extra)")
+    project = tmp_path / "project"
+    write_user_model(project)
+    source = three_class_dicom(tmp_path / "studies", n_patients=3)
+    config_file = project / "run.yaml"
+    config_file.write_text(yaml.safe_dump(byom_config(
+        tmp_path, source, model={"target": "mynets:no_bias_head"}, training={"epochs": 1})))
+    from securetrain.cli.main import app
+
+    try:
+        result = CliRunner().invoke(app, ["run", str(config_file), "--no-prefect"])
+    finally:
+        sys.modules.pop("mynets", None)
+    assert result.exit_code == 0, result.output[-2000:] + repr(result.exception)
+    import json
+
+    he = json.loads((tmp_path / "runs" / "byom" / "result.json").read_text())["he"]
+    assert he["samples"] > 0 and he["max_abs_error"] < 1e-3
+
+
+def test_whole_model_chain_with_bias_free_linear_layers() -> None:
+    """The tabular whole-model HE scope carries a chain whose Linear layers have no bias."""
+    from torch import nn
+
+    from securetrain.pipeline.stages import _chain_from_tensors, _chain_to_tensors, _he_model_from_chain
+
+    torch.manual_seed(0)
+    chain = nn.Sequential(nn.Linear(5, 4, bias=False), nn.BatchNorm1d(4), nn.Linear(4, 2, bias=False)).eval()
+    carried = _chain_to_tensors(chain)
+    assert carried is not None
+    x = torch.randn(6, 5)
+    with torch.no_grad():
+        assert torch.allclose(_chain_from_tensors(carried)(x), chain(x))
+        logits = chain(x)
+        assert torch.allclose(_he_model_from_chain(carried)(x).squeeze(1), logits[:, 1] - logits[:, 0], atol=1e-6)
