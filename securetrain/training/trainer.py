@@ -571,6 +571,18 @@ class Trainer:
                     hint="restore the trainable parameters and optimizer of that run, use a fresh output_dir, "
                          "or set resume=false",
                 ) from None
+            except KeyError as exc:  # another optimizer's per-parameter state (e.g. SGD's into Adam)
+                lacking = [str(exc.args[0]) if exc.args else "?"]
+            else:
+                # Another optimizer's state (e.g. AdamW's into SGD) loads, then fails at the first step on
+                # the hyperparameters its param groups lack (torch fills in those it added itself).
+                lacking = sorted({k for g in self.optimizer.param_groups for k in self.optimizer.defaults if k not in g})
+            if lacking:
+                raise ResumeMismatchError(
+                    f"cannot resume from {latest.path.name}: its optimizer state is another optimizer's "
+                    f"(this {type(self.optimizer).__name__} needs {', '.join(lacking)})",
+                    hint="resume with the optimizer that wrote it, use a fresh output_dir, or set resume=false",
+                )
             rank = str(self.dist.rank)
             prefix = f"rng/{rank}/"
             restore_rng_state(

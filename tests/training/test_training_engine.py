@@ -104,6 +104,22 @@ def test_resume_refuses_a_changed_model_with_a_typed_error(tmp_path: Path) -> No
         Trainer(frozen, _data(), _cfg(tmp_path)).fit()
 
 
+def test_resume_refuses_another_optimizer_with_a_typed_error(tmp_path: Path) -> None:
+    """Resuming AdamW state into SGD (or back) is refused before training: SGD's step raised a bare
+    KeyError('momentum') on the AdamW hyperparameters the checkpoint put in its param groups."""
+    Trainer(make_mlp(8, 3, seed=1), _data(), _cfg(tmp_path / "adamw", max_steps=2)).fit()
+    with pytest.raises(ResumeMismatchError, match=r"optimizer.*momentum"):
+        Trainer(make_mlp(8, 3, seed=1), _data(), _cfg(tmp_path / "adamw"),
+                optimizer=lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9)).fit()
+    Trainer(make_mlp(8, 3, seed=1), _data(), _cfg(tmp_path / "sgd", max_steps=2),
+            optimizer=lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9)).fit()
+    with pytest.raises(ResumeMismatchError, match=r"optimizer.*AdamW needs"):
+        Trainer(make_mlp(8, 3, seed=1), _data(), _cfg(tmp_path / "sgd")).fit()
+    resumed = Trainer(make_mlp(8, 3, seed=1), _data(), _cfg(tmp_path / "sgd", max_steps=4),
+                      optimizer=lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9)).fit()
+    assert resumed.resumed_from == 2 and resumed.steps == 4
+
+
 def test_grad_accumulation_matches_big_batch(tmp_path: Path) -> None:
     kw = dict(epochs=1, shuffle=False, grad_clip=None, lr=0.1)
     a, b = make_mlp(8, 3, seed=1), make_mlp(8, 3, seed=1)
