@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from securetrain.errors import SecureTrainError
-from securetrain.pipeline.errors import ModelOutputError, ModelTargetError
+from securetrain.pipeline.errors import ModelOutputError, ModelTargetError, TaskError
 
 ENTRY_POINT_GROUP = "securetrain.models"
 
@@ -218,6 +218,10 @@ def check_model_output(model: nn.Module, inputs: Any, num_classes: int, *, targe
                                hint="check the model's expected input shape (channels, size, features)") from None
     finally:
         model.train(was_training)
+    if targets is not None and not isinstance(targets, torch.Tensor):  # e.g. strings collated into a list
+        raise TaskError(f"the task's batches carry labels as a {type(targets).__name__}; they must be class ids (integers "
+                        f"indexing class_names, 0..{num_classes - 1})",
+                        hint="map each label to its index in TaskData.class_names in the dataset")
     source = inputs if targets is None else targets
     batch = source.shape[0] if hasattr(source, "shape") else None
     if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != batch or out.shape[1] != num_classes:

@@ -195,3 +195,16 @@ def test_whole_model_chain_with_bias_free_linear_layers() -> None:
         assert torch.allclose(_chain_from_tensors(carried)(x), chain(x))
         logits = chain(x)
         assert torch.allclose(_he_model_from_chain(carried)(x).squeeze(1), logits[:, 1] - logits[:, 0], atol=1e-6)
+
+
+def test_task_labels_that_are_not_class_ids_are_named_as_such() -> None:
+    """A custom task whose dataset yields string labels: the one-batch check says the labels must be
+    class ids (it blamed the model: 'returns (2, 3) for a batch of None')."""
+    from securetrain.pipeline.errors import TaskError
+    from securetrain.training.trainer import default_predict
+
+    model = build_model("cnn", {"channels": 2, "hidden": 4}, num_classes=3)
+    batch = (torch.zeros(2, 1, 16, 16), ["benign", "malignant"])
+    with pytest.raises(TaskError, match=r"labels as a list; they must be class ids"):
+        check_model_output(model, batch, 3, target="cnn", predict=default_predict)
+    check_model_output(model, (torch.zeros(2, 1, 16, 16), torch.tensor([0, 2])), 3, target="cnn", predict=default_predict)
