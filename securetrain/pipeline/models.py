@@ -189,6 +189,10 @@ def build_model(target: str, kwargs: dict[str, Any], *, base_dir: Path | None = 
     except TypeError as exc:
         raise ModelTargetError(f"model.target {target!r} rejected its arguments: {exc}",
                                hint="check model.kwargs against the callable's signature") from None
+    except Exception as exc:  # the user's factory refusing its settings (ValueError, AssertionError, ...)
+        raise ModelTargetError(f"model.target {target!r} failed: {type(exc).__name__}: {exc}",
+                               hint="check model.kwargs and the task facts it was given "
+                                    f"({', '.join(sorted(call_kwargs)) or 'none'})") from None
     if not isinstance(model, nn.Module):
         raise ModelTargetError(f"model.target {target!r} returned {type(model).__name__}, not a torch.nn.Module",
                                hint="the callable must return the model instance")

@@ -208,3 +208,20 @@ def test_task_labels_that_are_not_class_ids_are_named_as_such() -> None:
     with pytest.raises(TaskError, match=r"labels as a list; they must be class ids"):
         check_model_output(model, batch, 3, target="cnn", predict=default_predict)
     check_model_output(model, (torch.zeros(2, 1, 16, 16), torch.tensor([0, 2])), 3, target="cnn", predict=default_predict)
+
+
+def test_a_factory_that_raises_fails_with_one_line(tmp_path: Path) -> None:
+    """A user's factory refusing its settings (ValueError, AssertionError, ...) is a ModelTargetError
+    naming the target and the exception, like rejected kwargs (it escaped as a traceback)."""
+    pkg = tmp_path / "picky"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "def build(num_classes, width=4):\n"
+        "    if width % 8:\n"
+        "        raise ValueError(f'width must be a multiple of 8, got {width}')\n"
+    )
+    try:
+        with pytest.raises(ModelTargetError, match=r"'picky:build' failed: ValueError: width must be a multiple of 8"):
+            build_model("picky:build", {"width": 4}, base_dir=tmp_path, num_classes=3)
+    finally:
+        sys.modules.pop("picky", None)
