@@ -176,3 +176,27 @@ def test_a_batch_is_not_returned_when_its_reads_cannot_be_recorded(synthetic_set
     ds = DicomDataset(synthetic_set, BASIC, SECRET, size=16, audit=_BatchRecorder(fail=True))
     with pytest.raises(RuntimeError, match="audit database unavailable"):
         ds.__getitems__([0, 1, 2])  # fail closed: no data leaves the dataset unaudited
+
+
+def test_a_corrupt_header_element_is_quarantined_at_index_time(tmp_path: Path) -> None:
+    # pydicom parses lazily: an element with an unknown VR fails only when read. A corrupt Rescale
+    # Slope must quarantine its file ("corrupt headers" are quarantined up front), not end __init__.
+    import io
+
+    import pydicom
+    from dicom_fixtures import make_dataset
+
+    ds = make_dataset()
+    ds.RescaleSlope = "1.5"
+    buf = io.BytesIO()
+    pydicom.dcmwrite(buf, ds, enforce_file_format=True)
+    good = buf.getvalue()
+    at = good.find(b"\x28\x00\x53\x10DS\x04\x00")  # (0028,1053) DS, length 4
+    assert at > 0
+    bad = good[:at + 4] + b"Sd\x00\x00" + good[at + 12:]  # unknown VR "Sd", length 0
+    (tmp_path / "a-good.dcm").write_bytes(good)
+    (tmp_path / "b-bad.dcm").write_bytes(bad)
+    dataset = DicomDataset(tmp_path, BASIC, SECRET)
+    assert len(dataset) == 1 and dataset[0] is not None
+    [entry] = dataset.quarantine_report()
+    assert entry["path"] == "b-bad.dcm" and "corrupt" in entry["reason"]

@@ -164,7 +164,10 @@ class DicomDataset(Dataset):
         self._quarantine: list[QuarantineEntry] = []
         self.items: list[tuple[str, int | None]] = []
         for path, label in candidates:
-            reason = self._validate_header(path)
+            try:
+                reason = self._validate_header(path)
+            except Exception as exc:  # pydicom parses lazily: a corrupt element fails when first read
+                reason = f"corrupt DICOM header ({type(exc).__name__})"
             if reason is None:
                 self.items.append((str(path), label))
             else:
