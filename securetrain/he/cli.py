@@ -35,6 +35,27 @@ def _audit(db: Optional[str]):  # noqa: ANN202
     return AuditLog(db)
 
 
+def _is_csv_header(line: str) -> bool:
+    """Whether a CSV file's first line names its columns rather than holding a sample.
+
+    A header has a cell that is not a number (``nan`` and ``inf`` are numbers: such a sample is data,
+    never dropped), or is exactly ``0,1,...,n-1``: what pandas writes for an unnamed DataFrame
+    (``pd.DataFrame(x).to_csv(index=False)``), read as a sample it added a made-up row.
+    """
+    cells = [c.strip().strip('"') for c in line.split(",")]
+
+    def number(cell: str) -> bool:
+        try:
+            float(cell)
+        except ValueError:
+            return False
+        return True
+
+    if any(cell and not number(cell) for cell in cells):
+        return True
+    return len(cells) > 1 and cells == [str(i) for i in range(len(cells))]
+
+
 def _load_array(path: Path, what: str):  # noqa: ANN202
     import numpy as np
 
@@ -45,7 +66,7 @@ def _load_array(path: Path, what: str):  # noqa: ANN202
             return np.load(path, allow_pickle=False)
         if path.suffix == ".csv":
             text = path.read_text(encoding="utf-8").splitlines()
-            skip = 1 if text and any(c.isalpha() and c not in "eE" for c in text[0]) else 0
+            skip = 1 if text and _is_csv_header(text[0]) else 0
             return np.loadtxt(path, delimiter=",", skiprows=skip, ndmin=2 if what == "features" else 1)
     except (OSError, ValueError) as exc:
         raise HEFormatError(f"cannot read {what} from {path}: {exc}") from exc

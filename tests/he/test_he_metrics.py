@@ -46,3 +46,24 @@ def test_multiclass_reports_agree() -> None:
     expected = sklearn.roc_auc_score(labels, probabilities, multi_class="ovr", average="macro")
     assert macro_auc(labels, probabilities) == pytest.approx(expected, abs=1e-12)
     assert training_macro_auc(probabilities, labels) == pytest.approx(expected, abs=1e-12)
+
+
+def test_he_cli_csv_header_detection(tmp_path) -> None:  # noqa: ANN001
+    from securetrain.he.cli import _load_array
+
+    x = np.arange(12, dtype=float).reshape(4, 3) / 7.0
+    rows = "".join(",".join(repr(float(v)) for v in row) + "\n" for row in x)
+    # What pandas writes for an unnamed DataFrame (pd.DataFrame(x).to_csv(index=False)): its header
+    # 0,1,2 was read as a sample, one made-up row.
+    (tmp_path / "unnamed.csv").write_text("0,1,2\n" + rows)
+    assert np.allclose(_load_array(tmp_path / "unnamed.csv", "features"), x)
+    (tmp_path / "named.csv").write_text('"a",b,c\n' + rows)
+    assert np.allclose(_load_array(tmp_path / "named.csv", "features"), x)
+    # A first sample holding nan or inf is data, not a header (it was dropped silently).
+    (tmp_path / "nan.csv").write_text("nan,1,2\n3,inf,5\n")
+    got = _load_array(tmp_path / "nan.csv", "features")
+    assert got.shape == (2, 3) and np.isnan(got[0, 0]) and np.isinf(got[1, 1])
+    (tmp_path / "plain.csv").write_text("0.5,1e-3,2\n3,4,5\n")
+    assert _load_array(tmp_path / "plain.csv", "features").shape == (2, 3)
+    (tmp_path / "labels.csv").write_text("label\n1\n0\n")
+    assert _load_array(tmp_path / "labels.csv", "labels").tolist() == [1.0, 0.0]
