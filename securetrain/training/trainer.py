@@ -97,6 +97,14 @@ def split_batch(batch: Any) -> tuple[Any, torch.Tensor]:
     )
 
 
+def _is_empty(data: Any) -> bool:
+    """True for a sized Dataset/DataLoader of no samples (an iterable without a length: unknown, False)."""
+    try:
+        return len(data) == 0
+    except TypeError:
+        return False
+
+
 def cross_entropy_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     """Default loss: ``F.cross_entropy(model(x), y)``."""
     x, y = split_batch(batch)
@@ -106,6 +114,15 @@ def cross_entropy_loss(model: nn.Module, batch: Any) -> torch.Tensor:
             f"the model returned {type(out).__name__}; the default loss is cross-entropy on a logits tensor",
             hint="pass loss_fn(model, batch) (and predict_fn for validation) that picks the logits from it",
         )
+    if isinstance(y, torch.Tensor) and y.is_floating_point() and y.dim() == out.dim() - 1:
+        # Class ids read from a CSV or numpy arrive as floats (1.0); torch wants integers here. Soft
+        # targets (one probability per class, y shaped like the logits) go through unchanged.
+        if not bool(torch.all(y == torch.round(y))):
+            raise TrainingError(
+                "the targets hold fractional values; the default loss is cross-entropy on class ids",
+                hint="yield integer class ids, or pass loss_fn (e.g. MSE for regression) and metrics_fn",
+            )
+        y = y.long()
     return F.cross_entropy(out, y)
 
 
@@ -224,6 +241,9 @@ class Trainer:
         self.model = model
         self.train_data = train_data
         self.eval_data = eval_data
+        if eval_data is not None and _is_empty(eval_data):
+            raise TrainingError("eval_data is empty: there is nothing to validate on",
+                                hint="pass held-out samples, or eval_data=None to train without validation")
         self._optimizer_arg = optimizer
         self._scheduler_arg = scheduler
         self.loss_fn: LossFn = loss_fn or cross_entropy_loss

@@ -193,6 +193,45 @@ def test_user_dataloader_and_custom_loss(tmp_path: Path) -> None:
     assert r.steps == 8 and calls == [5] * 8  # the loader's batch size is kept
 
 
+class FloatLabels(Dataset):
+    """Class ids as floats (1.0), as read from a CSV or numpy; ``fraction`` makes one fractional."""
+
+    def __init__(self, fraction: bool = False) -> None:
+        self.base, self.fraction = _data(40), fraction
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int):  # noqa: ANN204
+        x, y = self.base[i]
+        return x, torch.tensor(float(y) + (0.5 if self.fraction and i == 3 else 0.0))
+
+
+def test_float_class_ids_train_like_integer_ones(tmp_path: Path) -> None:
+    # torch's cross_entropy refused them ("expected scalar type Long"): a CSV dataset could not train.
+    model = make_mlp(8, 3, seed=1)
+    x = torch.randn(4, 8)
+    from securetrain.training.trainer import cross_entropy_loss
+
+    assert torch.equal(cross_entropy_loss(model, (x, torch.tensor([0.0, 2.0, 1.0, 1.0]))),
+                       cross_entropy_loss(model, (x, torch.tensor([0, 2, 1, 1]))))
+    soft = torch.softmax(torch.randn(4, 3), dim=1)  # class probabilities, shaped like the logits: unchanged
+    assert torch.isfinite(cross_entropy_loss(model, (x, soft)))
+    r = Trainer(make_mlp(8, 3, seed=1), FloatLabels(), _cfg(tmp_path / "a", epochs=1)).fit()
+    assert r.steps > 0
+    with pytest.raises(TrainingError, match="fractional") as exc:
+        Trainer(make_mlp(8, 3, seed=1), FloatLabels(fraction=True), _cfg(tmp_path / "b", epochs=1)).fit()
+    assert "loss_fn" in str(exc.value)
+
+
+def test_an_empty_validation_set_is_refused_up_front(tmp_path: Path) -> None:
+    # It crashed in argmax at the end of the first epoch, after the epoch's work.
+    empty = torch.utils.data.TensorDataset(torch.zeros(0, 8), torch.zeros(0, dtype=torch.long))
+    for eval_data in (empty, DataLoader(empty, batch_size=4)):
+        with pytest.raises(TrainingError, match="eval_data is empty"):
+            Trainer(make_mlp(8, 3, seed=1), _data(16), _cfg(tmp_path, epochs=1), eval_data=eval_data)
+
+
 def test_nonfinite_loss_fails_closed(tmp_path: Path) -> None:
     def nan_loss(model, batch):  # noqa: ANN001
         return model(batch[0]).sum() * float("nan")
