@@ -68,6 +68,18 @@ def test_dataset_string_target_and_errors() -> None:
         TabularDataset(t, TabularMasker(p, KEY), target="nope")
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_dataset_refuses_a_float_target_without_a_value(bad: float) -> None:
+    # pandas writes a missing float as NaN, not null: it reached training as a NaN label.
+    p = load_policy(data={"policy_version": "1", "columns": [
+        {"name": "x", "action": "keep"}, {"name": "y", "action": "keep"}]})
+    t = pa.table({"x": [1.0, 2.0, 3.0], "y": [0.5, bad, 1.5]})
+    with pytest.raises(TabularMaskingError, match="1 NaN or infinite"):
+        TabularDataset(t, TabularMasker(p, KEY), target="y")
+    ok = TabularDataset(pa.table({"x": [1.0, 2.0], "y": [0.5, 1.5]}), TabularMasker(p, KEY), target="y")
+    assert ok.labels.tolist() == [0.5, 1.5]
+
+
 def _app() -> typer.Typer:
     app = typer.Typer()
     register(app)

@@ -105,7 +105,12 @@ class TabularDataset(Dataset):
         if pa.types.is_integer(t) or pa.types.is_boolean(t):
             return torch.from_numpy(pc.cast(col, pa.int64()).to_numpy(zero_copy_only=False).copy())
         if pa.types.is_floating(t):
-            return torch.from_numpy(pc.cast(col, pa.float32()).to_numpy(zero_copy_only=False).copy())
+            values = pc.cast(col, pa.float32()).to_numpy(zero_copy_only=False).copy()
+            bad = int((~np.isfinite(values)).sum())
+            if bad:  # NaN (pandas' missing value in a float column) or infinity: no label to learn
+                raise TabularMaskingError(f"target column has {bad} NaN or infinite value(s)",
+                                          hint="drop those rows or fill the target before masking")
+            return torch.from_numpy(values)
         s = pc.cast(col, pa.string())
         self.class_names = sorted(pc.unique(s).to_pylist())
         idx = pc.index_in(s, value_set=pa.array(self.class_names, pa.string()))
