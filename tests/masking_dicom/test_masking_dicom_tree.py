@@ -145,3 +145,24 @@ def test_corrupt_element_is_a_typed_refusal_and_never_ends_the_run(tmp_path: Pat
     assert outcome == {"bad.dcm": FileOutcome.QUARANTINED, "good.dcm": FileOutcome.WRITTEN}
     bad = next(r for r in report.results if r.source == "bad.dcm")
     assert "corrupt" in (bad.reason or "") and "QUILLFEATHER" not in (bad.reason or "")
+
+
+def test_an_interrupt_right_after_staging_leaves_no_temporary_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ctrl-C between closing the staged file and registering it left a stray .tmp in the output
+    # (seen as a flaky interrupted `securetrain deid` run).
+    from securetrain.masking.dicom import output
+
+    real_close = os.close
+    calls = {"n": 0}
+
+    def close_then_interrupt(fd: int) -> None:
+        real_close(fd)
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(output.os, "close", close_then_interrupt)
+    with pytest.raises(KeyboardInterrupt), BatchWriter(max_pending=100) as w:
+        w.write(tmp_path / "a.dcm", b"first")
+        w.write(tmp_path / "b.dcm", b"second")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -21,7 +21,7 @@ class BatchWriter:
     def __init__(self, *, max_pending: int = 64, mode: int = 0o600) -> None:
         self.max_pending = max_pending
         self.mode = mode
-        self._pending: list[tuple[Path, Path]] = []
+        self._pending: dict[Path, Path] = {}  # staged temporary file -> target, in staging order
 
     def write(self, path: str | os.PathLike[str], data: bytes) -> None:
         """Stage ``data`` for ``path``; visible at the next :meth:`flush` (automatic every ``max_pending``).
@@ -29,20 +29,23 @@ class BatchWriter:
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.mode)
+        # Registered before the file exists: an exception or Ctrl-C at any point leaves it known to
+        # abort(), never a stray temporary file (the window between close and registering was one).
+        self._pending[tmp] = target
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)  # data durable before the rename can make it visible
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self.mode)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)  # data durable before the rename can make it visible
+            finally:
+                os.close(fd)
         except BaseException:
-            os.close(fd)
+            self._pending.pop(tmp, None)
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
             raise
-        os.close(fd)
-        if (tmp, target) not in self._pending:  # the same target again: its staged file now holds the new data
-            self._pending.append((tmp, target))
         if len(self._pending) >= self.max_pending:
             self.flush()
 
@@ -50,7 +53,7 @@ class BatchWriter:
         """Rename every staged file into place, then fsync each directory once. Returns the targets."""
         done: list[Path] = []
         dirs: set[Path] = set()
-        for tmp, target in self._pending:
+        for tmp, target in self._pending.items():
             os.replace(tmp, target)
             done.append(target)
             dirs.add(target.parent)
@@ -64,7 +67,7 @@ class BatchWriter:
         return done
 
     def abort(self) -> None:
-        for tmp, _ in self._pending:
+        for tmp in self._pending:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
         self._pending.clear()
