@@ -15,7 +15,7 @@ from pydicom.uid import ExplicitVRLittleEndian, ImplicitVRLittleEndian, generate
 
 from securetrain.masking.dicom.dates import shift_da, shift_dt
 from securetrain.masking.dicom.engine import Deidentifier, encode_dataset, read_dicom
-from securetrain.masking.dicom.errors import UnreadableDicomError
+from securetrain.masking.dicom.errors import MissingPatientIdentityError, UnreadableDicomError
 from securetrain.masking.dicom.policy import load_policy
 
 BASIC = POLICY_DIR / "dicom-basic.yaml"
@@ -271,6 +271,10 @@ def test_every_specific_character_set_file_is_written_without_its_names(policy: 
         original = read_dicom(f)
         ds = read_dicom(f)
         ds.BurnedInAnnotation = "NO"  # OT images: this test is about the header
+        if "PatientID" not in original and "PatientName" not in original:  # chrSQEncoding*: names only nested
+            with pytest.raises(MissingPatientIdentityError):  # no patient identity: refused as it is
+                deid.deidentify_dataset(read_dicom(f))
+            ds.PatientID = "CHARSET-TEST-ID"
         _, report = deid.deidentify_dataset(ds)
         back = pydicom.dcmread(io.BytesIO(encode_dataset(ds)))
         if "PatientName" in original:

@@ -198,7 +198,7 @@ class DicomDataset(Dataset):
     def _validate_header(self, path: Path) -> str | None:
         from pydicom.pixels import get_decoder
 
-        from securetrain.masking.dicom.engine import read_dicom
+        from securetrain.masking.dicom.engine import patient_identity, read_dicom
         from securetrain.masking.dicom.pixels import burned_in_status
 
         if not path.is_file():
@@ -222,6 +222,10 @@ class DicomDataset(Dataset):
                     return f"no pixel decoder available for transfer syntax {tsyntax.name}"
             except (ValueError, NotImplementedError):
                 return "unsupported or private transfer syntax"
+        try:  # every item's meta carries a pseudonymous PatientID: no identity, no item
+            patient_identity(ds, self.policy.missing_patient_identity)
+        except DeidError as exc:
+            return f"{str(exc).split(' (hint:')[0]}; rejected by policy {self.policy.name}"
         status = burned_in_status(ds, self.policy.burned_in_modalities)
         if status != "no" and self.policy.burned_in_annotation == "reject":
             return f"burned-in annotation {status}; rejected by policy {self.policy.name}"

@@ -48,7 +48,7 @@ from securetrain.io.atomic import atomic_write_bytes
 from securetrain.masking.dicom.burned_in.cleaner import BurnedInCleaner
 from securetrain.masking.dicom.dates import shift_da, shift_dt
 from securetrain.masking.dicom.decoders import gdcm_last_resort
-from securetrain.masking.dicom.errors import DeidError, UnreadableDicomError
+from securetrain.masking.dicom.errors import DeidError, MissingPatientIdentityError, UnreadableDicomError
 from securetrain.masking.dicom.keys import DeidKeys, KeyedMapper
 from securetrain.masking.dicom.mapping import export_mapping
 from securetrain.masking.dicom.policy import DicomPolicy
@@ -151,6 +151,46 @@ def _raw_strings(ds: Dataset, raw: Any) -> list[str] | None:
         else:
             return None
     return [v.strip(" \x00") for v in text.split("\\")]
+
+
+def _text_value(ds: Dataset, keyword: str) -> str:
+    return str(ds.get(keyword, "") or "")
+
+
+def _has_name(name: str) -> bool:
+    """A person name with at least one character besides component/group separators and spaces."""
+    return bool(name.strip("^= \x00"))
+
+
+def patient_identity(ds: Dataset, missing: str = "reject") -> str:
+    """The identity a top-level object's patient pseudonym is derived from (HMAC, see keys.py).
+
+    1. its PatientID (0010,0020), stripped, when not empty;
+    2. else ``"name:" + PatientName + "|" + PatientBirthDate`` when the name is not empty (the
+       birth date keeps two patients of the same name apart);
+    3. else, with ``missing == "study"``, ``"study:" + StudyInstanceUID`` (the original UID: each
+       study is its own pseudonymous patient);
+    4. else :class:`MissingPatientIdentityError`: files that cannot be attributed to a patient are
+       refused rather than all given one shared pseudonym (that would merge unrelated patients into
+       one and break a patient-level split).
+    """
+    pid = _text_value(ds, "PatientID").strip()
+    if pid:
+        return pid
+    name = _text_value(ds, "PatientName")
+    if _has_name(name):
+        return "name:" + name + "|" + _text_value(ds, "PatientBirthDate")
+    if missing == "study":
+        study = _text_value(ds, "StudyInstanceUID").strip(" \x00")
+        if study:
+            return "study:" + study
+        raise MissingPatientIdentityError(
+            "no patient identity: PatientID, PatientName and StudyInstanceUID are all empty or absent"
+        )
+    raise MissingPatientIdentityError(
+        "no patient identity: PatientID and PatientName are empty or absent",
+        hint="the policy field missing_patient_identity: study makes each study its own pseudonymous patient",
+    )
 
 
 def is_well_known_uid(uid: str) -> bool:
@@ -289,12 +329,14 @@ class Deidentifier:
     def deidentify_dataset(self, ds: Dataset, *, source: str | None = None) -> tuple[Dataset, DeidReport]:
         """De-identify ``ds`` in place and return it with its report. Raises :class:`DeidError`."""
         report = DeidReport(source=source)
+        identity = patient_identity(ds, self.policy.missing_patient_identity)  # before any OCR: cheap refusal
         self._check_pixels(ds, report)
-        pseudonym = self._patient_pseudonym(ds)
+        pseudonym = self._pseudonym_for(identity)
         report.patient_pseudonym = pseudonym
         day_offset = self.mapper.day_offset(pseudonym) if self._modified_dates else None
         ctx = _Ctx(report, day_offset)
         self._walk(ds, ctx, "")
+        self._ensure_patient_id(ds, ctx)
         if self.policy.scrub_retained_text:
             self._scrub(ctx)
         self._mark(ds, report)
@@ -357,14 +399,21 @@ class Deidentifier:
         return out
 
     # ----------------------------------------------------------------- internals
-    def _patient_pseudonym(self, ds: Dataset) -> str:
-        identity = str(ds.get("PatientID", "") or "").strip()
-        if not identity:
-            # No id: fall back to name + birth date so distinct patients still get distinct offsets.
-            identity = "name:" + str(ds.get("PatientName", "") or "") + "|" + str(ds.get("PatientBirthDate", "") or "")
+    def _pseudonym_for(self, identity: str) -> str:
+        """The keyed pseudonym of one identity (recorded for the mapping export)."""
         pseudonym = self.mapper.pseudonym(identity)
         self.pseudonyms[identity] = pseudonym
         return pseudonym
+
+    def _ensure_patient_id(self, ds: Dataset, ctx: _Ctx) -> None:
+        """PatientID is Type 2 in most IODs and the patient key of every consumer (patient-level
+        split, DicomDataset meta, grouping of a patient's files): an object that had none gets the
+        pseudonym it was de-identified under. A policy override of (0010,0020) wins (it decides
+        the attribute at every depth)."""
+        if TAG_PATIENT_ID in ds or TAG_PATIENT_ID in self.policy.override_tags:
+            return
+        ds.PatientID = ctx.report.patient_pseudonym
+        self._note(ctx, _fmt(TAG_PATIENT_ID), TAG_PATIENT_ID, "P")
 
     def _check_pixels(self, ds: Dataset, report: DeidReport) -> None:
         self.burned_in.process(ds, report)  # refuses with BurnedInAnnotationError, or cleans in place

@@ -13,6 +13,11 @@ class BurnedInAnnotationError(DeidError):
     """The pixels may carry burned-in text and the policy does not allow (or cannot) mask it."""
 
 
+class MissingPatientIdentityError(DeidError):
+    """Neither PatientID nor PatientName (nor, with ``missing_patient_identity: study``, a Study
+    Instance UID) gives the object a patient identity to pseudonymise, and the policy requires one."""
+
+
 class UnreadableDicomError(DeidError):
     """The input is not DICOM, is truncated, or its pixels cannot be decoded."""
 

@@ -185,6 +185,11 @@ class DicomPolicy(BaseModel):
     scrub_retained_text: bool = True
     # Attributes missing from Table E.1-1: PN -> emptied, DA/DT -> dates rule, UI -> remapped.
     vr_safety_net: bool = True
+    # Every output carries a pseudonymous PatientID derived from the object's patient identity:
+    # its PatientID, else its PatientName + PatientBirthDate. An object with neither is refused
+    # (``reject``, MissingPatientIdentityError) or, with ``study``, its study is one pseudonymous
+    # patient (identity = its original Study Instance UID; refused when that is absent too).
+    missing_patient_identity: Literal["reject", "study"] = "reject"
 
     @field_validator("options")
     @classmethod

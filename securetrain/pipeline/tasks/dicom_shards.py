@@ -130,7 +130,7 @@ def run_shard(shard: ShardSpec, out_dir: str | os.PathLike[str], policy_path: st
     """De-identify one shard into ``out_dir`` (skipped when its recorded result still verifies)."""
     from securetrain.audit.recorder import MemoryAuditRecorder
     from securetrain.masking.dicom.engine import Deidentifier
-    from securetrain.masking.dicom.errors import BurnedInAnnotationError, DeidError
+    from securetrain.masking.dicom.errors import BurnedInAnnotationError, DeidError, MissingPatientIdentityError
     from securetrain.masking.dicom.keys import DeidKeys
     from securetrain.masking.dicom.policy import load_policy
 
@@ -148,6 +148,9 @@ def run_shard(shard: ShardSpec, out_dir: str | os.PathLike[str], policy_path: st
         except BurnedInAnnotationError:
             result.rows.append(RowOutcome(row, "rejected", "burned_in_annotation"))
             recorder.record("deid.reject", f"input:{row}", outcome="refused", details={"reason": "burned_in_annotation"})
+        except MissingPatientIdentityError:  # the policy needs a patient identity (the split's key)
+            result.rows.append(RowOutcome(row, "rejected", "missing_patient_identity"))
+            recorder.record("deid.reject", f"input:{row}", outcome="refused", details={"reason": "missing_patient_identity"})
         except DeidError as exc:
             result.rows.append(RowOutcome(row, "quarantined", type(exc).__name__))
             recorder.record("deid.quarantine", f"input:{row}", outcome="refused", details={"reason": type(exc).__name__})

@@ -1,0 +1,151 @@
+"""The patient identity an output carries: a pseudonymous PatientID derived by one documented rule
+(docs/dicom-deid.md, "Patient identity"), the same key everywhere it is used (the output's
+PatientID, the report, DicomDataset meta, the pipeline's patient split)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pydicom
+import pytest
+from dicom_fixtures import POLICY_DIR, SECRET, roundtrip
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+
+from securetrain.masking.dicom.dataset import DicomDataset
+from securetrain.masking.dicom.engine import Deidentifier, encode_dataset
+from securetrain.masking.dicom.errors import MissingPatientIdentityError
+from securetrain.masking.dicom.policy import load_policy
+from securetrain.masking.dicom.tree import FileOutcome, deidentify_tree
+
+BASIC = POLICY_DIR / "dicom-basic.yaml"
+LONGITUDINAL = POLICY_DIR / "dicom-research-longitudinal.yaml"
+CT = "1.2.840.10008.5.1.4.1.1.2"
+
+
+def _deid(policy: Path = BASIC, **update: object) -> Deidentifier:
+    pol = load_policy(policy)
+    if update:
+        pol = load_policy(data={**pol.model_dump(mode="json"), **update})
+    return Deidentifier(pol, SECRET)
+
+
+def _image(study: str | None = None, **kw: object) -> Dataset:
+    """A small CT image; no PatientID or PatientName unless given."""
+    ds = Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.file_meta.MediaStorageSOPClassUID = CT
+    ds.SOPClassUID = CT
+    ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+    if study != "":
+        ds.StudyInstanceUID = study or generate_uid()
+    ds.Modality = "CT"
+    ds.BurnedInAnnotation = "NO"
+    ds.Rows = ds.Columns = 4
+    ds.SamplesPerPixel = 1
+    ds.PhotometricInterpretation = "MONOCHROME2"
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 16, 16, 15, 0
+    ds.PixelData = np.arange(16, dtype=np.uint16).tobytes()
+    for k, v in kw.items():
+        setattr(ds, k, v)
+    return ds
+
+
+def _write(path: Path, ds: Dataset) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(encode_dataset(ds))
+    return path
+
+
+# ---------------------------------------------------------------- the output always carries it
+@pytest.mark.parametrize("policy", [BASIC, LONGITUDINAL])
+def test_a_file_without_patient_id_gets_the_pseudonym_it_was_deidentified_under(policy: Path) -> None:
+    deid = _deid(policy)
+    out, report = deid.deidentify_dataset(roundtrip(_image(PatientName="DOE^JANE", PatientBirthDate="19700101")))
+    assert report.patient_pseudonym and report.patient_pseudonym.startswith("ST")
+    assert out.PatientID == report.patient_pseudonym  # was absent from the output
+    assert str(out.PatientName) == report.patient_pseudonym
+    back = pydicom.dcmread(pydicom.filebase.DicomBytesIO(encode_dataset(out)))
+    assert back.PatientID == report.patient_pseudonym
+    assert any(c.tag == 0x00100020 and c.action == "P" for c in report.changes)
+    # the same patient in another file (another study) gets the same key; an empty PatientID
+    # element is the same as none; another birth date is another patient
+    same, r_same = deid.deidentify_dataset(roundtrip(_image(PatientName="DOE^JANE", PatientBirthDate="19700101")))
+    empty, r_empty = deid.deidentify_dataset(roundtrip(_image(PatientID="", PatientName="DOE^JANE",
+                                                             PatientBirthDate="19700101")))
+    other, r_other = deid.deidentify_dataset(roundtrip(_image(PatientName="DOE^JANE", PatientBirthDate="19800101")))
+    assert same.PatientID == empty.PatientID == out.PatientID
+    assert r_same.patient_pseudonym == r_empty.patient_pseudonym == report.patient_pseudonym
+    assert other.PatientID == r_other.patient_pseudonym != out.PatientID
+    # a file with a PatientID keeps today's pseudonym: keyed HMAC of the original id
+    with_id, r_id = deid.deidentify_dataset(roundtrip(_image(PatientID="MRN-1", PatientName="DOE^JANE")))
+    assert with_id.PatientID == r_id.patient_pseudonym == deid.mapper.pseudonym("MRN-1")
+
+
+@pytest.mark.parametrize("name", [None, "", "^^^^", " = "])
+def test_no_patient_identity_is_refused_by_default(name: str | None) -> None:
+    ds = _image() if name is None else _image(PatientName=name)
+    with pytest.raises(MissingPatientIdentityError, match="no patient identity"):
+        _deid().deidentify_dataset(roundtrip(ds))
+
+
+def test_no_patient_identity_never_merges_patients_under_the_study_rule() -> None:
+    """Before: every file without PatientID and PatientName got pseudonym("name:|"): one patient."""
+    deid = _deid(missing_patient_identity="study")
+    study_a, study_b = generate_uid(), generate_uid()
+    a1, ra1 = deid.deidentify_dataset(roundtrip(_image(study_a)))
+    a2, ra2 = deid.deidentify_dataset(roundtrip(_image(study_a, PatientName="")))
+    b1, rb1 = deid.deidentify_dataset(roundtrip(_image(study_b)))
+    assert a1.PatientID == a2.PatientID == ra1.patient_pseudonym == ra2.patient_pseudonym
+    assert b1.PatientID == rb1.patient_pseudonym != a1.PatientID
+    assert a1.PatientID == deid.mapper.pseudonym("study:" + study_a)
+    assert a1.StudyInstanceUID != study_a  # the study UID is still remapped
+    with pytest.raises(MissingPatientIdentityError, match="StudyInstanceUID"):
+        deid.deidentify_dataset(roundtrip(_image("")))
+
+
+def test_an_override_of_patient_id_decides_and_nothing_is_inserted() -> None:
+    out, report = _deid(overrides={"PatientID": "X"}).deidentify_dataset(
+        roundtrip(_image(PatientName="DOE^JANE", PatientBirthDate="19700101")))
+    assert "PatientID" not in out and report.patient_pseudonym
+
+
+# ---------------------------------------------------------------- the same key for every consumer
+def test_tree_rejects_files_without_identity_and_writes_the_others_with_a_patient_id(tmp_path: Path) -> None:
+    src = tmp_path / "in"
+    _write(src / "a.dcm", _image(PatientName="DOE^JANE", PatientBirthDate="19700101"))
+    _write(src / "b.dcm", _image(PatientName="DOE^JANE", PatientBirthDate="19700101"))
+    _write(src / "c.dcm", _image())
+    report = deidentify_tree(src, tmp_path / "out", load_policy(BASIC), SECRET)
+    by_index = {r.index: r for r in report.results}
+    assert by_index[3].outcome == FileOutcome.REJECTED and "no patient identity" in (by_index[3].reason or "")
+    ids = {pydicom.dcmread(tmp_path / "out" / by_index[i].output).PatientID for i in (1, 2)}  # type: ignore[operator]
+    assert len(ids) == 1 and ids.pop().startswith("ST")
+
+
+def test_dataset_meta_and_pipeline_split_key_are_the_output_patient_id(tmp_path: Path) -> None:
+    from securetrain.pipeline.tasks.dicom_shards import ShardSpec, output_name, run_shard
+
+    files = [_write(tmp_path / "in" / f"{n}.dcm", ds) for n, ds in enumerate([
+        _image(PatientName="DOE^JANE", PatientBirthDate="19700101"),
+        _image(PatientName="DOE^JANE", PatientBirthDate="19700101"),
+        _image(PatientName="ROE^RICHARD"),
+        _image(),
+    ])]
+    out = tmp_path / "deid"
+    out.mkdir()
+    result = run_shard(ShardSpec(0, tuple((i, str(p)) for i, p in enumerate(files))), out, BASIC, SECRET)
+    assert [r.outcome for r in result.rows] == ["written", "written", "written", "rejected"]
+    assert result.rows[3].reason == "missing_patient_identity"
+    for row in result.rows[:3]:  # the split key is the PatientID the output carries
+        assert pydicom.dcmread(out / output_name(row.row)).PatientID == row.pseudonym != ""
+    assert result.rows[0].pseudonym == result.rows[1].pseudonym != result.rows[2].pseudonym
+    # DicomDataset over the raw files: the same key in meta; the file without identity quarantined
+    manifest = tmp_path / "in" / "manifest.csv"
+    manifest.write_text("path,label\n" + "".join(f"{p.name},0\n" for p in files))
+    data = DicomDataset(manifest, BASIC, SECRET, size=4)
+    assert [data[i]["meta"]["PatientID"] for i in range(len(data))] == [r.pseudonym for r in result.rows[:3]]
+    [entry] = data.quarantine_report()
+    assert entry["path"] == "3.dcm" and "no patient identity" in entry["reason"]
