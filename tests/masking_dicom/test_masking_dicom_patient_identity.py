@@ -149,3 +149,96 @@ def test_dataset_meta_and_pipeline_split_key_are_the_output_patient_id(tmp_path:
     assert [data[i]["meta"]["PatientID"] for i in range(len(data))] == [r.pseudonym for r in result.rows[:3]]
     [entry] = data.quarantine_report()
     assert entry["path"] == "3.dcm" and "no patient identity" in entry["reason"]
+
+
+# ---------------------------------------------------------------- persons named inside sequences
+def _item(**kw: object) -> Dataset:
+    d = Dataset()
+    for k, v in kw.items():
+        setattr(d, k, v)
+    return d
+
+
+def _group_scan() -> Dataset:
+    """A group scan: the object's patient plus other patients named in items, one level down (a
+    sequence the safety net keeps), one under a policy-kept sequence, and three levels deep."""
+    from pydicom.sequence import Sequence
+
+    ds = _image(PatientID="MAIN-1", PatientName="MAIN^PATIENT", PatientBirthDate="19600101")
+    ds.GroupOfPatientsIdentificationSequence = Sequence([  # (0010,0027): not in Table E.1-1, kept
+        _item(PatientID="OTHER-2", PatientName="OTHER^PERSON"),
+        _item(PatientName="THIRD^PERSON", PatientBirthDate="19900202"),
+        _item(PatientID="MAIN-1"),  # the object's patient under the same id
+        _item(PatientID=""),  # an empty id stays empty
+    ])
+    ds.OtherPatientIDsSequence = Sequence([_item(PatientID="NHS-777", IssuerOfPatientID="NHS")])
+    deep = _item(PatientName="DEEP^FOURTH")
+    ds.ReferencedInstanceSequence = Sequence([_item(ReferencedSeriesSequence=Sequence([
+        _item(DerivationImageSequence=Sequence([_item(), deep]))]))])  # unlisted sequences, 3 deep
+    return ds
+
+
+def test_persons_inside_sequences_get_their_own_pseudonym_never_the_patients() -> None:
+    """Before: a nested PatientName got the object's patient's pseudonym (and an empty nested
+    PatientID too), so two people shared one identity."""
+    deid = _deid(overrides={"OtherPatientIDsSequence": "K"})
+    out, report = deid.deidentify_dataset(roundtrip(_group_scan()))
+    main = report.patient_pseudonym
+    assert out.PatientID == str(out.PatientName) == main == deid.mapper.pseudonym("MAIN-1")
+    group = out.GroupOfPatientsIdentificationSequence
+    other = deid.mapper.pseudonym("OTHER-2")
+    third = deid.mapper.pseudonym("name:THIRD^PERSON|19900202")
+    assert group[0].PatientID == str(group[0].PatientName) == other != main
+    assert str(group[1].PatientName) == third and third not in (main, other)
+    assert group[2].PatientID == main  # the same identity: the same pseudonym
+    assert group[3].PatientID in (None, "")
+    assert out.OtherPatientIDsSequence[0].PatientID == deid.mapper.pseudonym("NHS-777")
+    deep = out.ReferencedInstanceSequence[0].ReferencedSeriesSequence[0].DerivationImageSequence[1]
+    assert str(deep.PatientName) == deid.mapper.pseudonym("name:DEEP^FOURTH|") not in (main, other, third)
+    # no original value is left anywhere, and each identity is in the mapping export
+    raw = encode_dataset(out)
+    for original in (b"MAIN-1", b"OTHER-2", b"OTHER^PERSON", b"THIRD", b"NHS-777", b"DEEP^FOURTH"):
+        assert original not in raw
+    assert {"MAIN-1", "OTHER-2", "name:THIRD^PERSON|19900202", "NHS-777", "name:DEEP^FOURTH|"} <= set(deid.pseudonyms)
+    # the nested person is the same pseudonymous patient as in a file of their own
+    own, own_report = deid.deidentify_dataset(roundtrip(_image(PatientID="OTHER-2", PatientName="OTHER^PERSON")))
+    assert own.PatientID == own_report.patient_pseudonym == other
+
+
+@pytest.mark.parametrize("mode, action", [("empty", "Z"), ("remove", "X")])
+def test_nested_patient_identity_can_be_emptied_or_removed(mode: str, action: str) -> None:
+    deid = _deid(nested_patient_identity=mode)
+    out, report = deid.deidentify_dataset(roundtrip(_group_scan()))
+    assert out.PatientID == str(out.PatientName) == report.patient_pseudonym  # the object's patient
+    nested = [i for i in out.GroupOfPatientsIdentificationSequence]
+    deep = out.ReferencedInstanceSequence[0].ReferencedSeriesSequence[0].DerivationImageSequence[1]
+    for item in [*nested, deep]:
+        for kw in ("PatientID", "PatientName"):
+            if mode == "remove":
+                assert kw not in item
+            else:
+                assert str(item.get(kw, "") or "") == ""
+    assert any("[" in c.path and c.tag == 0x00100010 and c.action == action for c in report.changes)
+    assert b"OTHER-2" not in encode_dataset(out) and b"THIRD" not in encode_dataset(out)
+
+
+def test_an_override_decides_the_tag_at_every_depth() -> None:
+    out, _ = _deid(overrides={"PatientName": "X"}).deidentify_dataset(roundtrip(_group_scan()))
+    assert "PatientName" not in out
+    assert all("PatientName" not in i for i in out.GroupOfPatientsIdentificationSequence)
+    assert out.GroupOfPatientsIdentificationSequence[0].PatientID.startswith("ST")  # not overridden
+
+
+def test_nested_persons_under_retain_uids_and_multi_item_sequences() -> None:
+    """Retain UIDs keeps Referenced Patient Sequence (K): its items name other patients."""
+    from pydicom.sequence import Sequence
+
+    ds = _image(PatientID="MAIN-1", PatientName="MAIN^PATIENT")
+    ds.ReferencedPatientSequence = Sequence([
+        _item(ReferencedSOPClassUID="1.2.840.10008.3.1.2.1.1", ReferencedSOPInstanceUID=generate_uid(),
+              PatientName=f"REF^PERSON{i}", PatientID=f"REF-{i}") for i in range(3)])
+    deid = _deid(options=["retain_uids"])
+    out, report = deid.deidentify_dataset(roundtrip(ds))
+    pseudonyms = [(i.PatientID, str(i.PatientName)) for i in out.ReferencedPatientSequence]
+    assert pseudonyms == [(deid.mapper.pseudonym(f"REF-{i}"),) * 2 for i in range(3)]
+    assert report.patient_pseudonym not in {p for pair in pseudonyms for p in pair}

@@ -193,6 +193,18 @@ def patient_identity(ds: Dataset, missing: str = "reject") -> str:
     )
 
 
+def item_patient_identity(item: Dataset) -> str | None:
+    """The identity of a person named inside a sequence item, by the top-level rule (its own
+    PatientID, else its own PatientName + PatientBirthDate); None when the item names nobody."""
+    pid = _text_value(item, "PatientID").strip(" \x00")
+    if pid:
+        return pid
+    name = _text_value(item, "PatientName")
+    if _has_name(name):
+        return "name:" + name + "|" + _text_value(item, "PatientBirthDate")
+    return None
+
+
 def is_well_known_uid(uid: str) -> bool:
     """DICOM-registry UIDs (classes, syntaxes, frames of reference like the Talairach one)."""
     return uid.startswith("1.2.840.10008.") or uid in UID_dictionary
@@ -490,6 +502,7 @@ class Deidentifier:
     def _walk(self, ds: Dataset, ctx: _Ctx, prefix: str, cleaning: bool = False) -> None:
         self._private(ds, ctx, prefix)
         self._overlays(ds, ctx, prefix)
+        item_identity: str | None | bool = False  # nested items: computed on first use (False = not yet)
         for btag in list(ds.keys()):
             tag = int(btag)
             group = tag >> 16
@@ -505,7 +518,12 @@ class Deidentifier:
             if tag == TAG_PIXEL_DATA:
                 continue  # pixels: handled by _check_pixels, never converted here
             if tag in (TAG_PATIENT_ID, TAG_PATIENT_NAME) and tag not in self.policy.override_tags:
-                self._pseudonymise(ds, ds[btag], ctx, path)
+                if not prefix:
+                    self._pseudonymise(ds, ds[btag], ctx, path)
+                    continue
+                if item_identity is False:  # before this item's PatientID/BirthDate are changed
+                    item_identity = item_patient_identity(ds)
+                self._pseudonymise_nested(ds, ds[btag], ctx, path, cast("str | None", item_identity))
                 continue
             # Decide from the raw element's VR first: most elements are kept as they are, and
             # converting their raw bytes to Python values is the dominant cost of a pass.
@@ -633,6 +651,30 @@ class Deidentifier:
             # specific character set.
             elem.value = ctx.report.patient_pseudonym or "ANONYMOUS"
         self._note(ctx, path, int(elem.tag), "P")
+
+    def _pseudonymise_nested(self, ds: Dataset, elem: Any, ctx: _Ctx, path: str, identity: str | None) -> None:
+        """PatientID / PatientName inside a sequence item: another person (a group scan's other
+        patients, other IDs, a referenced patient) or the same one under another ID. Never the
+        object's patient pseudonym: the item's own identity (its PatientID, else its PatientName +
+        PatientBirthDate, the top-level rule) gets its own keyed pseudonym, so an identity has the
+        same pseudonym wherever it appears -- or, per ``nested_patient_identity``, the value is
+        emptied or removed. An empty value stays empty (nothing to invent), unless removed."""
+        tag = int(elem.tag)
+        value = str(elem.value or "")
+        present = _has_name(value) if tag == TAG_PATIENT_NAME else bool(value.strip(" \x00"))
+        mode = self.policy.nested_patient_identity
+        if not value and mode != "remove":
+            return
+        self._collect(ctx, elem.VR, elem.value)
+        if mode == "remove":
+            del ds[tag]
+            self._note(ctx, path, tag, "X")
+        elif mode == "empty" or not present or identity is None:
+            elem.value = None
+            self._note(ctx, path, tag, "Z")
+        else:
+            elem.value = self._pseudonym_for(identity)
+            self._note(ctx, path, tag, "P")
 
     def _clean(self, ds: Dataset, elem: Any, vr: str, ctx: _Ctx, path: str) -> None:
         tag = int(elem.tag)

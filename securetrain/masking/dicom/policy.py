@@ -190,6 +190,11 @@ class DicomPolicy(BaseModel):
     # (``reject``, MissingPatientIdentityError) or, with ``study``, its study is one pseudonymous
     # patient (identity = its original Study Instance UID; refused when that is absent too).
     missing_patient_identity: Literal["reject", "study"] = "reject"
+    # PatientID / PatientName inside sequence items (other patients of a group scan, other IDs,
+    # referenced patients, kept sequences at any depth): each gets the pseudonym of its *own*
+    # identity (the item's PatientID, else its PatientName + PatientBirthDate), never the object's
+    # patient's; or is emptied / removed. A policy override of the tag wins at every depth.
+    nested_patient_identity: Literal["pseudonymise", "empty", "remove"] = "pseudonymise"
 
     @field_validator("options")
     @classmethod
