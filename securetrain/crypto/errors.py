@@ -77,3 +77,13 @@ class DigestMismatchError(CryptoError, IntegrityError):
 
 class MessageAuthError(CryptoError, IntegrityError):
     """A transport message failed authentication (modified, wrong key, or not from the claimed sender)."""
+
+
+class UnsupportedTensorError(CryptoError):
+    """A tensor (or state-dict entry) the sealed safetensors payload cannot hold faithfully.
+
+    Raised before anything is written (no file, no message): an unsupported dtype, layout, device
+    or tensor subclass, a key that is not a unique non-empty string, a value that is not a tensor,
+    or metadata that is not ``str -> str``. The message names the key and the dtype; the hint says
+    how to convert the entry into something that round-trips.
+    """

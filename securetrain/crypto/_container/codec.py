@@ -16,18 +16,55 @@ from typing import Any
 
 import torch
 
-from securetrain.crypto.errors import UnsafePayloadError
+from securetrain.crypto.errors import UnsafePayloadError, UnsupportedTensorError
 from securetrain.errors import SecureTrainError
 
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit
 
-DTYPES: dict[torch.dtype, str] = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL", torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64",
-    torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
-}
+
+def _dtype(name: str) -> torch.dtype | None:
+    return getattr(torch, name, None)  # newer float8 variants are missing from older torch builds
+
+
+# Every dtype that round-trips bit-exactly, under the name safetensors itself writes for it
+# (``safetensors.torch.save``). Anything else is refused before a byte is written.
+DTYPES: dict[torch.dtype, str] = {dt: code for dt, code in (
+    (torch.float64, "F64"), (torch.float32, "F32"), (torch.float16, "F16"), (torch.bfloat16, "BF16"),
+    (torch.int64, "I64"), (torch.int32, "I32"), (torch.int16, "I16"), (torch.int8, "I8"),
+    (torch.uint64, "U64"), (torch.uint32, "U32"), (torch.uint16, "U16"), (torch.uint8, "U8"), (torch.bool, "BOOL"),
+    (_dtype("float8_e4m3fn"), "F8_E4M3"), (_dtype("float8_e5m2"), "F8_E5M2"),
+    (_dtype("float8_e4m3fnuz"), "F8_E4M3FNUZ"), (_dtype("float8_e5m2fnuz"), "F8_E5M2FNUZ"),
+    (_dtype("float8_e8m0fnu"), "F8_E8M0"),
+    (torch.complex64, "C64"),
+) if dt is not None}
 FROM_DTYPE = {v: k for k, v in DTYPES.items()}
+
+_QUANTIZED = {_dtype(n) for n in ("qint8", "quint8", "qint32", "quint4x2", "quint2x4")} - {None}
+_BITS = {_dtype(n) for n in ("bits8", "bits16", "bits1x8", "bits2x4", "bits4x2")} - {None}
+_ADVICE: dict[torch.dtype | None, str] = {
+    torch.complex128: "safetensors has no complex128: seal torch.view_as_real(t) (float64, last dimension 2) "
+                      "and restore it with torch.view_as_complex(...) after opening",
+    torch.complex32: "safetensors has no complex32: seal torch.view_as_real(t) (float16, last dimension 2) "
+                     "and restore it with torch.view_as_complex(...) after opening",
+    _dtype("float4_e2m1fn_x2"): "seal t.view(torch.uint8) (the same packed bytes) and restore it with "
+                                ".view(torch.float4_e2m1fn_x2) after opening",
+}
+
+
+def unsupported_dtype(name: str, dtype: torch.dtype) -> UnsupportedTensorError:
+    """The error for tensor ``name`` whose ``dtype`` has no safetensors layout, saying what to do instead."""
+    if dtype in _ADVICE:
+        hint = _ADVICE[dtype]
+    elif dtype in _QUANTIZED:
+        hint = ("seal t.dequantize() (float32), or t.int_repr() plus its quantization parameters "
+                "(t.q_scale()/t.q_zero_point(), or q_per_channel_scales()/..._zero_points()/..._axis())")
+    elif dtype in _BITS:
+        hint = f"seal t.view(torch.uint8) (the raw bytes) and restore it with .view({dtype}) after opening"
+    else:  # int1..int7, uint1..uint7: shells without storage
+        target = "torch.uint8" if str(dtype).startswith("torch.uint") else "torch.int8"
+        hint = f"sub-byte integers have no byte layout in safetensors: convert with t.to({target})"
+    return UnsupportedTensorError(f"tensor {name!r} has dtype {dtype}, which a sealed safetensors payload cannot hold",
+                                  hint=hint)
 
 
 def byte_view(tensor: torch.Tensor) -> memoryview:
@@ -35,6 +72,8 @@ def byte_view(tensor: torch.Tensor) -> memoryview:
     flat = tensor.reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
+    if flat.stride(0) != 1:  # one element with any stride counts as contiguous (x[::4] of 4 elements)
+        flat = flat.as_strided((1,), (1,))
     return flat.view(torch.uint8).numpy().data.cast("B")
 
 
@@ -48,14 +87,16 @@ def prepare_tensors(tensors: Mapping[str, torch.Tensor]) -> list[tuple[str, torc
         if not isinstance(t, torch.Tensor):
             raise SecureTrainError(f"{name!r} is a {type(t).__name__}, not a tensor")
         if t.dtype not in DTYPES:
-            raise SecureTrainError(f"tensor {name!r} has unsupported dtype {t.dtype}")
+            raise unsupported_dtype(name, t.dtype)
         items.append((name, t.detach()))
     return items
 
 
 def cpu_contiguous(t: torch.Tensor) -> torch.Tensor:
-    """``t`` on the CPU in contiguous layout (a no-op for a tensor that already is)."""
-    return t.to("cpu").contiguous()
+    """``t`` on the CPU in contiguous layout with its values materialized (a no-op for a tensor that
+    already is): a conjugate or negative view (``z.conj()``, ``z.conj().imag``) is resolved, since
+    its memory holds the values before the lazy conjugation/negation."""
+    return t.to("cpu").resolve_conj().resolve_neg().contiguous()
 
 
 def build_header(items: list[tuple[str, torch.Tensor]], meta: Mapping[str, str]) -> tuple[bytes, int]:
