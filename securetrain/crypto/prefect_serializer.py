@@ -23,9 +23,8 @@ from prefect.serializers import Serializer
 from pydantic import Field
 
 from securetrain.crypto._container import decode_tensors, decrypt_bytes, encode_tensors, encrypt_bytes
-from securetrain.crypto.errors import UnsafePayloadError
+from securetrain.crypto.errors import UnsafePayloadError, UnsupportedTensorError
 from securetrain.crypto.keys import KeyProvider, provider_from_env
-from securetrain.errors import SecureTrainError
 
 AAD = b"securetrain prefect result v1"
 _TREE = "securetrain.tree"
@@ -38,7 +37,8 @@ def _encode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
         return {"$t": name}
     if isinstance(obj, dict):
         if not all(isinstance(k, str) for k in obj):
-            raise SecureTrainError("result dict keys must be strings")
+            raise UnsupportedTensorError("result dict keys must be strings",
+                                         hint="use str keys, e.g. {str(k): v for k, v in result.items()}")
         return {"$d": {k: _encode(v, tensors) for k, v in obj.items()}}
     if isinstance(obj, tuple):
         return {"$u": [_encode(v, tensors) for v in obj]}
@@ -46,8 +46,8 @@ def _encode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
         return [_encode(v, tensors) for v in obj]
     if obj is None or isinstance(obj, (str, bool, int, float)):
         return obj
-    raise SecureTrainError(f"cannot serialize a {type(obj).__name__} result without pickle",
-                           hint="return tensors, dicts/lists of tensors, or JSON scalars")
+    raise UnsupportedTensorError(f"cannot serialize a {type(obj).__name__} result without pickle",
+                                 hint="return tensors, dicts/lists of tensors, or JSON scalars")
 
 
 def _decode(node: Any, tensors: dict[str, torch.Tensor]) -> Any:

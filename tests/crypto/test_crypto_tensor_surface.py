@@ -263,3 +263,189 @@ def test_a_one_element_view_with_a_stride_is_written(path: str, tmp_path: Path, 
     assert tensors["a"].stride() == (4,) and tensors["a"].is_contiguous()
     got, _ = _seal_and_open(path, tensors, tmp_path, ring, parties)
     assert_bit_exact(tensors, got)
+
+
+# -- layouts, shapes, devices, subclasses ------------------------------------------------------------
+
+
+class _PlainSubclass(torch.Tensor):
+    """A __torch_function__-only subclass: its memory is an ordinary tensor's."""
+
+
+def _layout_cases() -> dict[str, torch.Tensor]:
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    return {
+        "transposed": base.t(), "strided": base[:, ::2], "offset": base[2:], "row": base[1],
+        "expanded": torch.tensor([1.0, -0.0]).expand(3, 2),
+        "channels_last": torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
+        "scalar": torch.tensor(float("nan")), "scalar_int": torch.tensor(-7, dtype=torch.int64),
+        "empty": torch.empty(0, 5), "empty_huge_dims": torch.empty(0, 2**62), "empty_0d_like": torch.empty(1, 0, 1),
+        "requires_grad": torch.randn(3, requires_grad=True), "non_leaf": torch.randn(3, requires_grad=True) * 2,
+        "parameter": torch.nn.Parameter(torch.randn(2, 2)), "subclass": torch.ones(3).as_subclass(_PlainSubclass),
+    }
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_views_shapes_and_autograd_state_round_trip(path: str, tmp_path: Path, ring: LocalKeyring,
+                                                   parties: Any) -> None:
+    tensors = _layout_cases()
+    got, _ = _seal_and_open(path, tensors, tmp_path, ring, parties)
+    assert_bit_exact(tensors, got)
+    assert all(type(t) is torch.Tensor and not t.requires_grad and t.is_contiguous() for t in got.values())
+
+
+def _no_host_bytes(kind: str) -> tuple[torch.Tensor, str]:
+    """A tensor whose bytes cannot be read on the host as a dense array, and a word its hint must contain."""
+    if kind == "meta":
+        return torch.empty(3, 4, device="meta"), "to_empty"
+    if kind == "sparse_coo":
+        return torch.eye(3).to_sparse(), "to_dense"
+    if kind == "sparse_csr":
+        return torch.eye(3).to_sparse_csr(), "to_dense"
+    if kind == "mkldnn":
+        return torch.randn(2, 3).to_mkldnn(), "to_dense"
+    if kind == "nested":
+        return torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), "unbind"
+    if kind == "nested_jagged":
+        return torch.nested.nested_tensor([torch.ones(2, 4), torch.ones(3, 4)], layout=torch.jagged), "unbind"
+    if kind == "fake":
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode():
+            return torch.empty(3), "plain tensor"
+    if kind == "uninitialized":
+        return torch.nn.LazyLinear(3).weight, "forward"
+    raise AssertionError(kind)
+
+
+NO_HOST_BYTES = ("meta", "sparse_coo", "sparse_csr", "mkldnn", "nested", "nested_jagged", "fake", "uninitialized")
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", NO_HOST_BYTES)
+def test_tensors_without_dense_host_bytes_are_refused_before_writing(
+        kind: str, path: str, tmp_path: Path, ring: LocalKeyring, parties: Any) -> None:
+    tensor, advice = _no_host_bytes(kind)
+    err = refused(path, {"a": torch.ones(2), "w": tensor}, tmp_path, ring, parties)
+    assert "'w'" in str(err) and "torch.float32" in str(err) and advice in str(err.hint), str(err)
+
+
+def test_a_dtensor_is_refused_with_the_way_to_gather_it(tmp_path: Path, ring: LocalKeyring) -> None:
+    import torch.distributed as dist
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        shard = distribute_tensor(torch.arange(6.0).reshape(2, 3), init_device_mesh("cpu", (1,)), [Shard(0)])
+        with pytest.raises(UnsupportedTensorError, match="'w'.*DTensor") as info:
+            seal_tensors({"w": shard}, tmp_path / "d.stenc", ring)
+        assert "full_tensor" in str(info.value.hint) and not (tmp_path / "d.stenc").exists()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.cuda
+def test_cuda_tensors_round_trip_through_the_host(tmp_path: Path, ring: LocalKeyring) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    tensors = {k: sample(k_dtype).cuda() for k, k_dtype in
+               (("c64", torch.complex64), ("bf16", torch.bfloat16), ("f8", torch.float8_e4m3fn))}
+    tensors["strided"] = torch.randn(8, 8, device="cuda").t()
+    seal_tensors(tensors, tmp_path / "g.stenc", ring)
+    got = open_tensors(tmp_path / "g.stenc", ring, device="cuda").tensors
+    assert all(t.device.type == "cuda" for t in got.values())
+    assert_bit_exact(tensors, got)
+
+
+# -- keys, values, metadata ----------------------------------------------------------------------------
+
+
+class _DuplicateNames(Mapping[str, torch.Tensor]):
+    """A Mapping whose iteration yields one name twice (a dict cannot; a custom Mapping can)."""
+
+    def __init__(self) -> None:
+        self._items = [("w", torch.ones(2)), ("a", torch.zeros(1)), ("w", torch.ones(3))]
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return dict(self._items)[key]
+
+    def __iter__(self) -> Any:
+        return iter([k for k, _ in self._items])
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize(("tensors", "expect"), [
+    ({0: torch.ones(1)}, "0"),
+    ({"a": torch.ones(1), 3: torch.ones(1)}, "3"),  # mixed str/int keys: sorting them raised TypeError
+    ({"": torch.ones(1)}, "''"),
+    ({"__metadata__": torch.ones(1)}, "'__metadata__'"),
+    (_DuplicateNames(), "'w'"),
+], ids=["int", "mixed", "empty", "metadata", "duplicate"])
+def test_invalid_keys_are_refused_before_writing(tensors: Any, expect: str, path: str, tmp_path: Path,
+                                                 ring: LocalKeyring, parties: Any) -> None:
+    err = refused(path, tensors, tmp_path, ring, parties)
+    assert expect in str(err)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize(("value", "type_name"), [
+    (3, "int"), (0.5, "float"), (None, "NoneType"), ([torch.ones(1)], "list"), ({"x": torch.ones(1)}, "dict"),
+    (torch.ones(2).numpy(), "ndarray"),
+])
+def test_non_tensor_values_are_refused_before_writing(value: Any, type_name: str, path: str, tmp_path: Path,
+                                                      ring: LocalKeyring, parties: Any) -> None:
+    err = refused(path, {"a": torch.ones(1), "w": value}, tmp_path, ring, parties)
+    assert "'w'" in str(err) and type_name in str(err)
+
+
+def test_an_optimizer_state_dict_is_refused_with_the_way_to_checkpoint_it(tmp_path: Path, ring: LocalKeyring,
+                                                                           parties: Any) -> None:
+    """Optimizer state holds ints, floats, tuples and nested dicts: those go to JSON metadata, never pickle.
+    The refusal points at the flattening the trainer's checkpoints use (and which round-trips)."""
+    from securetrain.training import state as st
+
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), amsgrad=True)
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    err = refused("seal_tensors", opt.state_dict(), tmp_path, ring, parties)
+    assert "flatten_optimizer" in str(err.hint)
+    tensors, meta = st.flatten_optimizer(opt.state_dict())
+    sealed = seal_tensors(tensors, tmp_path / "o.stenc", ring, metadata={"optim": st.dumps(meta)})
+    opened = open_tensors(sealed.path, ring)
+    back = st.unflatten_optimizer(opened.tensors, st.loads(opened.metadata["optim"]))
+    fresh = torch.optim.AdamW(torch.nn.Linear(3, 2).parameters(), amsgrad=True)
+    fresh.load_state_dict(back)
+    for pid, entry in opt.state_dict()["state"].items():
+        for key, value in entry.items():
+            assert torch.equal(fresh.state_dict()["state"][pid][key], value), key
+    assert fresh.state_dict()["param_groups"] == opt.state_dict()["param_groups"]
+
+
+@pytest.mark.parametrize("path", ["transport_v2", "transport_v1"])
+@pytest.mark.parametrize("metadata", [{"round": 3}, {1: "x"}, {"x": None}], ids=["int-value", "int-key", "none"])
+def test_non_string_transport_metadata_is_refused_before_sending(metadata: dict[Any, Any], path: str,
+                                                                 tmp_path: Path, ring: LocalKeyring,
+                                                                 parties: Any) -> None:
+    """It used to be sent, and the receiver then refused the authentic message as malformed."""
+    refused(path, {"a": torch.ones(1)}, tmp_path, ring, parties, metadata=metadata)
+
+
+def test_prefect_results_use_the_same_codec(monkeypatch: pytest.MonkeyPatch) -> None:
+    from securetrain.crypto.prefect_serializer import EncryptedTensorSerializer
+
+    monkeypatch.setenv("SECURETRAIN_KEK", bytes(range(32)).hex())
+    monkeypatch.delenv("SECURETRAIN_KEYRING", raising=False)
+    ser = EncryptedTensorSerializer()
+    z = sample(torch.complex64)
+    back = ser.loads(ser.dumps({"z": z, "n": 3}))
+    assert back["n"] == 3 and raw_bytes(back["z"]) == raw_bytes(z) and back["z"].dtype == torch.complex64
+    with pytest.raises(UnsupportedTensorError, match="complex128"):
+        ser.dumps({"z": sample(torch.complex128)})
+    with pytest.raises(UnsupportedTensorError, match="without pickle"):
+        ser.dumps({"obj": object()})
+    with pytest.raises(UnsupportedTensorError, match="keys must be strings"):
+        ser.dumps({1: torch.ones(1)})

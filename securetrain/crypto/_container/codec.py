@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch.nn.parameter import is_lazy
 
 from securetrain.crypto.errors import UnsafePayloadError, UnsupportedTensorError
-from securetrain.errors import SecureTrainError
 
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit
 
@@ -78,18 +78,75 @@ def byte_view(tensor: torch.Tensor) -> memoryview:
 
 
 def prepare_tensors(tensors: Mapping[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
-    """Validate names, types and dtypes; the detached tensors in name order (the order they are written)."""
-    items = []
-    for name in sorted(tensors):
-        t = tensors[name]
-        if not isinstance(name, str) or not name or name == "__metadata__":
-            raise SecureTrainError(f"invalid tensor name {name!r}")
-        if not isinstance(t, torch.Tensor):
-            raise SecureTrainError(f"{name!r} is a {type(t).__name__}, not a tensor")
-        if t.dtype not in DTYPES:
-            raise unsupported_dtype(name, t.dtype)
-        items.append((name, t.detach()))
-    return items
+    """Validate every name and tensor; the detached tensors in name order (the order they are written).
+
+    Everything that could fail while writing is checked here, before the first byte goes out:
+    a refused entry raises :class:`UnsupportedTensorError` naming it and saying what to do.
+    """
+    names = list(tensors)
+    for name in names:
+        check_name(name)
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise UnsupportedTensorError(f"tensor name {dup!r} appears more than once in the mapping",
+                                     hint="pass a dict (one value per name)")
+    if {"state", "param_groups"} <= set(names) and not isinstance(tensors["param_groups"], torch.Tensor):
+        raise UnsupportedTensorError(
+            f"this is an optimizer state dict ('param_groups' is a {type(tensors['param_groups']).__name__}), "
+            "not a mapping of names to tensors",
+            hint="flatten it with securetrain.training.state.flatten_optimizer: seal the tensors it returns and "
+                 "put the rest, st.dumps(meta), in the metadata (the trainer's checkpoints do this)")
+    return [(name, check_tensor(name, tensors[name]).detach()) for name in sorted(names)]
+
+
+def check_name(name: object) -> None:
+    if not isinstance(name, str):
+        raise UnsupportedTensorError(f"tensor name {name!r} is a {type(name).__name__}, not a string",
+                                     hint="safetensors names are strings: use str(key), e.g. f'{key}'")
+    if not name or name == "__metadata__":
+        raise UnsupportedTensorError(f"invalid tensor name {name!r}",
+                                     hint="use a non-empty name other than '__metadata__'")
+
+
+def check_tensor(name: str, t: object) -> torch.Tensor:
+    """``t`` if its bytes can be written as a dense host array that reads back bit-exactly."""
+    if not isinstance(t, torch.Tensor):
+        raise UnsupportedTensorError(f"{name!r} is a {type(t).__name__}, not a tensor",
+                                     hint="seal tensors only: convert the value with torch.as_tensor(...), or put "
+                                          "it in the str -> str metadata (e.g. as JSON)")
+    if is_lazy(t):
+        raise UnsupportedTensorError(f"tensor {name!r} (dtype {t.dtype}) is an uninitialized lazy parameter "
+                                     "(no shape, no data)",
+                                     hint="run one forward pass to initialize the lazy module, then seal its state")
+    if t.is_nested:
+        raise UnsupportedTensorError(f"tensor {name!r} is a nested tensor (dtype {t.dtype}); safetensors holds "
+                                     "dense tensors only", hint="seal its components: dict(enumerate(t.unbind())) "
+                                     "with string keys, or t.to_padded_tensor(0.0) and the lengths")
+    if type(t).__torch_dispatch__ is not torch.Tensor.__torch_dispatch__:  # type: ignore[comparison-overlap]
+        kind = type(t).__name__
+        how = ("gather it with t.full_tensor(), or use get_model_state_dict(..., full_state_dict=True)"
+               if kind == "DTensor" else "convert it to a plain tensor that holds its values")
+        raise UnsupportedTensorError(f"tensor {name!r} is a {kind} (a tensor subclass whose memory is not its "
+                                     f"values), dtype {t.dtype}", hint=how)
+    if t.layout != torch.strided:
+        raise UnsupportedTensorError(f"tensor {name!r} has layout {t.layout} (dtype {t.dtype}); safetensors holds "
+                                     "dense tensors only", hint="seal t.to_dense() (or its index and value tensors)")
+    if t.device.type == "meta":
+        raise UnsupportedTensorError(f"tensor {name!r} (dtype {t.dtype}) is on the meta device and has no data",
+                                     hint="materialize it first, e.g. module.to_empty(device='cpu') and load or "
+                                          "initialize the weights")
+    if t.dtype not in DTYPES:
+        raise unsupported_dtype(name, t.dtype)
+    return t
+
+
+def check_metadata(metadata: Mapping[str, str]) -> dict[str, str]:
+    """``metadata`` as a plain dict, if it maps strings to strings (safetensors' ``__metadata__``)."""
+    for k, v in metadata.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise UnsupportedTensorError(f"metadata entry {k!r}: {type(v).__name__} is not str -> str",
+                                         hint="metadata is str -> str: pass str(value), or JSON for structures")
+    return dict(metadata)
 
 
 def cpu_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -101,7 +158,7 @@ def cpu_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 def build_header(items: list[tuple[str, torch.Tensor]], meta: Mapping[str, str]) -> tuple[bytes, int]:
     """The padded JSON header for ``items`` and the size of the data region."""
-    header: dict[str, Any] = {"__metadata__": dict(meta)}
+    header: dict[str, Any] = {"__metadata__": check_metadata(meta)}
     offset = 0
     for name, t in items:
         nbytes = t.numel() * t.element_size()
