@@ -25,6 +25,7 @@ import torch
 
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
 from securetrain.crypto._container import (
+    ALIASES_KEY,
     DEFAULT_SEGMENT_SIZE,
     ByteSink,
     DecryptingReader,
@@ -37,6 +38,7 @@ from securetrain.crypto._container import (
     prepare_tensors,
     readinto_full,
     refuse,
+    restore_aliases,
     split_header,
 )
 from securetrain.crypto.errors import (
@@ -59,7 +61,7 @@ META_FORMAT = "securetrain.format"
 META_STEP = "securetrain.step"
 META_KEY_ID = "securetrain.key_id"
 META_DIGEST = "securetrain.tensors_sha256"
-RESERVED_KEYS = frozenset({META_FORMAT, META_STEP, META_KEY_ID, META_DIGEST})
+RESERVED_KEYS = frozenset({META_FORMAT, META_STEP, META_KEY_ID, META_DIGEST, ALIASES_KEY})
 
 BINDING_TAG = "securetrain-checkpoint"
 STORE_ID_FILE = ".store-id"
@@ -136,12 +138,12 @@ def write_checkpoint(dst: ByteSink, tensors: Mapping[str, torch.Tensor], metadat
                      context: bytes = b"", signer: Ed25519PrivateKey | None = None,
                      ) -> WrittenCheckpoint:
     """Stream ``tensors`` + ``metadata`` as safetensors into an encrypted container on ``dst``."""
-    items = prepare_tensors(tensors)
+    prepared = prepare_tensors(tensors)  # refuses what cannot be written before a byte is
     kid = key_id or provider.current_key_id()
     tensors_sha = None
     if digest:  # a pre-pass: the digest goes in the header, which precedes the data
         h = hashlib.sha256()
-        for _, t in items:
+        for _, t in prepared.items:
             h.update(byte_view(cpu_contiguous(t)))
         tensors_sha = h.hexdigest()
     meta = {str(k): str(v) for k, v in metadata.items()}
@@ -149,12 +151,12 @@ def write_checkpoint(dst: ByteSink, tensors: Mapping[str, torch.Tensor], metadat
     meta[META_KEY_ID] = kid
     if tensors_sha:
         meta[META_DIGEST] = tensors_sha
-    hjson, offset = build_header(items, meta)
+    hjson, offset = build_header(prepared, meta)
     total = 8 + len(hjson) + offset
     writer = EncryptingWriter(dst, provider, total, segment_size=segment_size, key_id=kid, recipients=recipients,
                               context=context, signer=signer)
     writer.write(struct.pack("<Q", len(hjson)) + hjson)
-    for _, t in items:
+    for _, t in prepared.items:
         view = byte_view(cpu_contiguous(t))
         writer.write(view)
         if on_progress:
@@ -202,6 +204,7 @@ def read_checkpoint(src: BinaryIO, provider: KeyProvider, *, verify_digest: bool
         raise UnsafePayloadError("payload has bytes beyond the tensors its header lists")
     if h is not None and meta.get(META_DIGEST) and h.hexdigest() != meta[META_DIGEST]:
         raise DigestMismatchError("tensor digest does not match the checkpoint metadata")
+    tensors, meta = restore_aliases(tensors, meta)  # tied weights: one tensor under each name
     return DecryptedCheckpoint(tensors=tensors, metadata=meta, header=reader.header, signer=reader.signer)
 
 

@@ -57,6 +57,7 @@ from securetrain.crypto._container import (
     parse_header,
     prepare_tensors,
     refuse,
+    restore_aliases,
     split_header,
 )
 from securetrain.crypto.errors import (
@@ -230,10 +231,10 @@ class TensorSealer:
 
     def _write(self, emit: Callable[[Any], object], tensors: Mapping[str, torch.Tensor],
                metadata: Mapping[str, str] | None) -> int:
-        items = prepare_tensors(tensors)
-        hjson, data_len = build_header(items, metadata or {})
+        prepared = prepare_tensors(tensors)  # refuses what cannot be sent before a byte is
+        hjson, data_len = build_header(prepared, metadata or {})
         head = struct.pack("<Q", len(hjson)) + hjson
-        regions = [memoryview(head)] + [byte_view(cpu_contiguous(t)) for _, t in items]
+        regions = [memoryview(head)] + [byte_view(cpu_contiguous(t)) for _, t in prepared.items]
         seg = self.segment_size
         nseg = sum(-(-len(r) // seg) for r in regions)
         if nseg > MAX_SEGMENTS:
@@ -413,6 +414,7 @@ class TensorOpener:
             tensors[name] = t
         if isinstance(src, _BytesSource) and not src.at_end():
             raise TrailingDataError("bytes follow the last segment of the tensor message")
+        tensors, meta = restore_aliases(tensors, meta)
         # Only a completely authenticated message advances the replay state (re-checked atomically).
         self._admit(key, aead, sender, counter, ts_ms)
         return tensors, meta

@@ -449,3 +449,128 @@ def test_prefect_results_use_the_same_codec(monkeypatch: pytest.MonkeyPatch) -> 
         ser.dumps({"obj": object()})
     with pytest.raises(UnsupportedTensorError, match="keys must be strings"):
         ser.dumps({1: torch.ones(1)})
+
+
+# -- shared storage: tied weights, views of one another ------------------------------------------------
+
+
+class TiedLM(torch.nn.Module):
+    """An embedding and an output head sharing one Parameter (weight tying, as in GPT-2 or T5)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(50, 8)
+        self.body = torch.nn.Linear(8, 8)
+        self.lm_head = torch.nn.Linear(8, 50, bias=False)
+        self.lm_head.weight = self.embed.weight
+
+
+def _payload(path: Path, ring: LocalKeyring, tmp_path: Path) -> Path:
+    """The decrypted safetensors payload of a sealed file."""
+    from securetrain.crypto import decrypt_file
+
+    out = tmp_path / f"{path.stem}.safetensors"
+    decrypt_file(path, out, ring)
+    return out
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_tied_weights_are_written_once_and_come_back_tied(path: str, tmp_path: Path, ring: LocalKeyring,
+                                                          parties: Any) -> None:
+    model = TiedLM()
+    state = model.state_dict()
+    assert state["lm_head.weight"].data_ptr() == state["embed.weight"].data_ptr()  # two names, one memory
+    got, _ = _seal_and_open(path, state, tmp_path, ring, parties)
+    assert_bit_exact(state, got)
+    assert got["lm_head.weight"] is got["embed.weight"], "the tie is restored, not two copies"
+    assert list(got) == sorted(state), "opened in name order, aliases included"
+    fresh = TiedLM()
+    torch.nn.init.zeros_(fresh.embed.weight)
+    fresh.load_state_dict(got)  # strict: every key of the model is there
+    assert fresh.lm_head.weight is fresh.embed.weight and torch.equal(fresh.embed.weight, model.embed.weight)
+
+
+def test_a_tied_checkpoint_is_what_safetensors_save_model_writes(tmp_path: Path, ring: LocalKeyring) -> None:
+    """Same mechanism as safetensors: the shared tensor is stored once, under the name
+    ``safetensors.torch.save_model`` keeps, so the decrypted payload loads with ``load_model``."""
+    import safetensors.torch
+
+    model = TiedLM()
+    sealed = seal_tensors(model.state_dict(), tmp_path / "lm.stenc", ring)
+    payload = _payload(sealed.path, ring, tmp_path)
+    safetensors.torch.save_model(model, str(tmp_path / "reference.safetensors"))
+    ours, theirs = (safetensors.torch.load_file(p) for p in (payload, tmp_path / "reference.safetensors"))
+    assert set(ours) == set(theirs) == {"body.bias", "body.weight", "embed.weight"}
+    fresh = TiedLM()
+    torch.nn.init.zeros_(fresh.embed.weight)
+    safetensors.torch.load_model(fresh, str(payload))
+    assert fresh.lm_head.weight is fresh.embed.weight and torch.equal(fresh.embed.weight, model.embed.weight)
+    one_copy = model.embed.weight.numel() * 4
+    assert sealed.size < 2 * one_copy, "the tied matrix is stored once"
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_views_sharing_storage_round_trip_as_what_they_show(path: str, tmp_path: Path, ring: LocalKeyring,
+                                                            parties: Any) -> None:
+    """Only identical views (same memory, dtype, shape, strides) are one tensor; anything else that
+    overlaps is written as its own copy - its values exact, its aliasing not kept."""
+    big = torch.arange(10.0)
+    tensors = {"all": big, "part": big[2:5], "part_again": big[2:5], "reshaped": big.view(2, 5),
+               "as_int": big.view(torch.int32), "lo": big[:5], "hi": big[5:], "strided": big[::3]}
+    got, _ = _seal_and_open(path, tensors, tmp_path, ring, parties)
+    assert_bit_exact(tensors, got)
+    assert got["part_again"] is got["part"]
+    distinct = [got[k] for k in ("all", "part", "reshaped", "as_int", "lo", "hi", "strided")]
+    assert len({t.untyped_storage().data_ptr() for t in distinct}) == len(distinct)
+
+
+def test_prefect_results_keep_shared_tensors_shared(monkeypatch: pytest.MonkeyPatch) -> None:
+    from securetrain.crypto.prefect_serializer import EncryptedTensorSerializer
+
+    monkeypatch.setenv("SECURETRAIN_KEK", bytes(range(32)).hex())
+    monkeypatch.delenv("SECURETRAIN_KEYRING", raising=False)
+    ser = EncryptedTensorSerializer()
+    w = torch.randn(4, 4)
+    back = ser.loads(ser.dumps({"a": w, "b": [w, w.t()]}))
+    assert back["a"] is back["b"][0] and torch.equal(back["b"][1], w.t())
+
+
+@pytest.mark.parametrize("path", ["seal_tensors", "transport_v2", "transport_v1"])
+def test_the_alias_metadata_key_is_reserved(path: str, tmp_path: Path, ring: LocalKeyring, parties: Any) -> None:
+    from securetrain.crypto import _container as C
+
+    refused(path, {"a": torch.ones(1)}, tmp_path, ring, parties, metadata={C.ALIASES_KEY: "{}"})
+
+
+def test_the_store_drops_a_stale_alias_key_and_hides_its_own(tmp_path: Path, ring: LocalKeyring) -> None:
+    from securetrain.crypto import _container as C
+
+    store = EncryptedCheckpointStore(tmp_path, ring)
+    store.save(1, TiedLM().state_dict(), {C.ALIASES_KEY: '{"x": "y"}', "epoch": "2"})
+    loaded = store.load()
+    assert C.ALIASES_KEY not in loaded.metadata and loaded.metadata["epoch"] == "2"
+    assert loaded.tensors["lm_head.weight"] is loaded.tensors["embed.weight"]
+
+
+@pytest.mark.parametrize("aliases", [
+    '{"b": "missing"}', '{"a": "a"}', '{"b": "c", "c": "a"}', '["b", "a"]', '{"b": 1}', "not json",
+    '{"__metadata__": "a"}', '{"": "a"}',
+], ids=["missing", "self", "chain", "list", "int", "garbage", "reserved", "empty"])
+def test_a_malformed_alias_map_is_refused_by_every_reader(aliases: str, tmp_path: Path, ring: LocalKeyring) -> None:
+    """Written by a key holder (or a bug): refused as UnsafePayloadError, never a KeyError or a
+    silently missing tensor."""
+    import safetensors.torch
+
+    from securetrain.crypto import _container as C
+    from securetrain.crypto import encrypt_bytes
+    from securetrain.crypto.checkpoint import read_checkpoint
+    from securetrain.crypto.errors import UnsafePayloadError
+
+    payload = safetensors.torch.save({"a": torch.ones(2), "c": torch.zeros(1)}, metadata={C.ALIASES_KEY: aliases})
+    with pytest.raises(UnsafePayloadError, match="alias"):
+        C.decode_tensors(payload)
+    import io
+
+    with pytest.raises(UnsafePayloadError, match="alias"):
+        read_checkpoint(io.BytesIO(encrypt_bytes(payload, ring)), ring)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,6 +21,8 @@ from torch.nn.parameter import is_lazy
 from securetrain.crypto.errors import UnsafePayloadError, UnsupportedTensorError
 
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit
+# In ``__metadata__``: JSON {alias: kept name} of tensors written once for several names (tied weights).
+ALIASES_KEY = "securetrain.aliases"
 
 
 def _dtype(name: str) -> torch.dtype | None:
@@ -77,8 +80,17 @@ def byte_view(tensor: torch.Tensor) -> memoryview:
     return flat.view(torch.uint8).numpy().data.cast("B")
 
 
-def prepare_tensors(tensors: Mapping[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
-    """Validate every name and tensor; the detached tensors in name order (the order they are written).
+@dataclass(frozen=True)
+class PreparedTensors:
+    """Validated tensors ready to write: ``items`` (name, detached tensor) in name order, each one a
+    tensor whose bytes are written; ``aliases`` maps every other name to the item it is identical to."""
+
+    items: list[tuple[str, torch.Tensor]]
+    aliases: dict[str, str]
+
+
+def prepare_tensors(tensors: Mapping[str, torch.Tensor]) -> PreparedTensors:
+    """Validate every name and tensor; what to write, in name order, with tied tensors written once.
 
     Everything that could fail while writing is checked here, before the first byte goes out:
     a refused entry raises :class:`UnsupportedTensorError` naming it and saying what to do.
@@ -96,7 +108,57 @@ def prepare_tensors(tensors: Mapping[str, torch.Tensor]) -> list[tuple[str, torc
             "not a mapping of names to tensors",
             hint="flatten it with securetrain.training.state.flatten_optimizer: seal the tensors it returns and "
                  "put the rest, st.dumps(meta), in the metadata (the trainer's checkpoints do this)")
-    return [(name, check_tensor(name, tensors[name]).detach()) for name in sorted(names)]
+    checked = {name: check_tensor(name, tensors[name]) for name in sorted(names)}
+    aliases = shared_aliases(checked)
+    return PreparedTensors([(n, t.detach()) for n, t in checked.items() if n not in aliases], aliases)
+
+
+def shared_aliases(tensors: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """``{name: kept name}`` for tensors that are the same tensor as another one (tied weights).
+
+    Only identical views are one tensor: same device and storage (``safetensors.torch.storage_ptr``),
+    same first element, dtype, shape, strides and conj/neg bits. Of each such set the first name
+    in sorted order is written, as ``safetensors.torch.save_model`` does, so the decrypted payload
+    is the file ``save_model`` writes and ``safetensors.torch.load_model`` re-ties it. Tensors that
+    merely overlap (a slice or reshape of another) are written as their own copies: safetensors
+    cannot express them, and ``save_model``'s dropping of them relies on the model re-tying them.
+    (safetensors' ``_find_shared_tensors`` is not used: it raises on non-contiguous views that
+    share storage, such as ``w`` next to ``w.t()``.)
+    """
+    from safetensors.torch import storage_ptr
+
+    views: dict[tuple[Any, ...], list[str]] = {}
+    for name, t in tensors.items():
+        if t.numel() == 0:
+            continue  # nothing to store twice
+        key = (t.device, storage_ptr(t), t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), t.is_conj(), t.is_neg())
+        views.setdefault(key, []).append(name)
+    aliases: dict[str, str] = {}
+    for names in views.values():
+        keep, *rest = sorted(names)
+        aliases.update(dict.fromkeys(rest, keep))
+    return aliases
+
+
+def restore_aliases(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> tuple[dict[str, torch.Tensor],
+                                                                                      dict[str, str]]:
+    """The reader's side of :func:`shared_aliases`: every alias becomes the very tensor it names
+    (ties survive a round trip), in name order; the alias map is removed from the metadata."""
+    raw = meta.pop(ALIASES_KEY, None)
+    if raw is None:
+        return tensors, meta
+    try:
+        aliases = json.loads(raw)
+    except ValueError:
+        raise UnsafePayloadError("the tensor alias map in the metadata is not JSON") from None
+    if not isinstance(aliases, dict):
+        raise UnsafePayloadError("the tensor alias map in the metadata is not a JSON object")
+    for alias, kept in aliases.items():
+        if not isinstance(kept, str) or not alias or alias == "__metadata__" or alias in tensors or kept not in tensors:
+            raise UnsafePayloadError(f"tensor alias {alias!r} -> {kept!r} does not name a stored tensor "
+                                     "under a new name")
+    whole = {**tensors, **{alias: tensors[kept] for alias, kept in aliases.items()}}
+    return {name: whole[name] for name in sorted(whole)}, meta
 
 
 def check_name(name: object) -> None:
@@ -146,6 +208,9 @@ def check_metadata(metadata: Mapping[str, str]) -> dict[str, str]:
         if not isinstance(k, str) or not isinstance(v, str):
             raise UnsupportedTensorError(f"metadata entry {k!r}: {type(v).__name__} is not str -> str",
                                          hint="metadata is str -> str: pass str(value), or JSON for structures")
+    if ALIASES_KEY in metadata:
+        raise UnsupportedTensorError(f"metadata key {ALIASES_KEY!r} is reserved (it records tied tensors)",
+                                     hint="drop it: the readers set and remove it themselves")
     return dict(metadata)
 
 
@@ -156,11 +221,14 @@ def cpu_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t.to("cpu").resolve_conj().resolve_neg().contiguous()
 
 
-def build_header(items: list[tuple[str, torch.Tensor]], meta: Mapping[str, str]) -> tuple[bytes, int]:
-    """The padded JSON header for ``items`` and the size of the data region."""
-    header: dict[str, Any] = {"__metadata__": check_metadata(meta)}
+def build_header(prepared: PreparedTensors, meta: Mapping[str, str]) -> tuple[bytes, int]:
+    """The padded JSON header for ``prepared`` and the size of the data region."""
+    metadata = check_metadata(meta)
+    if prepared.aliases:
+        metadata[ALIASES_KEY] = json.dumps(prepared.aliases, sort_keys=True, separators=(",", ":"))
+    header: dict[str, Any] = {"__metadata__": metadata}
     offset = 0
-    for name, t in items:
+    for name, t in prepared.items:
         nbytes = t.numel() * t.element_size()
         header[name] = {"dtype": DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
@@ -171,13 +239,13 @@ def build_header(items: list[tuple[str, torch.Tensor]], meta: Mapping[str, str])
 
 def encode_tensors(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> bytes:
     """Serialize to safetensors bytes (loadable by ``safetensors.torch.load``)."""
-    items = prepare_tensors(tensors)
-    hjson, size = build_header(items, metadata or {})
+    prepared = prepare_tensors(tensors)
+    hjson, size = build_header(prepared, metadata or {})
     out = bytearray(8 + len(hjson) + size)
     out[:8] = struct.pack("<Q", len(hjson))
     out[8:8 + len(hjson)] = hjson
     pos = 8 + len(hjson)
-    for _, t in items:
+    for _, t in prepared.items:
         view = byte_view(cpu_contiguous(t))
         out[pos:pos + len(view)] = view
         pos += len(view)
@@ -203,7 +271,7 @@ def decode_tensors(data: bytes | bytearray | memoryview) -> tuple[dict[str, torc
             byte_view(t)[:] = view[pos:pos + nbytes]
         pos += nbytes
         tensors[name] = t
-    return tensors, meta
+    return restore_aliases(tensors, meta)
 
 
 def refuse(first8: bytes, reason: str) -> UnsafePayloadError:
