@@ -574,3 +574,85 @@ def test_a_malformed_alias_map_is_refused_by_every_reader(aliases: str, tmp_path
 
     with pytest.raises(UnsafePayloadError, match="alias"):
         read_checkpoint(io.BytesIO(encrypt_bytes(payload, ring)), ring)
+
+
+# -- the reader: one interpretation of a header, typed errors only ---------------------------------------
+
+
+def _payload_with_header(header: str, data: bytes) -> bytes:
+    raw = header.encode()
+    raw += b" " * (-len(raw) % 8)
+    import struct
+
+    return struct.pack("<Q", len(raw)) + raw + data
+
+
+@pytest.mark.parametrize(("header", "data"), [
+    ('{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"I32","shape":[1],"data_offsets":[0,4]}}',
+     b"\0" * 4),  # a duplicate name: which "a" is it? json.loads silently kept the last one
+    ('{"a":{"dtype":"U8","shape":"12","data_offsets":[0,2]}}', b"\0" * 2),  # a string shape read as [1, 2]
+    ('{"a":{"dtype":"U8","shape":[2.0],"data_offsets":[0,2]}}', b"\0" * 2),
+    ('{"a":{"dtype":"U8","shape":[true,2],"data_offsets":[0,2]}}', b"\0" * 2),
+    ('{"a":{"dtype":"U8","shape":[2],"data_offsets":[0.0,2]}}', b"\0" * 2),
+    ('{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2,4]}}', b"\0" * 2),
+    ('{"a":{"dtype":"F32","shape":[0,18446744073709551616],"data_offsets":[0,0]}}', b""),  # torch: TypeError
+    ('{"a":{"dtype":"F32","shape":[1099511627776,1099511627776,0],"data_offsets":[0,0]}}', b""),  # RuntimeError
+    ('{"a":{"dtype":"C128","shape":[1],"data_offsets":[0,16]}}', b"\0" * 16),
+    ('{"a":["F32",[1],[0,4]]}', b"\0" * 4),
+    ('{"__metadata__":{"k":"v"},"__metadata__":{"k":"w"}}', b""),
+], ids=["duplicate-name", "string-shape", "float-dim", "bool-dim", "float-offset", "three-offsets",
+        "dim-over-int64", "storage-overflow", "unknown-dtype", "entry-not-object", "duplicate-metadata"])
+def test_malformed_headers_are_refused_as_unsafe_payloads(header: str, data: bytes, ring: LocalKeyring) -> None:
+    import io
+
+    from securetrain.crypto import _container as C
+    from securetrain.crypto import encrypt_bytes
+    from securetrain.crypto.checkpoint import read_checkpoint
+    from securetrain.crypto.errors import UnsafePayloadError
+
+    payload = _payload_with_header(header, data)
+    with pytest.raises(UnsafePayloadError):
+        C.decode_tensors(payload)
+    with pytest.raises(UnsafePayloadError):
+        read_checkpoint(io.BytesIO(encrypt_bytes(payload, ring)), ring)
+
+
+# -- atomic writes: a failure mid-write leaves nothing -----------------------------------------------------
+
+
+@pytest.mark.parametrize("o_tmpfile", [True, False], ids=["O_TMPFILE", "named-temp"])
+@pytest.mark.parametrize("failure", [RuntimeError("disk on fire"), KeyboardInterrupt()], ids=["error", "ctrl-c"])
+def test_a_failure_mid_write_leaves_no_partial_file(failure: BaseException, o_tmpfile: bool, tmp_path: Path,
+                                                    ring: LocalKeyring, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The header and the first tensor are out when the third write fails: the new file must not
+    appear, an existing one must stay as it was, and no temp may stay behind."""
+    from securetrain.crypto import private_file
+    from securetrain.crypto._container.writer import EncryptingWriter
+
+    monkeypatch.setattr(private_file, "USE_O_TMPFILE", o_tmpfile)
+    tensors = {f"t{i}": torch.full((1 << 16,), float(i)) for i in range(4)}
+    real_write = EncryptingWriter.write
+    calls = {"n": 0}
+
+    def failing_write(self: EncryptingWriter, data: Any) -> int:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise failure
+        return real_write(self, data)
+
+    seal_tensors({"old": torch.zeros(3)}, tmp_path / "old.stenc", ring)
+    store = EncryptedCheckpointStore(tmp_path / "store", ring)
+    store.save(1, {"old": torch.zeros(3)}, {})
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    monkeypatch.setattr(EncryptingWriter, "write", failing_write)
+    for attempt in (lambda: seal_tensors(tensors, tmp_path / "new.stenc", ring),
+                    lambda: seal_tensors(tensors, tmp_path / "old.stenc", ring),
+                    lambda: store.save(2, tensors, {})):
+        calls["n"] = 0
+        with pytest.raises(type(failure)):
+            attempt()
+        assert calls["n"] == 3, "the failure happened mid-write"
+    monkeypatch.setattr(EncryptingWriter, "write", real_write)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    assert list(open_tensors(tmp_path / "old.stenc", ring).tensors) == ["old"]
+    assert [i.step for i in store.list()] == [1] and list(store.load().tensors) == ["old"]

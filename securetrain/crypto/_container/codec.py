@@ -295,9 +295,31 @@ def split_header(first8: bytes, total: int) -> int:
     return hlen
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        dup = next(k for i, (k, _) in enumerate(pairs) if any(k == other for other, _ in pairs[:i]))
+        raise UnsafePayloadError(f"safetensors header names {dup!r} twice")
+    return doc
+
+
+def _is_int(value: object) -> bool:
+    return type(value) is int  # not bool, not float: JSON 2.0 or true is no size
+
+
+_MAX_INT64 = 2**63 - 1
+
+
 def parse_header(raw: bytes, data_len: int) -> tuple[list[tuple[str, torch.dtype, list[int], int]], dict[str, str]]:
+    """Parse and validate a safetensors JSON header strictly, so that it has exactly one reading.
+
+    Refused (``UnsafePayloadError``): a name given twice (JSON parsers differ on which one wins),
+    shapes and offsets that are not lists of JSON integers (a string shape ``"12"`` is not
+    ``[1, 2]``), dimensions torch cannot allocate (over int64, or whose product overflows), unknown
+    dtypes, and offsets that do not tile the data region exactly.
+    """
     try:
-        doc = json.loads(raw.decode("utf-8"))
+        doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise UnsafePayloadError("payload header is not safetensors JSON") from None
     if not isinstance(doc, dict):
@@ -307,17 +329,25 @@ def parse_header(raw: bytes, data_len: int) -> tuple[list[tuple[str, torch.dtype
         raise UnsafePayloadError("safetensors __metadata__ must map strings to strings")
     entries = []
     for name, spec in doc.items():
-        try:
-            dtype = FROM_DTYPE[spec["dtype"]]
-            shape = [int(d) for d in spec["shape"]]
-            begin, end = (int(x) for x in spec["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise UnsafePayloadError(f"malformed safetensors entry {name!r}") from None
+        if not isinstance(spec, dict) or not {"dtype", "shape", "data_offsets"} <= set(spec):
+            raise UnsafePayloadError(f"malformed safetensors entry {name!r}")
+        shape, offsets = spec["shape"], spec["data_offsets"]
+        if not (isinstance(shape, list) and all(_is_int(d) for d in shape)
+                and isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(x) for x in offsets)):
+            raise UnsafePayloadError(f"malformed safetensors entry {name!r}: shape and data_offsets must be "
+                                     "lists of integers")
+        dtype = FROM_DTYPE.get(spec["dtype"]) if isinstance(spec["dtype"], str) else None
+        if dtype is None:
+            raise UnsafePayloadError(f"tensor {name!r} has dtype {spec['dtype']!r}, which this reader does not know")
         if any(d < 0 for d in shape):
             raise UnsafePayloadError(f"negative dimension in {name!r}")
-        numel = 1
+        numel = nonzero = 1
         for d in shape:
             numel *= d
+            nonzero *= d or 1
+        if nonzero > _MAX_INT64:
+            raise UnsafePayloadError(f"tensor {name!r}: shape {shape} overflows a 64-bit size")
+        begin, end = offsets
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
         if end - begin != nbytes:
             raise UnsafePayloadError(f"tensor {name!r}: offsets span {end - begin} bytes, shape needs {nbytes}")
@@ -331,5 +361,3 @@ def parse_header(raw: bytes, data_len: int) -> tuple[list[tuple[str, torch.dtype
     if pos != data_len:
         raise UnsafePayloadError(f"tensors cover {pos} bytes but the payload has {data_len}")
     return [(n, d, s, b) for _, n, d, s, b in entries], meta
-
-
