@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -126,17 +127,24 @@ def test_preemption_of_the_stage_is_forwarded_then_the_rerun_resumes(tmp_path: P
 
     first = _cli(config, KILL_STAGE="1")
     assert first.returncode == 75, first.stdout[-3000:] + first.stderr[-3000:]
-    assert "preempted at step 2" in first.stderr  # the step in flight finished, then every rank stopped
+    # The step in flight finished, then every rank stopped after the same step: the signal is sent
+    # during step 2 and travels stage -> torchrun -> ranks, so on a loaded machine a rank may see it
+    # only after a later step (seen in CI-like runs); all ranks still agree on one step.
+    stopped = re.search(r"preempted at step (\d+)", first.stderr)
+    assert stopped, first.stderr[-3000:]
+    k = int(stopped.group(1))
+    assert k >= 2
     run_dir = tmp_path / "runs" / "pre"
     assert not (run_dir / "result.json").exists()
-    assert sorted(p.name for p in (run_dir / "checkpoints").glob("*.stenc")) == ["step-000000000002.stenc"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("*.stenc")) == [f"step-{k:012d}.stenc"]
 
     second = _cli(config)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     result = json.loads((run_dir / "result.json").read_text())
     assert result["world_size"] == 2 and result["training"]["reason"] == "completed"
-    # Resumed, not restarted: the ranks' first logged step is 3; the curve (checkpointed) is whole.
-    assert "[rank 0/2] step 1/" not in second.stderr and "[rank 0/2] step 3/" in second.stderr
+    assert result["training"]["steps"] > k
+    # Resumed, not restarted: the ranks' first logged step is k+1; the curve (checkpointed) is whole.
+    assert "[rank 0/2] step 1/" not in second.stderr and f"[rank 0/2] step {k + 1}/" in second.stderr
     assert [s for s, _ in result["training"]["curve"]] == list(range(1, result["training"]["steps"] + 1))
 
 
