@@ -83,8 +83,23 @@ def deidentify_on_task_runner(config: PipelineConfig, raw: str | None) -> list[i
     return [o["index"] for o in outcomes if not o["resumed"]]
 
 
+def _not_refused(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry transient failures, but not refused input files: a retry would refuse them again
+    (the run fails with RefusedFilesError, exit 65, naming the report)."""
+    from securetrain.masking.dicom.errors import RefusedFilesError
+
+    try:
+        state.result()
+    except RefusedFilesError:
+        return False
+    except Exception:
+        return True
+    return False
+
+
 # De-identification / masking write atomically and are deterministic for a key: safe to retry.
-@task(name="prepare-data", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, result_serializer="json")
+@task(name="prepare-data", retries=2, retry_delay_seconds=2, retry_condition_fn=_not_refused, cache_policy=NO_CACHE,
+      result_serializer="json")
 def prepare_task(config: PipelineConfig, raw: str | None, fresh_shards: list[int] | None = None) -> PreparedData:
     with open_run_audit(config) as audit:
         return stages.prepare(config, Path(raw) if raw else None, load_run_secrets(config), audit,
@@ -173,7 +188,8 @@ def publish_artifacts(result: PipelineResult) -> None:
         d = result.deid
         create_table_artifact(
             [{"files_in": d.files_in, "files_out": d.files_out, "tags_changed": d.tags_changed,
-              "rejected": d.rejected, "quarantined": d.quarantined, "policy": f"{d.policy} v{d.policy_version}"}],
+              "rejected": d.rejected, "quarantined": d.quarantined, "policy": f"{d.policy} v{d.policy_version}",
+              "refusal_report": str(d.refusal_report or "")}],
             key="securetrain-deid", description="de-identification counts",
         )
     if result.masking:
@@ -248,7 +264,12 @@ def _run_locked(config: PipelineConfig, clock: Any, logger: Any) -> dict[str, An
         prepared = prepare_task(config, raw, fresh_shards)
     if prepared.deid:
         d = prepared.deid
-        logger.info("de-identified %d/%d files (%d rejected)", d.files_out, d.files_in, d.rejected)
+        if d.refusal_report:  # refused files only get here when data.allow_quarantine accepts them
+            logger.warning("de-identified %d/%d files: %d rejected, %d quarantined, partial output accepted by "
+                           "data.allow_quarantine; report: %s", d.files_out, d.files_in, d.rejected, d.quarantined,
+                           d.refusal_report)
+        else:
+            logger.info("de-identified %d/%d files", d.files_out, d.files_in)
     if prepared.masking:
         m = prepared.masking
         logger.info("masked %d rows; split %d/%d entities", m.rows_in, m.train_entities, m.eval_entities)

@@ -15,4 +15,4 @@ refused = report.rejected + report.quarantined
 for index, result in enumerate(report.results):  # indexes, not input names: names can carry PHI
     print(index, result.outcome.value, result.reason or "")
 print(f"{report.written} written, {refused} refused")
-sys.exit(1 if refused and not report.written else 0)
+sys.exit(65 if refused else 0)  # as `securetrain deid`: a partial run is not a success

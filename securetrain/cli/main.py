@@ -66,7 +66,8 @@ INTERRUPTED_EXIT_CODE = 130
 
 
 def main() -> None:
-    """Console entry point: errors become one red line and exit code 2, not a traceback.
+    """Console entry point: errors become one red line and exit code 2 (or the error's own
+    ``exit_code``, e.g. 65 for :class:`~securetrain.masking.dicom.errors.RefusedFilesError`), not a traceback.
 
     Click/typer handle their own usage errors in standalone mode (one line, exit 2); everything
     securetrain raises on purpose is a :class:`SecureTrainError`; an :class:`OSError` (read-only
@@ -83,7 +84,9 @@ def main() -> None:
         app()
     except SecureTrainError as exc:
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+        # 2, or the error's own documented status (RefusedFilesError: 65, partial de-identification)
+        code = getattr(exc, "exit_code", 2)
+        sys.exit(code if isinstance(code, int) and code > 0 else 2)
     except OSError as exc:
         from securetrain.cli.oserrors import describe_os_error
 

@@ -41,7 +41,9 @@ def _print_result(result) -> None:  # noqa: ANN001 - PipelineResult
     d, m, t = result.deid, result.masking, result.training
     if d:
         table.add_row("de-identification", f"{d.files_out}/{d.files_in} files, {d.tags_changed} tags changed, "
-                      f"{d.rejected} rejected, {d.quarantined} quarantined", str(d.output_dir))
+                      f"{d.rejected} rejected, {d.quarantined} quarantined"
+                      + (" (partial output accepted: data.allow_quarantine)" if d.refusal_report else ""),
+                      str(d.refusal_report or d.output_dir))
     if m:
         table.add_row("masking", f"{m.rows_in} rows, policy {m.policy} v{m.policy_version}, split by {m.split_by}: "
                       f"{m.train_entities}/{m.eval_entities} entities", str(m.output_dir))

@@ -31,6 +31,8 @@ class DeidSummary(BaseModel):
     eval_class_counts: list[int] = Field(default_factory=list)
     digests: dict[str, str] = Field(default_factory=dict)  # sha256 of manifests, policy digest
     refused_by_reason: dict[str, int] = Field(default_factory=dict)  # rejected + quarantined files per reason
+    refusal_report: Path | None = None  # deid/refused.json when files were refused (accepted: data.allow_quarantine)
+    partial_accepted: bool = False  # files were refused and the run went on (data.allow_quarantine)
 
 
 class MaskingSummary(BaseModel):

@@ -34,10 +34,12 @@ def test_deid_tree_with_workers_and_mapping(synthetic_set: Path, tmp_path: Path,
     out = tmp_path / "out"
     res = _run("deid", str(synthetic_set.parent), str(out), "--policy", BASIC, "--key-file", str(key_file),
                "--workers", "2", "--mapping-out", str(tmp_path / "map.bin"), "--mapping-key-file", str(mkey))
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 65, res.output  # partial output: refusals are not success
     written = sorted(out.rglob("*.dcm"))
     assert len(written) == 12  # 6 burned-in images rejected, manifest/phi.json quarantined
     assert "rejected" in res.output and "quarantined" in res.output
+    assert f"8 of 20 input files not written (6 rejected, 2 quarantined); report: {out}.quarantine.json" in \
+        res.output.replace("\n", "")
     ds = pydicom.dcmread(written[0])
     assert ds.PatientIdentityRemoved == "YES"
     mapping = load_mapping(tmp_path / "map.bin", mkey.read_bytes())
@@ -45,7 +47,7 @@ def test_deid_tree_with_workers_and_mapping(synthetic_set: Path, tmp_path: Path,
     assert ds.PatientID in mapping.values()
     # the same secret from the environment gives identical output
     out2 = tmp_path / "out2"
-    res2 = _run("deid", str(synthetic_set.parent), str(out2), "--policy", BASIC,
+    res2 = _run("deid", str(synthetic_set.parent), str(out2), "--policy", BASIC, "--allow-quarantine",
                 env={"SECURETRAIN_DEID_KEY": SECRET.hex()})
     assert res2.exit_code == 0, res2.output
     assert (out2 / written[0].relative_to(out)).read_bytes() == written[0].read_bytes()
@@ -56,8 +58,9 @@ def test_dry_run_writes_nothing_and_shows_no_values(synthetic_set: Path, tmp_pat
 
     out = tmp_path / "dry"
     res = _run("deid", str(synthetic_set.parent), str(out), "--policy", BASIC, "--key-file", str(key_file), "--dry-run")
-    assert res.exit_code == 0, res.output
-    assert not out.exists()
+    assert res.exit_code == 65, res.output  # the real run would be partial: the dry run says so
+    assert "would not be written" in res.output and "dry run: no report written" in res.output
+    assert not out.exists() and not (tmp_path / "dry.quarantine.json").exists()
     assert "PatientName" in res.output and "(0010,0010)" in res.output
     planted = load_phi_manifest(synthetic_set)["all"]
     flat = res.output.replace("\n", "")
@@ -77,3 +80,72 @@ def test_missing_key_and_bad_policy(synthetic_set: Path, tmp_path: Path, key_fil
     res = _run("deid", str(synthetic_set.parent), str(synthetic_set.parent / "inside"), "--policy", BASIC,
                "--key-file", str(key_file))
     assert res.exception is not None and "inside IN" in str(res.exception)
+
+
+def _mixed_input(tmp_path: Path) -> Path:
+    """Two good images, a text file and a truncated image (both quarantined)."""
+    from securetrain.masking.dicom.synthetic import generate_study_set
+
+    manifest = generate_study_set(tmp_path / "gen", n_patients=1, studies_per_patient=1, images_per_series=2)
+    src = tmp_path / "in"
+    src.mkdir()
+    images = sorted(manifest.parent.rglob("*.dcm"))
+    for i, f in enumerate(images):
+        (src / f"SMITH_JOHN_{i}.dcm").write_bytes(f.read_bytes())  # names may carry PHI
+    (src / "SMITH_JOHN_notes.txt").write_text("not DICOM")
+    (src / "SMITH_JOHN_cut.dcm").write_bytes(images[0].read_bytes()[:400])
+    return src
+
+
+def test_refused_inputs_exit_65_with_the_count_and_the_report_unless_accepted(tmp_path: Path, key_file: Path) -> None:
+    """Before: exit 0 whatever was quarantined, so a scheduler took a partial run for success."""
+    import json
+    import stat
+
+    src, out = _mixed_input(tmp_path), tmp_path / "out"
+    res = _run("deid", str(src), str(out), "--policy", BASIC, "--key-file", str(key_file))
+    assert res.exit_code == 65, res.output
+    report_path = tmp_path / "out.quarantine.json"
+    text = res.output.replace("\n", "")
+    assert f"2 of 4 input files not written (0 rejected, 2 quarantined); report: {report_path}" in text
+    assert "--allow-quarantine" in text
+    assert len(list(out.glob("*.dcm"))) == 2  # the good files are still written
+    assert stat.S_IMODE(report_path.stat().st_mode) == 0o600
+    raw = report_path.read_text()
+    assert "SMITH" not in raw  # inputs by index and digest, never by name
+    report = json.loads(raw)
+    assert report["format"] == "securetrain.deid.refusals/1" and report["accepted"] is False
+    assert (report["files"], report["written"], report["rejected"], report["quarantined"]) == (4, 2, 0, 2)
+    assert [(r["index"], r["outcome"]) for r in report["refused"]] == [(3, "quarantined"), (4, "quarantined")]
+    assert all(len(r["sha256"]) == 64 and r["reason"] and "input #" not in r["reason"] for r in report["refused"])
+    # accepted partial output: exit 0, the report says it was accepted
+    res = _run("deid", str(src), str(out), "--policy", BASIC, "--key-file", str(key_file), "--allow-quarantine")
+    assert res.exit_code == 0, res.output
+    assert "partial output accepted" in res.output
+    assert json.loads(report_path.read_text())["accepted"] is True
+    # a report elsewhere; a later clean run removes the stale one next to OUT
+    custom = tmp_path / "reports" / "run1.json"
+    res = _run("deid", str(src), str(tmp_path / "out2"), "--policy", BASIC, "--key-file", str(key_file),
+               "--quarantine-report", str(custom))
+    assert res.exit_code == 65 and custom.is_file() and str(custom) in res.output.replace("\n", "")
+    for bad in ("SMITH_JOHN_notes.txt", "SMITH_JOHN_cut.dcm"):
+        (src / bad).unlink()
+    res = _run("deid", str(src), str(out), "--policy", BASIC, "--key-file", str(key_file))
+    assert res.exit_code == 0, res.output
+    assert not report_path.exists()
+
+
+def test_rejected_inputs_count_too(tmp_path: Path, key_file: Path) -> None:
+    from dicom_fixtures import make_dataset
+
+    from securetrain.masking.dicom.engine import encode_dataset
+
+    src = tmp_path / "in"
+    src.mkdir()
+    ds = make_dataset()
+    del ds.PatientID
+    del ds.PatientName  # no patient identity: rejected by the policy
+    (src / "a.dcm").write_bytes(encode_dataset(ds))
+    res = _run("deid", str(src), str(tmp_path / "out"), "--policy", BASIC, "--key-file", str(key_file))
+    assert res.exit_code == 65, res.output
+    assert "1 of 1 input files not written (1 rejected, 0 quarantined)" in res.output.replace("\n", "")

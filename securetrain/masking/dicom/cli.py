@@ -12,6 +12,7 @@ from pathlib import Path
 import typer
 
 from securetrain.audit.cli_support import AUDIT_DB_OPTION
+from securetrain.masking.dicom.errors import REFUSED_FILES_EXIT_CODE as REFUSED_EXIT
 
 
 def _read_key(key_file: Path | None, what: str, env: str | None) -> bytes:
@@ -42,16 +43,36 @@ def deid(
     mapping_key_file: Path | None = typer.Option(None, "--mapping-key-file", help="32-byte AES key (64 hex chars, hex:..., base64:... or 32 raw bytes) for --mapping-out."),
     keep_paths: bool = typer.Option(False, "--keep-paths", help="Name outputs by their input paths instead of the new "
                                     "SOP Instance UID (only if no file or folder name carries PHI)."),
+    allow_quarantine: bool = typer.Option(False, "--allow-quarantine", help="Accept partial output: exit 0 even "
+                                          f"when files were rejected or quarantined (default: exit {REFUSED_EXIT})."),
+    quarantine_report: Path | None = typer.Option(None, "--quarantine-report", help="Where to write the JSON "
+                                                  "report of rejected/quarantined inputs (index, sha256, reason; "
+                                                  "never names). Default: OUT.quarantine.json next to OUT."),
     audit_db: str | None = AUDIT_DB_OPTION,
 ) -> None:
-    """De-identify DICOM per PS3.15 Annex E with a policy; rich progress, summary table."""
+    """De-identify DICOM per PS3.15 Annex E with a policy; rich progress, summary table.
+
+    Exit status: 0 every input was de-identified (or --allow-quarantine); 65 some inputs were
+    rejected (policy: burned-in text, no patient identity) or quarantined (unreadable, truncated,
+    not DICOM): the output is partial, the summary names the count and the report file; 2 usage,
+    key or policy errors (nothing done); 130 interrupted. A dry run exits the same way (no report).
+    """
     from rich.table import Table
 
     from securetrain.audit.cli_support import command_recorder
-    from securetrain.cli.console import console, progress_bar
+    from securetrain.cli.console import console, err_console, progress_bar
     from securetrain.masking.dicom.keys import ENV_KEY, DeidKeys
     from securetrain.masking.dicom.policy import load_policy
-    from securetrain.masking.dicom.tree import FileOutcome, FileResult, deidentify_tree, plan_tree
+    from securetrain.masking.dicom.tree import (
+        FileOutcome,
+        FileResult,
+        default_refusal_report_path,
+        deidentify_tree,
+        plan_tree,
+        refusal_report,
+        remove_stale_refusal_report,
+        write_refusal_report,
+    )
 
     pol = load_policy(policy)  # validate before any work
     secret = _read_key(key_file, "de-identification key", ENV_KEY)
@@ -113,6 +134,26 @@ def deid(
         export_mapping(mapping_out, report.pseudonyms, mapping_key, files=files)
         console.print(f"encrypted mapping ({len(report.pseudonyms)} pseudonyms, {len(files)} file names) "
                       f"written to {mapping_out}")
+
+    # A partial run must not look like success to a scheduler: refusals exit 65 unless accepted.
+    refused = report.rejected + report.quarantined
+    report_path = quarantine_report or default_refusal_report_path(output_path)
+    if not dry_run:
+        if refused:
+            write_refusal_report(report_path, refusal_report(report, pol, accepted=allow_quarantine))
+        else:
+            remove_stale_refusal_report(report_path)  # the report next to OUT describes this run
+    if not refused:
+        return
+    what = (f"{refused} of {len(report.results)} input files {'would not be' if dry_run else 'not'} written "
+            f"({report.rejected} rejected, {report.quarantined} quarantined)")
+    where = "dry run: no report written" if dry_run else f"report: {report_path}"
+    if allow_quarantine:
+        console.print(f"[yellow]partial output accepted (--allow-quarantine):[/] {what}; {where}", highlight=False)
+        return
+    err_console.print(f"[bold red]incomplete:[/] {what}; {where}. Exit {REFUSED_EXIT}; pass --allow-quarantine "
+                      "to accept partial output.", highlight=False, soft_wrap=True)
+    raise typer.Exit(REFUSED_EXIT)
 
 
 def register(app: typer.Typer) -> None:

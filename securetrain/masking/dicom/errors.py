@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from securetrain.errors import ConfigError, IntegrityError, SecureTrainError
 
+#: Exit status of ``securetrain deid`` and ``securetrain run`` when input files were rejected or
+#: quarantined (the output is partial) and partial output was not accepted (``--allow-quarantine``,
+#: ``data.allow_quarantine``). 65 is ``EX_DATAERR`` of sysexits.h ("the input data was incorrect").
+REFUSED_FILES_EXIT_CODE = 65
+
 
 class DeidError(SecureTrainError):
     """A DICOM object could not be de-identified safely; nothing was written for it."""
@@ -32,3 +37,14 @@ class MappingIntegrityError(DeidError, IntegrityError):
 
 class OcrUnavailable(DeidError, ConfigError):
     """``burned_in: clean`` needs Tesseract (Debian ``tesseract-ocr``) and ``pytesseract``."""
+
+
+class RefusedFilesError(DeidError):
+    """A run could de-identify only part of its inputs (files rejected or quarantined) and partial
+    output was not accepted. The CLI exits with :data:`REFUSED_FILES_EXIT_CODE` (``exit_code``)."""
+
+    exit_code = REFUSED_FILES_EXIT_CODE
+
+    def __init__(self, message: str, *, hint: str | None = None, report: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.report = report  # where the refusal report is (no PHI: indexes, digests, reasons)

@@ -38,6 +38,9 @@ from typing import Any
 from securetrain.errors import ConfigError
 from securetrain.masking.dicom.policy import DicomPolicy
 
+#: ``format`` of a refusal report (``securetrain deid``'s ``OUT.quarantine.json``).
+REFUSAL_REPORT_FORMAT = "securetrain.deid.refusals/1"
+
 
 class FileOutcome(str, Enum):
     WRITTEN = "written"
@@ -328,3 +331,56 @@ def _record(audit: Any, events: list[dict[str, Any]]) -> None:
 def record_tree_audit(audit: Any, report: TreeReport, policy: DicomPolicy, key_id: str, *, dry_run: bool) -> None:
     """Append a finished run's audit trail in one go (for callers that did not pass ``audit``)."""
     _record(audit, [_policy_event(policy, key_id, dry_run), *report.events])
+
+
+# ----------------------------------------------------------------------------- refusal report
+def default_refusal_report_path(output: str | os.PathLike[str]) -> Path:
+    """``OUT.quarantine.json`` next to ``OUT`` (never inside it: the output folder holds only
+    de-identified objects, and a consumer that reads every file there must not meet it)."""
+    out = Path(os.path.abspath(output))
+    return out.with_name(out.name + ".quarantine.json")
+
+
+def refusal_report(report: TreeReport, policy: DicomPolicy, *, accepted: bool) -> dict[str, Any]:
+    """The rejected and quarantined inputs of a run: 1-based index in the sorted listing of IN,
+    SHA-256 and reason (inputs are never named: file and folder names can carry PHI)."""
+    refused = [r for r in report.results if r.outcome in (FileOutcome.REJECTED, FileOutcome.QUARANTINED)]
+    return {
+        "format": REFUSAL_REPORT_FORMAT,
+        "policy": policy.name,
+        "policy_digest": policy.digest,
+        "files": len(report.results),
+        "written": report.count(FileOutcome.WRITTEN),
+        "rejected": report.rejected,
+        "quarantined": report.quarantined,
+        "accepted": accepted,  # --allow-quarantine: partial output accepted (exit 0)
+        "refused": [{"index": r.index, "sha256": r.sha256, "outcome": r.outcome.value,
+                     "reason": (r.reason or "").removeprefix(f"input #{r.index}: ")} for r in refused],
+    }
+
+
+def write_refusal_report(path: str | os.PathLike[str], data: dict[str, Any]) -> Path:
+    import json
+
+    from securetrain.io.atomic import atomic_write_bytes
+
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(target, json.dumps(data, indent=1).encode() + b"\n", mode=0o600)
+    return target
+
+
+def remove_stale_refusal_report(path: str | os.PathLike[str]) -> bool:
+    """Remove a refusal report an earlier run left at ``path`` (only a file in our format), so the
+    report next to an output always describes the run that wrote the output."""
+    import json
+
+    target = Path(path)
+    try:
+        data = json.loads(target.read_bytes())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(data, dict) or data.get("format") != REFUSAL_REPORT_FORMAT:
+        return False
+    target.unlink()
+    return True

@@ -33,6 +33,7 @@ from securetrain.pipeline.tasks.dicom_shards import ShardMap
 from securetrain.pipeline.tasks.base import TaskContext, TaskData, canonical_label, file_sha256, holdout, label_names
 
 LABELS_FILE = "labels.json"
+REFUSED_FILE = "refused.json"  # rejected + quarantined inputs of the last de-identification (no paths)
 
 
 def read_labelled_manifest(manifest: Path, label_column: str = "label") -> list[tuple[Path, str]]:
@@ -84,8 +85,10 @@ def deidentify(
 ) -> DeidSummary:
     """De-identify every study into ``<run_dir>/deid`` and split train/eval by patient pseudonym.
 
-    Files with burned-in annotation are rejected and unreadable ones quarantined — both counted
-    and audited, never passed on. Output names are sequence numbers (input names may carry PHI).
+    Files the policy refuses (burned-in annotation, no patient identity) are rejected and unreadable
+    ones quarantined — counted, audited, listed in ``deid/refused.json``, never passed on; then the
+    stage fails with :class:`RefusedFilesError` (exit 65) unless ``data.allow_quarantine`` accepts
+    partial output. Output names are sequence numbers (input names may carry PHI).
     The pseudonym map is exported AES-256-GCM encrypted for the data owner.
     """
     from securetrain.masking.dicom.mapping import export_mapping
@@ -141,6 +144,7 @@ def deidentify(
                 tags_changed += row.tags_changed
                 kept.append((output_name(row.row), ids[rows[row.row][1]], row.pseudonym))
         pseudonyms.update(result.pseudonyms)
+    _check_refusals(config, results, out_dir, policy.name, len(rows), rejected, quarantined, recorder)
     if not kept:
         raise SecureTrainError("no study survived de-identification", hint="check the policy and the input files")
 
@@ -177,7 +181,39 @@ def deidentify(
         digests={"train_manifest": file_sha256(out_dir / "train.csv"), "eval_manifest": file_sha256(out_dir / "eval.csv"),
                  "policy": policy.digest, "input_manifest": file_sha256(raw_manifest)},
         refused_by_reason=dict(sorted(refused.items())),
+        refusal_report=out_dir / REFUSED_FILE if rejected + quarantined else None,
+        partial_accepted=bool(rejected + quarantined),
     )
+
+
+def _check_refusals(config: PipelineConfig, results: Sequence[Any], out_dir: Path, policy_name: str, files: int,
+                    rejected: int, quarantined: int, recorder: AuditRecorder) -> None:
+    """The same rule as ``securetrain deid``: inputs that were rejected or quarantined make the
+    output partial. They are listed in ``deid/refused.json`` (manifest data row, outcome, reason;
+    never paths) and recorded as ``deid.incomplete``; unless ``data.allow_quarantine`` accepts
+    partial output the stage fails with :class:`RefusedFilesError` (exit 65) before training."""
+    from securetrain.masking.dicom.errors import RefusedFilesError
+
+    report_path = out_dir / REFUSED_FILE
+    refused = rejected + quarantined
+    if not refused:
+        report_path.unlink(missing_ok=True)  # a report describes the run that wrote this folder
+        return
+    accepted = config.data.partial_deid_accepted
+    rows = [{"row": row.row + 1, "outcome": row.outcome, "reason": row.reason or "unspecified"}
+            for result in results for row in result.rows if row.outcome in ("rejected", "quarantined")]
+    document = {"format": "securetrain.pipeline.deid-refusals/1", "policy": policy_name, "files": files,
+                "written": files - refused, "rejected": rejected, "quarantined": quarantined, "accepted": accepted,
+                "refused": rows}
+    atomic_write_bytes(report_path, json.dumps(document, indent=1).encode() + b"\n", mode=0o600)
+    recorder.record("deid.incomplete", f"file:{REFUSED_FILE}", outcome="success" if accepted else "refused",
+                    details={"files": files, "rejected": rejected, "quarantined": quarantined, "accepted": accepted})
+    if not accepted:
+        raise RefusedFilesError(
+            f"de-identification refused {refused} of {files} input files ({rejected} rejected, {quarantined} "
+            f"quarantined); nothing was trained. Report: {report_path}",
+            hint="fix or remove those files, or set data.allow_quarantine: true to train on the rest",
+            report=str(report_path))
 
 
 def _counts(rows: Sequence[tuple[str, int]], n: int) -> list[int]:
