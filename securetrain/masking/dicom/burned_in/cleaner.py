@@ -36,6 +36,9 @@ from securetrain.masking.dicom.policy import DicomPolicy
 from securetrain.masking.dicom.profile_table import CID7050, Option
 
 TAG_PIXEL_DATA = 0x7FE00010
+# Float (7FE0,0008) and Double Float (7FE0,0009) Pixel Data carry pixels too: a flagged object
+# holding them is refused like any other (nothing here can OCR or mask them), never passed unchecked.
+PIXEL_TAGS = (TAG_PIXEL_DATA, 0x7FE00008, 0x7FE00009)
 CLEAN_PIXEL_CODE = CID7050[Option.CLEAN_PIXEL_DATA.value]
 _MAX_LISTED_REGIONS = 24  # (0012,0063) values naming single regions; the rest are summarised
 
@@ -120,7 +123,7 @@ class BurnedInCleaner:
         outcome = BurnedInOutcome()
         if report is not None:
             report.burned_in_detail = outcome
-        if TAG_PIXEL_DATA not in ds:
+        if not any(tag in ds for tag in PIXEL_TAGS):
             return outcome
         try:
             self._process(ds, report, outcome)
@@ -323,7 +326,7 @@ def _set(report: Any, name: str, value: Any) -> None:
 def _reason_key(message: str) -> str:
     """A short, value-free category of a refusal for the counts."""
     for key in ("too many distinct frames", "text still found", "covers too much", "cannot decode",
-                "1-bit", "re-encoded", "shape does not match", "rejected by policy", "no pixel_masks"):
+                "1-bit", "float/double", "re-encoded", "shape does not match", "rejected by policy", "no pixel_masks"):
         if key in message:
             return key
     return "other"

@@ -1,0 +1,145 @@
+"""Burned-in handling across the pixel formats real US/SC devices write (no Tesseract needed:
+fixed masks, known regions and a scripted OCR engine drive the decisions).
+
+Each test names the defect it pins: pixels that were passed on unchecked, or written in a form
+that no longer matches their header."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pydicom
+import pytest
+from burned_in_helpers import make_image
+from dicom_fixtures import SECRET
+from pydicom.dataset import Dataset
+from pydicom.encaps import encapsulate
+from pydicom.uid import JPEGBaseline8Bit
+
+from securetrain.masking.dicom.burned_in.ocr import Word
+from securetrain.masking.dicom.engine import Deidentifier, encode_dataset
+from securetrain.masking.dicom.errors import BurnedInAnnotationError
+from securetrain.masking.dicom.policy import load_policy
+
+BASE = {"policy_version": 1, "name": "t", "profile": "basic", "options": []}
+ROWS, COLS = 24, 40
+RECT = [0, 0, 20, 6]  # x0, y0, x1, y1
+
+
+def policy(**changes: object):
+    return load_policy(data={**BASE, **changes})
+
+
+class ScriptedEngine:
+    name = "scripted"
+
+    def __init__(self, words: list[Word] | None = None) -> None:
+        self.words = words or []
+
+    def read(self, images: list[np.ndarray]) -> list[list[Word]]:
+        return [list(self.words) for _ in images]
+
+
+def deid(pol, engine: ScriptedEngine | None = None) -> Deidentifier:
+    d = Deidentifier(pol, SECRET) if pol.burned_in != "clean" else _clean_deid(pol, engine)
+    return d
+
+
+def _clean_deid(pol, engine: ScriptedEngine | None) -> Deidentifier:
+    from securetrain.masking.dicom.burned_in import cleaner
+
+    original = cleaner.TesseractEngine
+    cleaner.TesseractEngine = lambda *a, **k: engine or ScriptedEngine()  # type: ignore[assignment,misc]
+    try:
+        return Deidentifier(pol, SECRET)
+    finally:
+        cleaner.TesseractEngine = original  # type: ignore[misc]
+
+
+def written(ds: Dataset) -> Dataset:
+    return pydicom.dcmread(io.BytesIO(encode_dataset(ds)))
+
+
+def gray(flag: str | None = "YES", modality: str = "US") -> Dataset:
+    ds, _ = make_image([], rows=ROWS, cols=COLS, bg="noise", flag=flag, modality=modality)
+    return ds
+
+
+def _native(ds: Dataset, raw: bytes, photometric: str, samples: int, planar: int | None = None) -> Dataset:
+    ds.PhotometricInterpretation = photometric
+    ds.SamplesPerPixel = samples
+    if planar is not None:
+        ds.PlanarConfiguration = planar
+    ds.PixelData = raw
+    return pydicom.dcmread(io.BytesIO(encode_dataset(ds)))
+
+
+def rgb_image() -> np.ndarray:
+    rng = np.random.default_rng(3)
+    return rng.integers(40, 200, (ROWS, COLS, 3), dtype=np.uint8)
+
+
+def colour(kind: str) -> Dataset:
+    """Native colour objects as US/SC devices write them; ``jpeg``: baseline YBR_FULL_422."""
+    from pydicom.pixels import convert_color_space
+
+    rgb = rgb_image()
+    ds = gray()
+    if kind == "rgb-planar":
+        return _native(ds, np.ascontiguousarray(rgb.transpose(2, 0, 1)).tobytes(), "RGB", 3, 1)
+    ybr = convert_color_space(rgb, "RGB", "YBR_FULL")
+    if kind == "ybr-full":
+        return _native(ds, ybr.tobytes(), "YBR_FULL", 3, 0)
+    if kind == "ybr-422":
+        y, cb, cr = ybr[..., 0], ybr[:, 0::2, 1], ybr[:, 0::2, 2]
+        raw = np.stack([y[:, 0::2], y[:, 1::2], cb, cr], -1).tobytes()  # Y Y Cb Cr per pixel pair
+        return _native(ds, raw, "YBR_FULL_422", 3, 0)
+    if kind == "jpeg":
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.fromarray(rgb).save(buf, format="JPEG", quality=90)
+        ds.SamplesPerPixel, ds.PhotometricInterpretation, ds.PlanarConfiguration = 3, "YBR_FULL_422", 0
+        ds.PixelData = encapsulate([buf.getvalue()])
+        ds["PixelData"].is_undefined_length = True
+        ds.file_meta.TransferSyntaxUID = JPEGBaseline8Bit
+        return pydicom.dcmread(io.BytesIO(encode_dataset(ds)))
+    raise ValueError(kind)
+
+
+def assert_valid_native(out: Dataset) -> None:
+    """Uncompressed pixel data is exactly Rows x Columns x frames x samples x bytes (padded to even)."""
+    assert not out.file_meta.TransferSyntaxUID.is_compressed
+    samples = 2 if str(out.PhotometricInterpretation).endswith("_422") else int(out.SamplesPerPixel)
+    expected = int(out.Rows) * int(out.Columns) * int(out.get("NumberOfFrames", 1)) * samples * int(out.BitsAllocated) // 8
+    assert len(out.PixelData) == expected + expected % 2
+
+
+# --------------------------------------------------------------------------- float pixel data
+def _float_image(flag: str | None) -> Dataset:
+    ds = gray(flag=flag)
+    del ds.PixelData
+    for kw in ("BitsStored", "HighBit", "PixelRepresentation"):
+        del ds[kw]
+    ds.BitsAllocated = 32
+    ds.FloatPixelData = np.linspace(0, 1, ROWS * COLS, dtype="<f4").tobytes()
+    return pydicom.dcmread(io.BytesIO(encode_dataset(ds)))
+
+
+@pytest.mark.parametrize("mode", ["reject", "clean"])
+@pytest.mark.parametrize("flag", ["YES", None])
+def test_flagged_float_pixel_data_is_refused_not_passed_unchecked(mode: str, flag: str | None) -> None:
+    # Defect: only (7FE0,0010) Pixel Data was looked at, so a flagged or suspected object whose
+    # pixels are Float (7FE0,0008) / Double Float (7FE0,0009) Pixel Data passed every mode unchecked.
+    d = deid(policy(burned_in=mode))
+    with pytest.raises(BurnedInAnnotationError):
+        d.deidentify_dataset(_float_image(flag))
+    assert d.burned_in.counts.refused == 1
+
+
+def test_float_pixel_data_not_flagged_passes_and_allow_flagged_records_it() -> None:
+    out, report = deid(policy(burned_in="clean")).deidentify_dataset(_float_image("NO"))
+    assert report.burned_in == "none" and "FloatPixelData" in out
+    _, report = deid(policy(burned_in="allow-flagged")).deidentify_dataset(_float_image("YES"))
+    assert report.burned_in == "allowed-flagged"
