@@ -14,6 +14,10 @@ Feature encoding (in output column order, target excluded):
 
 The label comes from ``target``: integers/bools -> int64; floats -> float32; strings -> int64
 indices into ``class_names`` (sorted distinct values).
+
+Types are those of the masked table, except for columns of a CSV, which masking keeps as the text
+in the file (``01234`` stays ``01234``): they are typed here, as pyarrow's CSV reader infers them
+(:func:`securetrain.masking.tabular.csvtext.infer_table`), so a CSV's numeric columns are numbers.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import pyarrow.compute as pc
 import torch
 from torch.utils.data import Dataset
 
+from securetrain.masking.tabular.csvtext import infer_table
 from securetrain.masking.tabular.errors import TabularMaskingError
 from securetrain.masking.tabular.masker import MaskReport, TabularMasker
 
@@ -72,6 +77,7 @@ class TabularDataset(Dataset):
         unknown = [c for c in names if c not in table.column_names]
         if unknown:
             raise TabularMaskingError(f"feature column(s) not in the masked table: {', '.join(unknown)}")
+        table = infer_table(table, [*names, target])  # a CSV's kept text -> the types of its values
         blocks: list[np.ndarray] = []
         self.feature_names: list[str] = []
         for name in names:

@@ -14,7 +14,7 @@ import json
 import os
 import re
 from collections import Counter
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Collection, Generator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,6 +29,7 @@ from securetrain.cpus import usable_cpus
 from securetrain.io.atomic import atomic_write_bytes
 from securetrain.masking.tabular import detectors as D
 from securetrain.masking.tabular import transforms as T
+from securetrain.masking.tabular.csvtext import csv_text_field, infer_types, is_csv_text
 from securetrain.masking.tabular.errors import (
     MalformedTableError,
     MaskKeyError,
@@ -144,6 +145,21 @@ def _is_scan(rule: Any) -> bool:
     return isinstance(rule, (KeepRule, DefaultAction))
 
 
+def _is_kept(rule: Any) -> bool:
+    return isinstance(rule, KeepRule) or (isinstance(rule, DefaultAction) and rule.action == "keep")
+
+
+def _scans(rule: Any) -> bool:
+    """Kept and scanned by the detectors (when they are enabled)."""
+    return (isinstance(rule, KeepRule) and rule.scan) or (isinstance(rule, DefaultAction) and rule.action == "keep")
+
+
+def _is_text_rule(rule: Any) -> bool:
+    """Rules that work on a column's text: a CSV column under one is read as strings, its empty
+    cells as missing."""
+    return isinstance(rule, _STRING_ACTIONS) or (isinstance(rule, DefaultAction) and rule.action == "redact")
+
+
 def _outcome_now(fn: Callable[[str], tuple[Any, ColumnReport]], name: str
                  ) -> Callable[[], tuple[Any, ColumnReport]]:
     """Run ``fn(name)`` now; the returned callable gives its result or raises its error."""
@@ -248,8 +264,9 @@ class TabularMasker:
         return plan
 
     def string_columns(self, columns: list[str]) -> set[str]:
-        """Columns whose rule works on text (read CSV as strings so '007' stays '007')."""
-        return {c for c, r in self.plan(columns).items() if isinstance(r, _STRING_ACTIONS)}
+        """Columns whose rule works on text (read CSV as strings so '007' stays '007', empty cells
+        as missing). The other CSV columns are read as written too (see :meth:`read_masked`)."""
+        return {c for c, r in self.plan(columns).items() if _is_text_rule(r)}
 
     # -- masking --------------------------------------------------------------------------------
     def mask_table(self, table: pa.Table) -> pa.Table:
@@ -261,9 +278,14 @@ class TabularMasker:
         *,
         resource: str = "table",
         on_column: Callable[[str], None] | None = None,
+        csv_text_columns: Collection[str] = (),
     ) -> tuple[pa.Table, MaskReport]:
+        """Mask ``table``. ``csv_text_columns``: its string columns that hold a CSV's cells as
+        written (:meth:`read_masked`); they are generalised and scanned as the types pyarrow's CSV
+        reader infers from that text, and kept as the text itself, marked as CSV text
+        (:mod:`~securetrain.masking.tabular.csvtext`)."""
         try:
-            out, reports = self._mask(table, on_column)
+            out, reports = self._mask(table, on_column, frozenset(csv_text_columns))
         except TabularMaskingError as exc:
             self._audit.record(
                 "mask.policy_applied", resource, outcome="refused",
@@ -293,7 +315,8 @@ class TabularMasker:
             "policy_digest": self.policy_digest, "key_id": self.key_id,
         }
 
-    def _mask(self, table: pa.Table, on_column: Callable[[str], None] | None) -> tuple[pa.Table, list[ColumnReport]]:
+    def _mask(self, table: pa.Table, on_column: Callable[[str], None] | None,
+              csv_text: frozenset[str] = frozenset()) -> tuple[pa.Table, list[ColumnReport]]:
         names = table.column_names
         if len(set(names)) != len(names):
             counts = Counter(names)
@@ -301,18 +324,28 @@ class TabularMasker:
             raise MalformedTableError(f"the table has duplicate column names: {dupes}", hint="rename the duplicates")
         plan = self.plan(names)
         threads = column_threads()  # sampled once per table: the columns and a long text's scrub share it
-        context = self._scan_context(table, plan)
+        csv_text = csv_text & set(names)
+        # CSV text as pyarrow would have typed it, where a type is needed: to choose how a kept
+        # column is scanned (numbers only for card numbers, as typed numbers are), here, as the scan
+        # context depends on it; to generalise, in that column's job (below).
+        scanning = self.policy.detectors.enabled
+        typed = infer_types({c: table.column(c) for c in names
+                             if c in csv_text and scanning and _scans(plan[c])}) if csv_text else {}
+        context = self._scan_context(table, plan, typed, csv_text)
         context.threads = threads
 
         def one(name: str) -> tuple[Any, ColumnReport]:
             rule = plan[name]
             column = table.column(name)
+            as_typed = typed.get(name)
+            if name in csv_text and isinstance(rule, GeneralizeRule):  # bins and dates: from the values
+                column = infer_types({name: column})[name]
             is_default = isinstance(rule, DefaultAction)
             report = ColumnReport(column=name, action=rule.action, rule="default" if is_default else rule.selector,
                                   nulls=column.null_count)
             try:
                 result = self._apply(rule, column, report, scan_if_kept=not isinstance(rule, KeepRule) or rule.scan,
-                                     context=context)
+                                     context=context, typed=as_typed)
             except TabularMaskingError:
                 raise
             except T.UnparsableValuesError as exc:  # counts and the expected format only
@@ -329,7 +362,7 @@ class TabularMasker:
             return result, report
 
         out_cols: list[pa.Array] = []
-        out_names: list[str] = []
+        out_fields: list[pa.Field] = []
         reports: list[ColumnReport] = []
         # closing: on an error, the pool's pending columns are cancelled and its threads joined now.
         with contextlib.closing(self._run_columns(names, plan, table.num_rows, one, threads)) as outcomes:
@@ -337,14 +370,17 @@ class TabularMasker:
                 result, report = outcome()
                 reports.append(report)
                 if result is not None:
-                    out_names.append(name)
+                    # A kept CSV column is its text (as written, or scrubbed/redacted): marked as
+                    # such, so the step that makes tensors of it infers its type again.
+                    marked = name in csv_text and _is_kept(plan[name])
+                    out_fields.append(csv_text_field(name, result.type) if marked else pa.field(name, result.type))
                     out_cols.append(result)
                 if on_column is not None:
                     on_column(name)
         meta = {METADATA_KEY: json.dumps(self._provenance(), sort_keys=True).encode()}
         if not out_cols:
             return pa.table({}, metadata=meta).slice(0, 0), reports
-        return pa.Table.from_arrays(out_cols, names=out_names).replace_schema_metadata(meta), reports
+        return pa.Table.from_arrays(out_cols, schema=pa.schema(out_fields, metadata=meta)), reports
 
     def _run_columns(self, names: list[str], plan: dict[str, Any], rows: int,
                      one: Callable[[str], tuple[Any, ColumnReport]], threads: int
@@ -387,7 +423,7 @@ class TabularMasker:
                     future.cancel()
 
     def _apply(self, rule: Any, column: pa.ChunkedArray, report: ColumnReport, *, scan_if_kept: bool,
-               context: _ScanContext | None = None) -> Any:
+               context: _ScanContext | None = None, typed: pa.ChunkedArray | None = None) -> Any:
         stats = T.ColumnStats()
         k = self._token_key
         if isinstance(rule, DropRule) or (isinstance(rule, DefaultAction) and rule.action == "drop"):
@@ -400,7 +436,7 @@ class TabularMasker:
         if isinstance(rule, RedactRule) or (isinstance(rule, DefaultAction) and rule.action == "redact"):
             return T.redact(column, rule.replacement)
         if isinstance(rule, (KeepRule, DefaultAction)):  # default keep
-            return self._scan_kept(column, report, context or _ScanContext()) if scan_if_kept else column
+            return self._scan_kept(column, report, context or _ScanContext(), typed) if scan_if_kept else column
         if isinstance(rule, TokenizeRule):
             out = T.tokenize(T.normalize(T.as_string(column), rule.normalize), k, domain=rule.domain,
                              prefix=rule.prefix, length=rule.length, stats=stats)
@@ -429,22 +465,34 @@ class TabularMasker:
         report.distinct = stats.distinct
         return out
 
-    def _scan_context(self, table: pa.Table, plan: dict[str, Any]) -> _ScanContext:
+    def _scan_context(self, table: pa.Table, plan: dict[str, Any], typed: dict[str, pa.ChunkedArray] | None = None,
+                      csv_text: Collection[str] = ()) -> _ScanContext:
         """What scanning kept columns needs from the rest of the table: the identifier columns'
-        values per row (to scrub) and the names among them (for the person detector)."""
+        values per row (to scrub) and the names among them (for the person detector). ``typed``:
+        CSV text columns as pyarrow types them (a kept column of numbers is not scanned as text)."""
         cfg = self.policy.detectors
-        scanned = [c for c, r in plan.items()
-                   if (isinstance(r, KeepRule) and r.scan) or (isinstance(r, DefaultAction) and r.action == "keep")]
-        scanned = [c for c in scanned if not _is_integer(table.column(c).type)
-                   and T.scannable(table.column(c)) is not None]
+        types: dict[str, pa.ChunkedArray] = dict(typed or {})
+
+        def as_typed(c: str) -> Any:
+            return types.get(c, table.column(c))
+
+        scanned = [c for c, r in plan.items() if _scans(r)]
+        scanned = [c for c in scanned if not _is_integer(as_typed(c).type) and T.scannable(as_typed(c)) is not None]
         if not cfg.enabled or not scanned:
             return _ScanContext()
+        # Dropped CSV columns are sources where pyarrow types them as text or integers (as typed
+        # columns are), with the values as written ("ref 007" holds the id 007, not 7).
+        types.update(infer_types({c: table.column(c) for c, r in plan.items()
+                                  if c in csv_text and c not in types and isinstance(r, _IDENTIFIER_RULES)}))
         sources: list[D.RowSource] = []
         for name, rule in plan.items():
             if isinstance(rule, _IDENTIFIER_RULES):
-                view = T.scannable(table.column(name))
+                kind = as_typed(name)
+                view = T.scannable(kind)
                 if view is not None:
-                    names_like = not _is_integer(table.column(name).type) and _mostly_names(view)
+                    if name in csv_text:
+                        view = T.as_string(table.column(name))
+                    names_like = not _is_integer(kind.type) and _mostly_names(view)
                     sources.append(D.RowSource(column=name, values=view, marker=f"[{name.upper()}]",
                                                parts=names_like))
         known: list[str] = []
@@ -457,27 +505,33 @@ class TabularMasker:
         scanner = D.TextScanner(cfg.detectors, phone_regions=cfg.phone_regions, known_names=known)
         return _ScanContext(sources=sources if cfg.row_values != "off" else [], scanner=scanner)
 
-    def _scan_kept(self, column: Any, report: ColumnReport, context: _ScanContext) -> Any:
+    def _scan_kept(self, column: Any, report: ColumnReport, context: _ScanContext,
+                   typed: pa.ChunkedArray | None = None) -> Any:
+        """``column`` scanned (and scrubbed or redacted by the policy). ``typed``: for CSV text,
+        the column as pyarrow types it, which says how it is scanned; the output is the text."""
         cfg = self.policy.detectors
         if not cfg.enabled:
             return column
-        if _is_integer(column.type) or pa.types.is_floating(column.type):
+        kind = column if typed is None else typed
+        if _is_integer(kind.type) or pa.types.is_floating(kind.type):
             # Integer (and float) columns: only whole-value card numbers are possible (a numeric
             # test first, so no string view is made of an ordinary number column).
-            mask = D.integer_pan_mask(column) if "pan" in cfg.detectors else np.zeros(len(column), bool)
+            mask = D.integer_pan_mask(kind) if "pan" in cfg.detectors else np.zeros(len(column), bool)
             hits, redacted = ({"pan": mask} if mask.any() else {}), None
             if hits and cfg.on_detect == "redact_values":
                 redacted = pc.if_else(pa.array(mask), pa.scalar("[PAN]"), T.as_string(column))
         else:
-            s = T.scannable(column)
+            s = T.scannable(kind)
             if s is None:
-                if T.holds_no_text(column.type):
+                if T.holds_no_text(kind.type):
                     return column
                 raise UnmaskedColumnError(
                     f"column {report.column!r} would pass through unmasked ({report.rule}) but its type "
                     f"({column.type}) cannot be scanned for PII",
                     hint="drop or redact it, or keep it with 'scan: false' if it holds no personal data",
                 )
+            if typed is not None:
+                s = T.as_string(column)  # the text as written (missing cells stay missing)
             if context.sources:
                 scrubbed, n_scrubbed = D.scrub_row_values(
                     s, context.sources, min_length=cfg.row_value_min_length, parts=cfg.row_value_parts,
@@ -519,13 +573,17 @@ class TabularMasker:
         if fmt == "csv":
             header = csv_header(data)
             string_cols = self.string_columns(header) if header else None
-        table = parse_table(data, fmt, name=Path(src).name, string_columns=string_cols)
+        # CSV: every column as written (types only where needed: csvtext), so what is kept is the
+        # text of the file and what is masked is computed from that text.
+        table = parse_table(data, fmt, name=Path(src).name, string_columns=string_cols, verbatim=fmt == "csv")
+        csv_text = [f.name for f in table.schema if is_csv_text(f)] if fmt == "csv" else []
         self._audit.record(
             "tabular.read", str(src),
             details={"sha256": digest, "bytes": len(data), "format": fmt, "rows": table.num_rows,
                      "columns": table.num_columns},
         )
-        masked, report = self.mask_table_with_report(table, resource=str(src), on_column=on_column)
+        masked, report = self.mask_table_with_report(table, resource=str(src), on_column=on_column,
+                                                     csv_text_columns=csv_text)
         report.input_sha256 = digest
         return masked, report
 

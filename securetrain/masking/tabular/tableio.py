@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Collection
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, NoReturn
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,6 +22,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from securetrain.io.atomic import atomic_write_bytes
+from securetrain.masking.tabular.csvtext import VERBATIM_NULLS, csv_text_field
 from securetrain.masking.tabular.errors import MalformedTableError, UnsupportedFormatError
 
 Format = Literal["csv", "parquet"]
@@ -61,19 +62,36 @@ def csv_header(data: bytes) -> list[str]:
         return []
 
 
-def parse_table(data: bytes, fmt: Format, *, name: str, string_columns: set[str] | None = None) -> pa.Table:
-    """Parse bytes; ``string_columns`` are read as text in CSV so ids keep leading zeros etc."""
+def parse_table(data: bytes, fmt: Format, *, name: str, string_columns: Collection[str] | None = None,
+                verbatim: bool = False) -> pa.Table:
+    """Parse bytes; ``string_columns`` are read as text in CSV so ids keep leading zeros etc., and
+    their empty cells are nulls.
+
+    ``verbatim`` (CSV): every other column is read as the text in the file too (``01234``,
+    ``1.10``, ``TRUE``, ``NA`` stay as written; an empty unquoted cell is null, a quoted ``""`` is
+    ``""``) and marked as CSV text (:mod:`~securetrain.masking.tabular.csvtext`), whose types are
+    inferred where they are needed. Without it, pyarrow infers the other columns' types."""
+    text = set(string_columns or ())
+    nulls: dict[str, Any]
     try:
         if fmt == "csv":
-            types = {c: pa.string() for c in (string_columns or ())}
+            if verbatim:
+                header = csv_header(data)
+                types = {c: pa.string() for c in header}
+                nulls = dict(VERBATIM_NULLS)
+            else:
+                types = {c: pa.string() for c in text}
+                nulls = {"strings_can_be_null": False}
             table = pacsv.read_csv(
-                pa.BufferReader(data),
-                convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False),
-            )
+                pa.BufferReader(data), convert_options=pacsv.ConvertOptions(column_types=types, **nulls))
         else:
             return pq.read_table(pa.BufferReader(data))
     except (pa.ArrowException, OSError, ValueError) as exc:
         reason = _safe_csv_reason(exc) if fmt == "csv" else type(exc).__name__
+        if fmt == "csv" and "utf8" in str(exc).lower():
+            not_utf8 = _not_utf8_columns(data)
+            if not_utf8:
+                _refuse_not_utf8(name, not_utf8)
         raise MalformedTableError(
             f"cannot read {name} as {fmt.upper()}: {reason} (cell contents withheld)",
             hint=_NOT_UTF8_HINT if "utf8" in reason.lower() else
@@ -83,12 +101,42 @@ def parse_table(data: bytes, fmt: Format, *, name: str, string_columns: set[str]
     # refuse that as what it is, rather than as a column of an odd type.
     binary = [f.name for f in table.schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
     if binary:
-        raise MalformedTableError(
-            f"cannot read {name} as CSV: column(s) {', '.join(binary)} are not valid UTF-8 text "
-            "(cell contents withheld)",
-            hint=_NOT_UTF8_HINT,
-        )
-    return _empty_cells_as_null(table, types)
+        _refuse_not_utf8(name, binary)
+    if verbatim:
+        untyped = [f.name for f in table.schema if not pa.types.is_string(f.type)]
+        if untyped:  # pyarrow's header and the csv module's differ: nothing may be typed by guess
+            raise MalformedTableError(
+                f"cannot read {name} as CSV: column(s) {', '.join(untyped)} could not be read as text",
+                hint="check the header line of the file (quoting, line breaks in column names)")
+        table = pa.Table.from_arrays(
+            table.columns,
+            schema=pa.schema([f if f.name in text else csv_text_field(f.name, f.type) for f in table.schema]))
+    return _empty_cells_as_null(table, text)
+
+
+def _refuse_not_utf8(name: str, columns: list[str]) -> NoReturn:
+    raise MalformedTableError(
+        f"cannot read {name} as CSV: column(s) {', '.join(columns)} are not valid UTF-8 text "
+        "(cell contents withheld)",
+        hint=_NOT_UTF8_HINT,
+    )
+
+
+def _not_utf8_columns(data: bytes) -> list[str]:
+    """The columns of a CSV whose bytes are not UTF-8 (only on the error path: read as binary)."""
+    try:
+        header = csv_header(data)
+        table = pacsv.read_csv(pa.BufferReader(data), convert_options=pacsv.ConvertOptions(
+            column_types={c: pa.binary() for c in header}))
+    except (pa.ArrowException, OSError, ValueError):
+        return []
+    bad = []
+    for f, col in zip(table.schema, table.columns):
+        try:
+            pc.cast(col, pa.string())
+        except pa.ArrowInvalid:
+            bad.append(f.name)
+    return bad
 
 
 def _empty_cells_as_null(table: pa.Table, columns: Collection[str]) -> pa.Table:

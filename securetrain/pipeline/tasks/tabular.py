@@ -205,6 +205,20 @@ def _label_ids(column: Any, classes: list[str] | None, *, where: str) -> tuple[n
     return lut[position.astype(np.int64)], names
 
 
+def _typed_splits(train: Any, evaluation: Any, columns: list[str]) -> tuple[Any, Any]:
+    """The splits with a CSV's kept text ``columns`` typed as pyarrow's CSV reader infers them,
+    from both splits together (as the whole file was read before masking kept the text): numeric
+    feature columns are numbers for the encoder, and of one type on both sides."""
+    import pyarrow as pa
+
+    from securetrain.masking.tabular.csvtext import infer_table, is_csv_text
+
+    if not any(is_csv_text(f) and f.name in columns for f in train.schema):
+        return train, evaluation
+    both = infer_table(pa.concat_tables([train, evaluation]), columns)
+    return both.slice(0, train.num_rows), both.slice(train.num_rows)
+
+
 class EncodedRows(Dataset):
     """Items ``{"features": float32[n_features], "label": int64}``."""
 
@@ -232,6 +246,7 @@ class TabularClassification:
         import pyarrow.parquet as pq
 
         from securetrain.masking.tabular import TabularMasker
+        from securetrain.masking.tabular.csvtext import infer_table
 
         cfg = ctx.config
         d = cfg.data
@@ -250,7 +265,9 @@ class TabularClassification:
         if d.label_column not in masked.column_names or base_action.get(d.label_column) != "keep":
             raise TaskError(f"data.label_column {d.label_column!r} is not kept by policy {report.policy_name!r}",
                             hint="give the label a 'keep' rule")
-        labels_col = masked.column(d.label_column)
+        # A CSV's kept columns are its text as written; the label's type (as pyarrow's CSV reader
+        # infers it: 1.0 is class "1", TRUE is "true") is that of its values, as in build_datasets.
+        labels_col = infer_table(masked.select([d.label_column])).column(0)
         if labels_col.null_count:
             raise TaskError(f"the label column has {labels_col.null_count} empty value(s)")
         label_ids, names = _label_ids(labels_col, d.classes, where=f"table {Path(raw).name}")
@@ -300,7 +317,8 @@ class TabularClassification:
         if not (out / "task.json").is_file():
             raise TaskError("the masked tables are missing", hint="run the masking stage first")
         meta = json.loads((out / "task.json").read_text())
-        train, evaluation = pq.read_table(out / "train.parquet"), pq.read_table(out / "eval.parquet")
+        train, evaluation = _typed_splits(pq.read_table(out / "train.parquet"), pq.read_table(out / "eval.parquet"),
+                                          [*meta["features"], meta["label_column"]])
         encoder = TableEncoder(meta["features"], ctx.config.data.max_categories).fit(train)  # training split only
         atomic_write_bytes(out / "encoder.json", json.dumps(encoder.state_dict()).encode(), mode=0o600)
         def labels(table: Any) -> torch.Tensor:
