@@ -11,11 +11,11 @@ import io
 import numpy as np
 import pydicom
 import pytest
-from burned_in_helpers import make_image
+from burned_in_helpers import frames_of, make_image
 from dicom_fixtures import SECRET
 from pydicom.dataset import Dataset
 from pydicom.encaps import encapsulate
-from pydicom.uid import JPEGBaseline8Bit
+from pydicom.uid import ExplicitVRBigEndian, ExplicitVRLittleEndian, JPEGBaseline8Bit, RLELossless
 
 from securetrain.masking.dicom.burned_in.ocr import Word
 from securetrain.masking.dicom.engine import Deidentifier, encode_dataset
@@ -143,3 +143,59 @@ def test_float_pixel_data_not_flagged_passes_and_allow_flagged_records_it() -> N
     assert report.burned_in == "none" and "FloatPixelData" in out
     _, report = deid(policy(burned_in="allow-flagged")).deidentify_dataset(_float_image("YES"))
     assert report.burned_in == "allowed-flagged"
+
+
+# --------------------------------------------------------------------------- fixed pixel_masks
+LEGACY = {"burned_in_annotation": "mask", "options": ["clean_pixel_data"],
+          "pixel_masks": [{"modality": "US", "rects": [RECT]}]}
+ALLOW = {"burned_in": "allow-flagged", "options": ["clean_pixel_data"],
+         "pixel_masks": [{"modality": "US", "rects": [RECT]}]}
+
+
+@pytest.mark.parametrize("mode", [LEGACY, ALLOW], ids=["reject+mask", "allow-flagged"])
+@pytest.mark.parametrize("kind", ["rgb-planar", "ybr-full", "ybr-422", "jpeg"])
+def test_pixel_masks_keep_colour_objects_valid(mode: dict, kind: str) -> None:
+    # Defect: the pixel_masks path wrote the decoded (RGB, interleaved) array back under the
+    # original header: Planar Configuration 1 and YBR_FULL objects came out scrambled (the mask
+    # landing elsewhere than the rectangle), YBR_FULL_422 ones a third too long to decode, and
+    # decoded JPEG baseline lost its Lossy Image Compression 01.
+    ds = colour(kind)
+    before = frames_of(ds).astype(np.int16)
+    d = deid(policy(**mode))
+    d.deidentify_dataset(ds)
+    out = written(ds)
+    assert_valid_native(out)
+    assert out.file_meta.TransferSyntaxUID == ExplicitVRLittleEndian  # documented: decoded, uncompressed
+    assert out.PhotometricInterpretation == "RGB" and int(out.PlanarConfiguration) == 0
+    after = frames_of(out).astype(np.int16)
+    x0, y0, x1, y1 = RECT
+    assert (after[:, y0:y1, x0:x1] == 0).all()
+    outside = np.ones((ROWS, COLS), dtype=bool)
+    outside[y0:y1, x0:x1] = False
+    assert np.array_equal(after[:, outside], before[:, outside])
+    if kind == "jpeg":
+        assert out.LossyImageCompression == "01"
+
+
+@pytest.mark.parametrize("ts", [RLELossless, ExplicitVRBigEndian])
+def test_pixel_masks_on_rle_and_big_endian_stay_decodable(ts: str) -> None:
+    ds = gray()
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit = 16, 12, 11
+    values = np.random.default_rng(1).integers(0, 4096, (ROWS, COLS), dtype=np.uint16)
+    ds.PixelData = values.astype("<u2").tobytes()
+    ds["PixelData"].VR = "OW"
+    if ts == RLELossless:
+        ds.compress(RLELossless, generate_instance_uid=False)
+    else:
+        ds.file_meta.TransferSyntaxUID = ExplicitVRBigEndian
+        ds.PixelData = values.astype(">u2").tobytes()
+        buf = io.BytesIO()
+        pydicom.dcmwrite(buf, ds, implicit_vr=False, little_endian=False, force_encoding=True)
+        ds = pydicom.dcmread(io.BytesIO(buf.getvalue()))
+    ds = pydicom.dcmread(io.BytesIO(encode_dataset(ds)))
+    deid(policy(**LEGACY)).deidentify_dataset(ds)
+    out = written(ds)
+    after = frames_of(out)[0, ..., 0]
+    x0, y0, x1, y1 = RECT
+    assert (after[y0:y1, x0:x1] == 0).all()
+    assert np.array_equal(after[y1:], values[y1:])

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pydicom.dataset import Dataset
-from pydicom.uid import ExplicitVRLittleEndian
 
 from securetrain.masking.dicom.decoders import gdcm_last_resort
 from securetrain.masking.dicom.errors import DeidError, UnreadableDicomError
@@ -36,30 +35,26 @@ def matching_masks(ds: Dataset, masks: Iterable[PixelMask]) -> list[PixelMask]:
 
 
 def apply_pixel_masks(ds: Dataset, masks: Iterable[PixelMask]) -> None:
-    """Zero every rectangle in every frame. Compressed pixel data is decoded and the object is
-    re-encoded uncompressed (Explicit VR Little Endian): re-compressing lossy data would alter it."""
-    tsyntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+    """Zero every rectangle in every frame and sample. Compressed pixel data is decoded and the
+    object is written uncompressed (Explicit VR Little Endian): re-compressing lossy data would
+    alter it. The pixels are written in the form they were decoded to, and the header follows
+    them (burned_in.codec.write_pixels): colour becomes RGB with Planar Configuration 0 (planar
+    and YBR input, 4:2:2 included), and pixels that ever went through lossy compression keep
+    Lossy Image Compression 01."""
+    from securetrain.masking.dicom.burned_in.codec import decode_frames, paint, write_pixels
+    from securetrain.masking.dicom.burned_in.regions import Region
+    from securetrain.masking.dicom.errors import BurnedInAnnotationError
+
+    if int(ds.get("BitsAllocated", 8) or 8) == 1:
+        raise DeidError("Clean Pixel Data does not support 1-bit pixel data")
     try:
-        if tsyntax is not None and tsyntax.is_compressed:
-            ds.decompress(generate_instance_uid=False)
-        arr = ds.pixel_array.copy()
-    except Exception as exc:
+        frames = decode_frames(ds)
+    except BurnedInAnnotationError as exc:
+        if "shape does not match" in str(exc):
+            raise DeidError("pixel data shape does not match Rows/Columns/NumberOfFrames") from None
         raise UnreadableDicomError(
-            f"cannot decode pixel data to mask it ({type(exc).__name__})",
+            f"cannot decode pixel data to mask it ({str(exc).split(' (hint:')[0]})",
             hint="install a decoder plugin for this transfer syntax (e.g. pylibjpeg) or reject such files",
         ) from None
-    if int(ds.get("BitsAllocated", 8)) == 1:
-        raise DeidError("Clean Pixel Data does not support 1-bit pixel data")
-    rows, cols = int(ds.Rows), int(ds.Columns)
-    frames = int(ds.get("NumberOfFrames", 1) or 1)
-    samples = int(ds.get("SamplesPerPixel", 1) or 1)
-    view = arr.reshape((frames, rows, cols, samples)) if arr.size == frames * rows * cols * samples else None
-    if view is None:
-        raise DeidError("pixel data shape does not match Rows/Columns/NumberOfFrames")
-    for mask in masks:
-        for x0, y0, x1, y1 in mask.rects:
-            view[:, min(y0, rows) : min(y1, rows), min(x0, cols) : min(x1, cols), :] = 0
-    ds.PixelData = view.reshape(arr.shape).tobytes()
-    if tsyntax is not None and tsyntax.is_compressed:
-        ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
-    ds["PixelData"].VR = "OB" if int(ds.get("BitsAllocated", 8)) <= 8 else "OW"
+    regions = [Region(x0, y0, x1, y1, source="pixel_mask") for mask in masks for x0, y0, x1, y1 in mask.rects]
+    write_pixels(ds, paint(frames, regions, 0), uncompressed=True)

@@ -127,11 +127,15 @@ def target_syntax(original: UID) -> UID:
     return original if _encoder_available(original) else ExplicitVRLittleEndian
 
 
-def write_pixels(ds: Dataset, masked: np.ndarray) -> UID:
+def write_pixels(ds: Dataset, masked: np.ndarray, *, uncompressed: bool = False) -> UID:
     """Store ``masked`` (frames, rows, cols, samples) as the object's pixel data; returns the
-    transfer syntax written. Raises :class:`BurnedInAnnotationError` if it cannot be encoded."""
+    transfer syntax written. Raises :class:`BurnedInAnnotationError` if it cannot be encoded.
+    ``uncompressed``: compressed input is written as Explicit VR Little Endian (Clean Pixel Data's
+    fixed ``pixel_masks``) instead of by :func:`target_syntax`."""
     original = transfer_syntax(ds)
     target = target_syntax(original)
+    if uncompressed and target.is_compressed:
+        target = ExplicitVRLittleEndian
     was_lossy = str(original) in _LOSSY or str(ds.get("LossyImageCompression", "")).strip() == "01"
     frames, rows, cols, samples = masked.shape
     arr = masked[0] if frames == 1 else masked
