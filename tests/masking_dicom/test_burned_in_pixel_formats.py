@@ -199,3 +199,74 @@ def test_pixel_masks_on_rle_and_big_endian_stay_decodable(ts: str) -> None:
     x0, y0, x1, y1 = RECT
     assert (after[y0:y1, x0:x1] == 0).all()
     assert np.array_equal(after[y1:], values[y1:])
+
+
+# --------------------------------------------------------------------------- unused high bits
+def _with_overlay_bits(flag: str | None, signed: bool = False) -> tuple[Dataset, np.ndarray, np.ndarray]:
+    """12 of 16 bits stored; an embedded (retired) overlay plane in bit 12 spells a shape
+    standing in for a name. Returns the object, its stored values and the overlay bitmap."""
+    ds = gray(flag=flag)
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit = 16, 12, 11
+    rng = np.random.default_rng(5)
+    values = rng.integers(-2048 if signed else 0, 2048 if signed else 4096, (ROWS, COLS)).astype(np.int32)
+    overlay = np.zeros((ROWS, COLS), dtype=np.uint16)
+    overlay[8:16, 4:30] = 1
+    raw = (values.astype(np.uint16) & 0x0FFF) | (overlay << 12)
+    ds.PixelRepresentation = 1 if signed else 0
+    ds.PixelData = raw.astype("<u2").tobytes()
+    ds["PixelData"].VR = "OW"
+    ds.add_new(0x60000010, "US", ROWS)
+    ds.add_new(0x60000011, "US", COLS)
+    ds.add_new(0x60000040, "CS", "G")
+    ds.add_new(0x60000050, "SS", [1, 1])
+    ds.add_new(0x60000100, "US", 1)
+    ds.add_new(0x60000102, "US", 12)  # Overlay Bit Position: the plane lives in the pixel data
+    return pydicom.dcmread(io.BytesIO(encode_dataset(ds))), values, overlay
+
+
+def _high_bits(out: Dataset) -> np.ndarray:
+    return np.frombuffer(out.PixelData, "<u2").reshape(ROWS, COLS) >> 12
+
+
+@pytest.mark.parametrize("mode,flag", [("reject", "NO"), ("clean", "YES"), ("clean", None), ("allow-flagged", "NO")])
+def test_overlay_bits_outside_bits_stored_do_not_survive(mode: str, flag: str | None) -> None:
+    # Defect: bits above High Bit were passed on as read. An embedded overlay plane (text drawn
+    # into bit 12 of 12-of-16-bit data) survived de-identification even though its 60xx group
+    # was removed, and a file that OCR found clean was declared BurnedInAnnotation NO with it:
+    # OCR sees only the stored bits, a loader reading raw uint16 sees the text.
+    ds, values, overlay = _with_overlay_bits(flag)
+    assert (_high_bits(ds) == overlay).all() and overlay.any()
+    out, report = deid(policy(burned_in=mode)).deidentify_dataset(ds)
+    out = written(out)
+    assert not any(e.tag.group == 0x6000 for e in out)
+    assert not _high_bits(out).any()
+    assert np.array_equal(frames_of(out)[0, ..., 0], values)
+    assert_valid_native(out)
+    assert report.to_dict()["unused_pixel_bits_cleared"] is True
+
+
+def test_sign_extension_and_clean_unused_bits_are_left_as_they_are() -> None:
+    ds, values, _ = _with_overlay_bits("NO", signed=True)
+    raw = values.astype(np.int16).astype("<i2").tobytes()  # sign-extended 12-bit values, no overlay
+    ds.PixelData = raw
+    out, report = deid(policy()).deidentify_dataset(ds)
+    assert written(out).PixelData == raw and report.unused_pixel_bits_cleared is False
+
+
+def test_overlay_kept_by_policy_keeps_its_bits() -> None:
+    ds, _, overlay = _with_overlay_bits("NO")
+    out, _ = deid(policy(overrides={"(6000,3000)": "K"})).deidentify_dataset(ds)
+    assert (_high_bits(written(out)) == overlay).all()
+
+
+def test_overlay_bits_in_big_endian_data_are_cleared_too() -> None:
+    ds, values, _ = _with_overlay_bits("NO")
+    raw = np.frombuffer(ds.PixelData, "<u2")
+    ds.file_meta.TransferSyntaxUID = ExplicitVRBigEndian
+    ds.PixelData = raw.astype(">u2").tobytes()
+    buf = io.BytesIO()
+    pydicom.dcmwrite(buf, ds, implicit_vr=False, little_endian=False, force_encoding=True)
+    out, report = deid(policy()).deidentify_dataset(pydicom.dcmread(io.BytesIO(buf.getvalue())))
+    out = written(out)
+    assert report.unused_pixel_bits_cleared and out.file_meta.TransferSyntaxUID == ExplicitVRLittleEndian
+    assert not _high_bits(out).any() and np.array_equal(frames_of(out)[0, ..., 0], values)

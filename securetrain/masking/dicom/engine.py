@@ -46,6 +46,7 @@ from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
 from securetrain.errors import SecureTrainError
 from securetrain.io.atomic import atomic_write_bytes
 from securetrain.masking.dicom.burned_in.cleaner import BurnedInCleaner
+from securetrain.masking.dicom.burned_in.codec import clear_unused_bits
 from securetrain.masking.dicom.dates import shift_da, shift_dt
 from securetrain.masking.dicom.decoders import gdcm_last_resort
 from securetrain.masking.dicom.errors import DeidError, MissingPatientIdentityError, UnreadableDicomError
@@ -239,6 +240,7 @@ class DeidReport:
     counts: Counter[str] = field(default_factory=Counter)
     burned_in: str = "none"  # none | masked | cleaned | allowed-flagged
     pixels_masked: bool = False
+    unused_pixel_bits_cleared: bool = False  # bits outside Bits Stored (embedded overlays) zeroed
     burned_in_detail: Any = None  # burned_in.BurnedInOutcome: masked regions (coordinates only)
 
     @property
@@ -258,6 +260,7 @@ class DeidReport:
             "actions": self.action_counts(),
             "burned_in": self.burned_in,
             "pixels_masked": self.pixels_masked,
+            "unused_pixel_bits_cleared": self.unused_pixel_bits_cleared,
             "burned_in_detail": self.burned_in_detail.to_dict() if self.burned_in_detail is not None else None,
             "changes": [c.to_dict() for c in self.changes],
         }
@@ -342,6 +345,9 @@ class Deidentifier:
         """De-identify ``ds`` in place and return it with its report. Raises :class:`DeidError`."""
         report = DeidReport(source=source)
         identity = patient_identity(ds, self.policy.missing_patient_identity)  # before any OCR: cheap refusal
+        if not self._keeps_overlays(ds):
+            # Embedded overlay planes (text drawn into bits above High Bit) go with their 60xx groups.
+            report.unused_pixel_bits_cleared = clear_unused_bits(ds)
         self._check_pixels(ds, report)
         pseudonym = self._pseudonym_for(identity)
         report.patient_pseudonym = pseudonym
@@ -480,6 +486,11 @@ class Deidentifier:
             if not s or (vr == "UI" and is_well_known_uid(s)):
                 continue
             ctx.phi.update(name_needles(s) if vr == "PN" else value_needles(s))
+
+    def _keeps_overlays(self, ds: Dataset) -> bool:
+        """Whether an overlay plane of ``ds`` survives :meth:`_overlays` (explicit K override)."""
+        groups = {int(t) >> 16 for t in ds.keys() if 0x6000 <= int(t) >> 16 <= 0x601E and not (int(t) >> 16) & 1}
+        return any(self.profile.action_for((g << 16) | 0x3000) == "K" for g in groups)
 
     def _overlays(self, ds: Dataset, ctx: _Ctx, prefix: str) -> None:
         """Overlay planes and curves go as a whole: without Overlay Data (60xx,3000) / Curve Data

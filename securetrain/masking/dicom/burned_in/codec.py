@@ -74,6 +74,60 @@ def decode_frames(ds: Dataset) -> np.ndarray:
     return arr.reshape((frames, rows, cols, samples))
 
 
+def clear_unused_bits(ds: Dataset) -> bool:
+    """Zero the bits of native pixel data outside Bits Stored; ``True`` if any were set.
+
+    Bits above High Bit are not part of the pixel value: decoders (and OCR) ignore them, but
+    they are passed on with the bytes, and devices put things there -- garbage, or an embedded
+    (retired) overlay plane, i.e. text such as the patient's name drawn into bit 12 of 12-of-16
+    bit data. For signed data a copy of the sign bit above High Bit is sign extension, not data,
+    and is left alone. Only native little/big endian data is looked at (codecs store Bits Stored
+    bits); the check reads the raw bytes and costs nothing when Bits Stored = Bits Allocated.
+    Big endian input is rewritten as Explicit VR Little Endian (the rule after masking)."""
+    try:
+        alloc = int(ds.get("BitsAllocated", 0) or 0)
+        stored = int(ds.get("BitsStored", alloc) or alloc)
+        high = int(ds.get("HighBit", stored - 1))
+        signed = int(ds.get("PixelRepresentation", 0) or 0) == 1
+    except (TypeError, ValueError):
+        return False
+    if alloc not in (8, 16, 32) or not 0 < stored < alloc or not stored - 1 <= high < alloc or "PixelData" not in ds:
+        return False
+    ts = transfer_syntax(ds)
+    if ts.is_compressed:
+        return False
+    value = ds.get_item("PixelData").value  # raw bytes; the element is not converted
+    if not isinstance(value, bytes | bytearray):
+        return False
+    size = alloc // 8
+    big = ts == ExplicitVRBigEndian
+    raw = np.frombuffer(value, np.dtype(f"{'>' if big else '<'}u{size}"), count=len(value) // size)
+    low = high + 1 - stored
+    if low == 0 and raw.size:  # the usual layout: a range check (two reductions) is enough
+        if signed:
+            as_signed = raw.view(raw.dtype.str.replace("u", "i"))
+            if as_signed.min() >= -(1 << high) and as_signed.max() < (1 << high):
+                return False
+        elif raw.max() < (1 << stored):
+            return False
+    mask = ((1 << stored) - 1) << low
+    kept = raw & raw.dtype.type(mask)
+    if signed:
+        above = ((1 << alloc) - 1) & ~((1 << (high + 1)) - 1)
+        kept = kept | (((raw >> raw.dtype.type(high)) & raw.dtype.type(1)) * raw.dtype.type(above))
+    if np.array_equal(kept, raw):
+        return False
+    if big:
+        write_pixels(ds, decode_frames(ds))  # decoded values carry no unused bits
+        return True
+    out = kept.astype(raw.dtype, copy=False).tobytes()
+    if len(value) % size:
+        out += bytes(value[len(out):])
+    ds.PixelData = out
+    ds["PixelData"].VR = "OB" if alloc == 8 else "OW"
+    return True
+
+
 def fill_value(ds: Dataset, frames: np.ndarray) -> int | float:
     """The "black" of this image: the darkest displayed value (MONOCHROME1 shows high as dark;
     PALETTE COLOR: the index whose palette entry is darkest)."""
