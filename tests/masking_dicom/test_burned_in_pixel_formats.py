@@ -270,3 +270,45 @@ def test_overlay_bits_in_big_endian_data_are_cleared_too() -> None:
     out = written(out)
     assert report.unused_pixel_bits_cleared and out.file_meta.TransferSyntaxUID == ExplicitVRLittleEndian
     assert not _high_bits(out).any() and np.array_equal(frames_of(out)[0, ..., 0], values)
+
+
+# --------------------------------------------------------------------------- suspected by SOP class
+@pytest.mark.parametrize(
+    "sop_class,modality",
+    [
+        ("1.2.840.10008.5.1.4.1.1.7", "CT"),  # Secondary Capture: a dose report screen saved by the CT
+        ("1.2.840.10008.5.1.4.1.1.7.4", "MR"),  # Multi-frame True Color SC under the scanner's modality
+        ("1.2.840.10008.5.1.4.1.1.6.1", None),  # Ultrasound Image without (Type 1) Modality
+        ("1.2.840.10008.5.1.4.1.1.3.1", "IVUS"),  # Ultrasound Multi-frame from an intravascular probe
+        ("1.2.840.10008.5.1.4.1.1.77.1.1.1", "XA"),  # Video Endoscopic
+        ("1.2.840.10008.5.1.4.1.1.77.1.4", ""),  # VL Photographic
+    ],
+)
+def test_sop_class_that_burns_in_text_is_suspected_whatever_the_modality(sop_class: str, modality: str | None) -> None:
+    # Defect: suspicion (Burned In Annotation absent) went by Modality alone, so a Secondary
+    # Capture written with its source's modality (CT, MR: dose reports, screen saves) or an
+    # ultrasound object without Modality passed reject unchecked.
+    from securetrain.masking.dicom.pixels import burned_in_status
+
+    ds = gray(flag=None)
+    ds.SOPClassUID = ds.file_meta.MediaStorageSOPClassUID = sop_class
+    if modality is None:
+        del ds.Modality
+    else:
+        ds.Modality = modality
+    pol = policy()
+    assert burned_in_status(ds, pol.burned_in_modalities) == "suspected"
+    with pytest.raises(BurnedInAnnotationError, match="suspected"):
+        deid(pol).deidentify_dataset(ds)
+    # the policy's list still decides: a site that dropped SC from it is not overruled
+    narrowed = policy(burned_in_modalities=["US"])
+    expected = "suspected" if sop_class.startswith(("1.2.840.10008.5.1.4.1.1.6", "1.2.840.10008.5.1.4.1.1.3")) else "no"
+    assert burned_in_status(ds, narrowed.burned_in_modalities) == expected
+
+
+def test_ordinary_ct_is_not_suspected() -> None:
+    from securetrain.masking.dicom.pixels import burned_in_status
+
+    ds = gray(flag=None, modality="CT")
+    ds.SOPClassUID = ds.file_meta.MediaStorageSOPClassUID = "1.2.840.10008.5.1.4.1.1.2"
+    assert burned_in_status(ds, policy().burned_in_modalities) == "no"

@@ -13,18 +13,50 @@ from securetrain.masking.dicom.policy import PixelMask
 gdcm_last_resort()  # JPEG Lossless / JPEG-LS through GDCM; other syntaxes keep their decoders
 
 
+# Storage SOP classes whose objects come from devices that burn text in, with the modality they
+# stand for in ``burned_in_modalities``. A Secondary Capture object often carries its source's
+# Modality (a CT dose report or screen save is SC with Modality CT), and Modality can be missing.
+_SOP_CLASS_MODALITY = {
+    "1.2.840.10008.5.1.4.1.1.7": "SC",  # Secondary Capture Image
+    "1.2.840.10008.5.1.4.1.1.7.1": "SC",  # Multi-frame Single Bit SC
+    "1.2.840.10008.5.1.4.1.1.7.2": "SC",  # Multi-frame Grayscale Byte SC
+    "1.2.840.10008.5.1.4.1.1.7.3": "SC",  # Multi-frame Grayscale Word SC
+    "1.2.840.10008.5.1.4.1.1.7.4": "SC",  # Multi-frame True Color SC
+    "1.2.840.10008.5.1.4.1.1.6": "US",  # Ultrasound Image (retired)
+    "1.2.840.10008.5.1.4.1.1.6.1": "US",  # Ultrasound Image
+    "1.2.840.10008.5.1.4.1.1.6.2": "US",  # Enhanced US Volume
+    "1.2.840.10008.5.1.4.1.1.3": "US",  # Ultrasound Multi-frame Image (retired)
+    "1.2.840.10008.5.1.4.1.1.3.1": "US",  # Ultrasound Multi-frame Image
+    "1.2.840.10008.5.1.4.1.1.77.1.1": "ES",  # VL Endoscopic Image
+    "1.2.840.10008.5.1.4.1.1.77.1.1.1": "ES",  # Video Endoscopic Image
+    "1.2.840.10008.5.1.4.1.1.77.1.2": "GM",  # VL Microscopic Image
+    "1.2.840.10008.5.1.4.1.1.77.1.2.1": "GM",  # Video Microscopic Image
+    "1.2.840.10008.5.1.4.1.1.77.1.3": "SM",  # VL Slide-Coordinates Microscopic Image
+    "1.2.840.10008.5.1.4.1.1.77.1.6": "SM",  # VL Whole Slide Microscopy Image
+    "1.2.840.10008.5.1.4.1.1.77.1.4": "XC",  # VL Photographic Image
+    "1.2.840.10008.5.1.4.1.1.77.1.4.1": "XC",  # Video Photographic Image
+}
+
+
 def burned_in_status(ds: Dataset, suspect_modalities: Iterable[str]) -> str:
-    """``"flagged"`` (BurnedInAnnotation=YES), ``"suspected"`` (attribute absent, modality that
-    usually burns text in) or ``"no"``. An unknown value of the attribute counts as flagged."""
+    """``"flagged"`` (BurnedInAnnotation=YES), ``"suspected"`` (attribute absent, and the modality
+    -- or the modality the SOP class stands for -- usually burns text in) or ``"no"``. An unknown
+    value of the attribute counts as flagged."""
     value = ds.get("BurnedInAnnotation")
     if value is not None and str(value).strip() != "":
         text = str(value).strip().upper()
         if text == "NO":
             return "no"
         return "flagged"
-    modality = str(ds.get("Modality", "") or "").upper()
-    if modality in {m.upper() for m in suspect_modalities}:
+    suspects = {m.strip().upper() for m in suspect_modalities}
+    modality = str(ds.get("Modality", "") or "").strip().upper()
+    if modality in suspects:
         return "suspected"
+    meta = getattr(ds, "file_meta", None)
+    for sop_class in (ds.get("SOPClassUID"), meta.get("MediaStorageSOPClassUID") if meta is not None else None):
+        implied = _SOP_CLASS_MODALITY.get(str(sop_class or "").strip("\x00 "))
+        if implied is not None and implied in suspects:
+            return "suspected"
     return "no"
 
 
