@@ -312,3 +312,11 @@ def test_ordinary_ct_is_not_suspected() -> None:
     ds = gray(flag=None, modality="CT")
     ds.SOPClassUID = ds.file_meta.MediaStorageSOPClassUID = "1.2.840.10008.5.1.4.1.1.2"
     assert burned_in_status(ds, policy().burned_in_modalities) == "no"
+
+
+def test_unknown_transfer_syntax_is_not_a_crash_of_the_unused_bits_check() -> None:
+    ds, _, _ = _with_overlay_bits("NO")
+    ds.file_meta.TransferSyntaxUID = "1.2.3.4.5.6"  # private syntax: not read, not rewritten
+    raw = ds.PixelData
+    out, report = deid(policy()).deidentify_dataset(ds)
+    assert out.PixelData == raw and not report.unused_pixel_bits_cleared

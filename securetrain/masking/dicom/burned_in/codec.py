@@ -94,7 +94,10 @@ def clear_unused_bits(ds: Dataset) -> bool:
     if alloc not in (8, 16, 32) or not 0 < stored < alloc or not stored - 1 <= high < alloc or "PixelData" not in ds:
         return False
     ts = transfer_syntax(ds)
-    if ts.is_compressed:
+    try:
+        if ts.is_compressed:
+            return False
+    except ValueError:  # a private or unknown transfer syntax: its pixel layout is not ours to read
         return False
     value = ds.get_item("PixelData").value  # raw bytes; the element is not converted
     if not isinstance(value, bytes | bytearray):
