@@ -189,7 +189,7 @@ def publish_artifacts(result: PipelineResult) -> None:
         create_table_artifact(
             [{"files_in": d.files_in, "files_out": d.files_out, "tags_changed": d.tags_changed,
               "rejected": d.rejected, "quarantined": d.quarantined, "policy": f"{d.policy} v{d.policy_version}",
-              "refusal_report": str(d.refusal_report or "")}],
+              "refusal_report": str(d.refusal_report or ""), "quarantine_accepted": d.partial_accepted}],
             key="securetrain-deid", description="de-identification counts",
         )
     if result.masking:
@@ -264,10 +264,11 @@ def _run_locked(config: PipelineConfig, clock: Any, logger: Any) -> dict[str, An
         prepared = prepare_task(config, raw, fresh_shards)
     if prepared.deid:
         d = prepared.deid
-        if d.refusal_report:  # refused files only get here when data.allow_quarantine accepts them
-            logger.warning("de-identified %d/%d files: %d rejected, %d quarantined, partial output accepted by "
-                           "data.allow_quarantine; report: %s", d.files_out, d.files_in, d.rejected, d.quarantined,
-                           d.refusal_report)
+        if d.refusal_report:  # rejected files, or quarantined ones data.allow_quarantine accepted
+            logger.warning("de-identified %d/%d files: %d rejected, %d quarantined (%s); report: %s", d.files_out,
+                           d.files_in, d.rejected, d.quarantined,
+                           "quarantined files accepted by data.allow_quarantine" if d.partial_accepted
+                           else "rejected by the policy", d.refusal_report)
         else:
             logger.info("de-identified %d/%d files", d.files_out, d.files_in)
     if prepared.masking:

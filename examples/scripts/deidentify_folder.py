@@ -14,5 +14,7 @@ report = deidentify_tree(sys.argv[1], sys.argv[2], load_policy("dicom-basic"), k
 refused = report.rejected + report.quarantined
 for index, result in enumerate(report.results):  # indexes, not input names: names can carry PHI
     print(index, result.outcome.value, result.reason or "")
-print(f"{report.written} written, {refused} refused")
-sys.exit(65 if refused else 0)  # as `securetrain deid`: a partial run is not a success
+print(f"{report.written} written, {refused} refused ({report.rejected} rejected, {report.quarantined} quarantined)")
+# As `securetrain deid`: files the policy rejects (burned-in text) are the policy working; quarantined
+# files (unreadable, not DICOM) are a data problem, and a run with them is not a success.
+sys.exit(65 if report.quarantined else 0)

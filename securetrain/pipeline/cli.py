@@ -30,6 +30,7 @@ def _fmt(value: float | None) -> str:
 
 
 def _print_result(result) -> None:  # noqa: ANN001 - PipelineResult
+    from rich.markup import escape
     from rich.table import Table
 
     from securetrain.cli.console import console
@@ -42,7 +43,7 @@ def _print_result(result) -> None:  # noqa: ANN001 - PipelineResult
     if d:
         table.add_row("de-identification", f"{d.files_out}/{d.files_in} files, {d.tags_changed} tags changed, "
                       f"{d.rejected} rejected, {d.quarantined} quarantined"
-                      + (" (partial output accepted: data.allow_quarantine)" if d.refusal_report else ""),
+                      + (f" ([yellow]{escape(d.refusal_note())}[/])" if d.refusal_report else ""),
                       str(d.refusal_report or d.output_dir))
     if m:
         table.add_row("masking", f"{m.rows_in} rows, policy {m.policy} v{m.policy_version}, split by {m.split_by}: "

@@ -69,11 +69,11 @@ class DataConfig(BaseModel):
     policy: Path | None = Field(None, description="De-identification (DICOM) or masking (tables) policy; "
                                 "default policies/dicom-basic.yaml for DICOM, required for tables.")
     image_size: PositiveInt = 32
-    allow_quarantine: bool | None = Field(
-        None, description="DICOM: train on what de-identification wrote even when input files were rejected or "
-        "quarantined (listed in deid/refused.json). false: such a run fails with exit 65 before training. "
-        "Default: false for your data (data.source set), true for the built-in synthetic set, whose burned-in "
-        "files are planted to be rejected.")
+    allow_quarantine: bool = Field(
+        False, description="DICOM: train on what de-identification wrote even when input files were quarantined "
+        "(could not be processed: unreadable, truncated, not DICOM). false: such a run fails with exit 65 before "
+        "training. Files the policy rejects (burned-in text, no patient identity) never fail a run; rejected and "
+        "quarantined files alike are listed in deid/refused.json.")
     eval_fraction: float = Field(0.25, gt=0.0, lt=1.0, description="Share of patients/entities held out for evaluation.")
     label_column: str = Field("label", description="Manifest/table column holding the class label.")
     classes: list[str] | None = Field(
@@ -102,11 +102,6 @@ class DataConfig(BaseModel):
         "No entity is on both sides of the split. Default: the one tokenised column named id or *_id.")
     features: list[str] | None = Field(None, description="Tables: feature columns; default every kept/generalised column.")
     max_categories: PositiveInt = Field(32, description="Tables: one-hot width cap per categorical column (+1 'other').")
-
-    @property
-    def partial_deid_accepted(self) -> bool:
-        """``allow_quarantine`` resolved: an explicit value, else true only for the synthetic set."""
-        return self.allow_quarantine if self.allow_quarantine is not None else self.source is None
 
 
 class ModelConfig(BaseModel):

@@ -219,8 +219,7 @@ def markdown_summary(result: PipelineResult) -> str:
         d = result.deid
         lines.append(f"| de-identification | {d.files_out}/{d.files_in} files, {d.tags_changed} tags changed, "
                      f"{d.rejected} rejected, {d.quarantined} quarantined (policy {d.policy} v{d.policy_version})"
-                     + (f"; partial output accepted (data.allow_quarantine), see `{d.refusal_report}`" if d.refusal_report
-                        else "") + " |")
+                     + (f"; {d.refusal_note()}" if d.refusal_report else "") + " |")
     if result.masking:
         m = result.masking
         lines.append(f"| masking | {m.rows_in} rows, policy {m.policy} v{m.policy_version}; split by `{m.split_by}`: "
@@ -264,9 +263,8 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
                 ("files in / out", f"{d.files_in} / {d.files_out}"),
                 ("tags changed", d.tags_changed),
                 ("rejected (policy: burned-in text, no patient identity)", d.rejected),
-                ("quarantined (unreadable)", d.quarantined),
-                *([("refused files", f"{d.rejected + d.quarantined} accepted by data.allow_quarantine; "
-                    f"listed in {d.refusal_report}")] if d.refusal_report else []),
+                ("quarantined (could not be processed: unreadable, truncated, not DICOM)", d.quarantined),
+                *([("refused files", d.refusal_note())] if d.refusal_report else []),
                 ("split (patients train / eval)", f"{d.train_patients} / {d.eval_patients}"),
                 ("files train / eval", f"{d.train_files} / {d.eval_files}"),
             ]),

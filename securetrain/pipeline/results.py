@@ -31,8 +31,16 @@ class DeidSummary(BaseModel):
     eval_class_counts: list[int] = Field(default_factory=list)
     digests: dict[str, str] = Field(default_factory=dict)  # sha256 of manifests, policy digest
     refused_by_reason: dict[str, int] = Field(default_factory=dict)  # rejected + quarantined files per reason
-    refusal_report: Path | None = None  # deid/refused.json when files were refused (accepted: data.allow_quarantine)
-    partial_accepted: bool = False  # files were refused and the run went on (data.allow_quarantine)
+    refusal_report: Path | None = None  # deid/refused.json when files were rejected or quarantined
+    partial_accepted: bool = False  # files were quarantined and data.allow_quarantine let the run go on
+
+    def refusal_note(self) -> str:
+        """One phrase for summaries: why files were not written and where they are listed ("" if none)."""
+        if self.refusal_report is None:
+            return ""
+        why = ("quarantined files accepted by data.allow_quarantine" if self.partial_accepted
+               else "rejected by the policy")
+        return f"{self.rejected + self.quarantined} files not written ({why}); refusal report: {self.refusal_report}"
 
 
 class MaskingSummary(BaseModel):

@@ -135,17 +135,82 @@ def test_refused_inputs_exit_65_with_the_count_and_the_report_unless_accepted(tm
     assert not report_path.exists()
 
 
-def test_rejected_inputs_count_too(tmp_path: Path, key_file: Path) -> None:
+def _rejected_only_input(tmp_path: Path) -> Path:
+    """Two good images, two burned-in ones and one without a patient identity: all three refused by
+    the policy on purpose (rejected); nothing unreadable."""
     from dicom_fixtures import make_dataset
 
     from securetrain.masking.dicom.engine import encode_dataset
+    from securetrain.masking.dicom.synthetic import generate_study_set
 
-    src = tmp_path / "in"
-    src.mkdir()
+    manifest = generate_study_set(tmp_path / "in", n_patients=1, studies_per_patient=1, images_per_series=2,
+                                  include_burned_in=True)
+    manifest.unlink()
+    (manifest.parent / "phi.json").unlink()  # only DICOM files in the folder
     ds = make_dataset()
     del ds.PatientID
     del ds.PatientName  # no patient identity: rejected by the policy
-    (src / "a.dcm").write_bytes(encode_dataset(ds))
-    res = _run("deid", str(src), str(tmp_path / "out"), "--policy", BASIC, "--key-file", str(key_file))
+    (manifest.parent / "noid.dcm").write_bytes(encode_dataset(ds))
+    return manifest.parent
+
+
+def _colour_console(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command's stdout console, with ANSI colours (CliRunner's stdout is no terminal)."""
+    from securetrain.cli import console as console_module
+
+    monkeypatch.setattr(console_module, "console", console_module._Console(force_terminal=True, color_system="standard",
+                                                                           width=400))
+
+
+def test_rejected_inputs_alone_exit_0_with_the_report_and_a_yellow_line(tmp_path: Path, key_file: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: exit 65 whenever the policy rejected a file (burned-in ultrasound is routine), so every
+    scheduled run failed and users reached for --allow-quarantine, which also hides unreadable files."""
+    import json
+    import re
+    import stat
+
+    src, out = _rejected_only_input(tmp_path), tmp_path / "out"
+    _colour_console(monkeypatch)
+    res = _run("deid", str(src), str(out), "--policy", BASIC, "--key-file", str(key_file))
+    assert res.exit_code == 0, res.output
+    report_path = tmp_path / "out.quarantine.json"
+    line = next(x for x in res.output.splitlines() if "rejected by the policy" in x)
+    assert "\x1b[33m" in line  # yellow: rejections are never silent
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", line)
+    assert f"3 of 5 input files not written (3 rejected, 0 quarantined); report: {report_path}" in plain
+    assert "incomplete" not in res.output and len(list(out.glob("*.dcm"))) == 2
+    assert stat.S_IMODE(report_path.stat().st_mode) == 0o600
+    report = json.loads(report_path.read_text())
+    assert report["format"] == "securetrain.deid.refusals/1"
+    assert report["accepted"] is True  # accepted: no quarantined files
+    assert (report["files"], report["written"], report["rejected"], report["quarantined"]) == (5, 2, 3, 0)
+    assert {r["outcome"] for r in report["refused"]} == {"rejected"}
+    assert all(len(r["sha256"]) == 64 and r["reason"] for r in report["refused"])
+    # a dry run exits the same way: 0, the count, no report
+    res = _run("deid", str(src), str(tmp_path / "dry"), "--policy", BASIC, "--key-file", str(key_file), "--dry-run")
+    assert res.exit_code == 0, res.output
+    assert "3 of 5 input files would not be written (3 rejected, 0 quarantined); dry run: no report written" in \
+        re.sub(r"\x1b\[[0-9;]*m", "", res.output).replace("\n", "")
+    assert not (tmp_path / "dry.quarantine.json").exists()
+
+
+def test_rejected_and_quarantined_inputs_exit_65_naming_both_counts(tmp_path: Path, key_file: Path) -> None:
+    import json
+
+    src, out = _rejected_only_input(tmp_path), tmp_path / "out"
+    (src / "scan-notes.txt").write_text("not DICOM")  # quarantined
+    res = _run("deid", str(src), str(out), "--policy", BASIC, "--key-file", str(key_file))
     assert res.exit_code == 65, res.output
-    assert "1 of 1 input files not written (1 rejected, 0 quarantined)" in res.output.replace("\n", "")
+    report_path = tmp_path / "out.quarantine.json"
+    text = res.output.replace("\n", "")
+    assert f"4 of 6 input files not written (3 rejected, 1 quarantined); report: {report_path}" in text
+    assert "quarantined files could not be processed" in text and "--allow-quarantine" in text
+    report = json.loads(report_path.read_text())
+    assert (report["rejected"], report["quarantined"], report["accepted"]) == (3, 1, False)
+    # accepted: exit 0, the report says the quarantined files were accepted
+    res = _run("deid", str(src), str(out), "--policy", BASIC, "--key-file", str(key_file), "--allow-quarantine")
+    assert res.exit_code == 0, res.output
+    assert "partial output accepted (--allow-quarantine)" in res.output
+    assert "4 of 6 input files not written (3 rejected, 1 quarantined)" in res.output.replace("\n", "")
+    assert json.loads(report_path.read_text())["accepted"] is True

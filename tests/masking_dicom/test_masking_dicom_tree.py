@@ -166,3 +166,24 @@ def test_an_interrupt_right_after_staging_leaves_no_temporary_file(tmp_path: Pat
         w.write(tmp_path / "a.dcm", b"first")
         w.write(tmp_path / "b.dcm", b"second")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_only_policy_refusals_are_rejected_everything_else_is_quarantined(synthetic_set: Path, tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rejected = the policy refusing a file on purpose (burned-in text, no patient identity), which
+    never fails a run; an object that cannot be processed (e.g. encoded) is quarantined, as in the
+    pipeline's shards -- before, it was rejected, and would pass unnoticed under the exit rule."""
+    from securetrain.masking.dicom.engine import Deidentifier
+    from securetrain.masking.dicom.errors import DeidError
+    from securetrain.masking.dicom.tree import refusal_fails, refusal_report
+
+    def cannot_encode(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        raise DeidError("cannot encode the de-identified object (ValueError)")
+
+    monkeypatch.setattr(Deidentifier, "deidentify_file", cannot_encode)
+    report = deidentify_tree(synthetic_set.parent / "p000", tmp_path / "out", BASIC, SECRET, workers=1)
+    assert report.results and {r.outcome for r in report.results} == {FileOutcome.QUARANTINED}
+    assert refusal_fails(report.quarantined, allow_quarantine=False)
+    assert not refusal_fails(report.quarantined, allow_quarantine=True) and not refusal_fails(0, allow_quarantine=False)
+    assert refusal_report(report, BASIC, allow_quarantine=False)["accepted"] is False
+    assert refusal_report(report, BASIC, allow_quarantine=True)["accepted"] is True

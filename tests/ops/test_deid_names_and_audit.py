@@ -62,7 +62,7 @@ def test_outputs_named_by_uid_and_input_names_only_encrypted(tmp_path: Path) -> 
                            "--key-file", str(key), "--audit-db", str(db), "--mapping-out", str(mapping),
                            "--mapping-key-file", str(mkey), "-j", "2"],
                           env=_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 65, proc.stderr[-2000:]  # burned-in files rejected: partial output
+    assert proc.returncode == 65, proc.stderr[-2000:]  # manifest.csv and phi.json are quarantined (not DICOM)
     written = sorted(p for p in out.rglob("*") if p.is_file())
     assert written and all(p.parent == out and p.name.startswith("2.25.") for p in written)
     refusals = (tmp_path / "out.quarantine.json").read_text()  # by index and digest only

@@ -86,7 +86,6 @@ name: leak
 output_dir: {tmp_path / 'runs'}
 data:
   source: {manifest}
-  allow_quarantine: true   # the burned-in images are rejected on purpose
   policy: {ROOT / 'policies' / 'dicom-basic.yaml'}
   image_size: 16
 model: {{channels: 4, hidden: 8}}

@@ -1,8 +1,9 @@
-"""Refused input files (rejected or quarantined) in the pipeline: the same rule as `securetrain deid`.
+"""Refused input files in the pipeline: the same rule as `securetrain deid`.
 
-A run whose de-identification refused files fails before training with RefusedFilesError (exit 65,
-naming deid/refused.json) unless data.allow_quarantine accepts partial output; the built-in
-synthetic set, whose burned-in files are planted to be rejected, accepts it by default."""
+Files the policy rejects (burned-in text, no patient identity) are listed in deid/refused.json,
+audited and logged, and the run goes on. Quarantined files (could not be processed) fail the run
+before training with RefusedFilesError (exit 65, naming the report) unless data.allow_quarantine
+accepts them; the default is false everywhere (the built-in synthetic set plants only rejections)."""
 
 from __future__ import annotations
 
@@ -24,15 +25,17 @@ from securetrain.pipeline.secrets import load_run_secrets
 from .pipeline_fixtures import ROOT, small_config_data
 
 
-def _own_data(tmp_path: Path) -> Path:
-    """A site's manifest: synthetic studies with burned-in images, plus a file that is not DICOM."""
+def _own_data(tmp_path: Path, *, unreadable: bool = True) -> Path:
+    """A site's manifest: synthetic studies with burned-in images (rejected by the policy), plus
+    (``unreadable``) a file that is not DICOM (quarantined)."""
     from securetrain.masking.dicom.synthetic import generate_study_set
 
     manifest = generate_study_set(tmp_path / "site", n_patients=3, studies_per_patient=1, images_per_series=2,
                                   image_size=16, include_burned_in=True)
-    (manifest.parent / "scan-notes.dcm").write_text("not DICOM")
-    with manifest.open("a", newline="") as fh:
-        csv.writer(fh, lineterminator="\n").writerow(["scan-notes.dcm", "1"])
+    if unreadable:
+        (manifest.parent / "scan-notes.dcm").write_text("not DICOM")
+        with manifest.open("a", newline="") as fh:
+            csv.writer(fh, lineterminator="\n").writerow(["scan-notes.dcm", "1"])
     return manifest
 
 
@@ -52,14 +55,14 @@ def _deidentify(config):  # noqa: ANN001, ANN202
     return summary, audit.events
 
 
-def test_refused_files_fail_the_stage_with_a_report_unless_accepted(tmp_path: Path) -> None:
-    """Before: the pipeline trained on whatever survived, and the run (and its scheduler) saw success."""
+def test_quarantined_files_fail_the_stage_with_a_report_unless_accepted(tmp_path: Path) -> None:
+    """Before 77e060e: the pipeline trained on whatever survived, and the run (and its scheduler) saw success."""
     config = _config(tmp_path, _own_data(tmp_path))
     with pytest.raises(RefusedFilesError) as err:
         _deidentify(config)
     report_path = config.run_dir / "deid" / "refused.json"
     assert err.value.exit_code == REFUSED_FILES_EXIT_CODE == 65 and err.value.report == str(report_path)
-    assert "refused 7 of 13 input files (6 rejected, 1 quarantined)" in str(err.value)
+    assert "7 of 13 input files not written (6 rejected, 1 quarantined)" in str(err.value)  # both counts
     assert "data.allow_quarantine" in str(err.value)
     report = json.loads(report_path.read_text())
     assert (report["files"], report["rejected"], report["quarantined"], report["accepted"]) == (13, 6, 1, False)
@@ -71,16 +74,42 @@ def test_refused_files_fail_the_stage_with_a_report_unless_accepted(tmp_path: Pa
     summary, events = _deidentify(accepted)
     assert (summary.rejected, summary.quarantined, summary.files_out) == (6, 1, 6)
     assert summary.partial_accepted and summary.refusal_report == report_path
+    assert "quarantined files accepted by data.allow_quarantine" in summary.refusal_note()
     assert json.loads(report_path.read_text())["accepted"] is True
     [incomplete] = [e for e in events if e["action"] == "deid.incomplete"]
     assert incomplete["details"] == {"files": 13, "rejected": 6, "quarantined": 1, "accepted": True}
 
 
-def test_synthetic_set_accepts_its_planted_refusals_by_default(tmp_path: Path) -> None:
-    summary, _ = _deidentify(_config(tmp_path, None))
-    assert summary.rejected > 0 and summary.partial_accepted and summary.refusal_report is not None
-    with pytest.raises(RefusedFilesError):
-        _deidentify(_config(tmp_path, None, allow_quarantine=False))
+def test_rejected_files_alone_are_reported_and_the_run_goes_on(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """Before: burned-in files the policy rejects on purpose failed every run (exit 65)."""
+    config = _config(tmp_path, _own_data(tmp_path, unreadable=False))
+    assert config.data.allow_quarantine is False
+    with caplog.at_level("WARNING", logger="securetrain.pipeline"):
+        summary, events = _deidentify(config)
+    report_path = config.run_dir / "deid" / "refused.json"
+    assert (summary.files_in, summary.rejected, summary.quarantined, summary.files_out) == (12, 6, 0, 6)
+    assert summary.refusal_report == report_path and not summary.partial_accepted
+    assert (config.run_dir / "deid" / "train.csv").is_file()  # split written: training goes on
+    # never silent: the report, the audit log, a warning, the summaries
+    report = json.loads(report_path.read_text())
+    assert (report["files"], report["rejected"], report["quarantined"], report["accepted"]) == (12, 6, 0, True)
+    assert {r["outcome"] for r in report["refused"]} == {"rejected"}
+    [incomplete] = [e for e in events if e["action"] == "deid.incomplete"]
+    assert incomplete["outcome"] == "success"
+    assert incomplete["details"] == {"files": 12, "rejected": 6, "quarantined": 0, "accepted": True}
+    [warning] = [r for r in caplog.records if r.levelname == "WARNING" and "refused.json" in r.getMessage()]
+    assert "6 of 12 input files not written (6 rejected, 0 quarantined)" in warning.getMessage()
+    assert summary.refusal_note() == f"6 files not written (rejected by the policy); refusal report: {report_path}"
+
+
+def test_synthetic_set_has_no_special_default(tmp_path: Path) -> None:
+    """data.allow_quarantine is false for the synthetic set too: it plants rejections only."""
+    config = _config(tmp_path, None)
+    assert config.data.allow_quarantine is False
+    summary, _ = _deidentify(config)
+    assert summary.rejected > 0 and summary.quarantined == 0
+    assert not summary.partial_accepted and summary.refusal_report is not None
 
 
 def test_a_clean_run_has_no_report(tmp_path: Path) -> None:
@@ -112,24 +141,39 @@ def test_prepare_task_is_not_retried_on_refused_files() -> None:
     assert _not_refused(None, None, State(None)) is False
 
 
-@pytest.mark.slow
-def test_securetrain_run_exits_65_naming_the_report(tmp_path: Path) -> None:
+def _run_cli(tmp_path: Path, name: str, *, unreadable: bool) -> tuple[subprocess.CompletedProcess[str], Path]:
     import yaml
 
-    cfg = small_config_data(tmp_path, name="site", secrets={"dir": str(tmp_path / "keys")}, he={"enabled": False})
-    cfg["data"]["source"] = str(_own_data(tmp_path))
+    cfg = small_config_data(tmp_path / name, name=name, secrets={"dir": str(tmp_path / name / "keys")},
+                            he={"enabled": False})
+    cfg["data"]["source"] = str(_own_data(tmp_path / name, unreadable=unreadable))
     cfg["data"].pop("synthetic")
-    path = tmp_path / "site.yaml"
+    path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SECURETRAIN_", "PREFECT_API"))}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PREFECT_HOME=str(tmp_path / "ph"), COLUMNS="200")
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PREFECT_HOME=str(tmp_path / "ph"), COLUMNS="400")
     proc = subprocess.run([sys.executable, "-m", "securetrain", "run", str(path), "--no-prefect"], env=env,
                           capture_output=True, text=True, timeout=600)
+    return proc, tmp_path / name / "runs" / name
+
+
+@pytest.mark.slow
+def test_securetrain_run_exits_65_only_with_quarantined_files(tmp_path: Path) -> None:
+    proc, run_dir = _run_cli(tmp_path, "site", unreadable=True)
     assert proc.returncode == 65, proc.stderr[-3000:]
-    run_dir = tmp_path / "runs" / "site"
     assert f"Report: {run_dir / 'deid' / 'refused.json'}" in proc.stderr.replace("\n", "")
     assert "Traceback" not in proc.stderr
     assert not list(run_dir.glob("checkpoints/*.stenc"))
+    # the policy's rejections alone: the run trains, and says what it rejected and where it is listed
+    proc, run_dir = _run_cli(tmp_path, "rejected", unreadable=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert list(run_dir.glob("checkpoints/*.stenc"))
+    report = run_dir / "deid" / "refused.json"
+    assert "6 of 12 input files not written (6 rejected, 0 quarantined)" in proc.stderr.replace("\n", "")  # warning
+    assert f"refusal report: {report}" in proc.stdout.replace("\n", "")  # the summary table
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["deid"]["rejected"] == 6 and result["deid"]["refusal_report"] == str(report)
+    assert result["deid"]["partial_accepted"] is False
 
 
 @pytest.mark.slow

@@ -44,6 +44,22 @@ def test_deidentify_folder(tmp_path: Path) -> None:
     assert len(list((tmp_path / "out").rglob("*.dcm"))) == 4
 
 
+def test_deidentify_folder_exits_65_only_for_quarantined_files(tmp_path: Path) -> None:
+    from securetrain.masking.dicom.synthetic import generate_study_set
+
+    manifest = generate_study_set(tmp_path / "in", n_patients=1, studies_per_patient=1, images_per_series=2,
+                                  include_burned_in=True)
+    manifest.unlink()
+    (manifest.parent / "phi.json").unlink()
+    proc = run("deidentify_folder.py", str(tmp_path / "in"), str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr  # burned-in files rejected by the policy: not a failure
+    assert "2 written, 2 refused (2 rejected, 0 quarantined)" in proc.stdout
+    (manifest.parent / "notes.txt").write_text("not DICOM")
+    proc = run("deidentify_folder.py", str(tmp_path / "in"), str(tmp_path / "out2"))
+    assert proc.returncode == 65, proc.stderr
+    assert "2 written, 3 refused (2 rejected, 1 quarantined)" in proc.stdout
+
+
 def test_encrypt_state_dict(tmp_path: Path) -> None:
     proc = run("encrypt_state_dict.py", str(tmp_path))
     assert proc.returncode == 0, proc.stderr

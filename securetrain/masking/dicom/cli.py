@@ -44,7 +44,9 @@ def deid(
     keep_paths: bool = typer.Option(False, "--keep-paths", help="Name outputs by their input paths instead of the new "
                                     "SOP Instance UID (only if no file or folder name carries PHI)."),
     allow_quarantine: bool = typer.Option(False, "--allow-quarantine", help="Accept partial output: exit 0 even "
-                                          f"when files were rejected or quarantined (default: exit {REFUSED_EXIT})."),
+                                          "when files were quarantined (unreadable, truncated, not DICOM; default: "
+                                          f"exit {REFUSED_EXIT}). Files the policy rejects never change the exit "
+                                          "status."),
     quarantine_report: Path | None = typer.Option(None, "--quarantine-report", help="Where to write the JSON "
                                                   "report of rejected/quarantined inputs (index, sha256, reason; "
                                                   "never names). Default: OUT.quarantine.json next to OUT."),
@@ -52,9 +54,10 @@ def deid(
 ) -> None:
     """De-identify DICOM per PS3.15 Annex E with a policy; rich progress, summary table.
 
-    Exit status: 0 every input was de-identified (or --allow-quarantine); 65 some inputs were
-    rejected (policy: burned-in text, no patient identity) or quarantined (unreadable, truncated,
-    not DICOM): the output is partial, the summary names the count and the report file; 2 usage,
+    Exit status: 0 no input was quarantined (files the policy rejects -- burned-in text, no patient
+    identity -- are listed in the refusal report and a yellow line, and do not fail the run), or
+    --allow-quarantine; 65 some inputs were quarantined (unreadable, truncated, not DICOM,
+    corrupt): the output is partial, a red line names the counts and the report file; 2 usage,
     key or policy errors (nothing done); 130 interrupted. A dry run exits the same way (no report).
     """
     from rich.table import Table
@@ -69,6 +72,7 @@ def deid(
         default_refusal_report_path,
         deidentify_tree,
         plan_tree,
+        refusal_fails,
         refusal_report,
         remove_stale_refusal_report,
         write_refusal_report,
@@ -135,12 +139,13 @@ def deid(
         console.print(f"encrypted mapping ({len(report.pseudonyms)} pseudonyms, {len(files)} file names) "
                       f"written to {mapping_out}")
 
-    # A partial run must not look like success to a scheduler: refusals exit 65 unless accepted.
+    # Quarantined files (a data problem) must not look like success to a scheduler: exit 65 unless
+    # accepted. Rejected files are the policy working: reported (yellow line, report), exit 0.
     refused = report.rejected + report.quarantined
     report_path = quarantine_report or default_refusal_report_path(output_path)
     if not dry_run:
         if refused:
-            write_refusal_report(report_path, refusal_report(report, pol, accepted=allow_quarantine))
+            write_refusal_report(report_path, refusal_report(report, pol, allow_quarantine=allow_quarantine))
         else:
             remove_stale_refusal_report(report_path)  # the report next to OUT describes this run
     if not refused:
@@ -148,12 +153,16 @@ def deid(
     what = (f"{refused} of {len(report.results)} input files {'would not be' if dry_run else 'not'} written "
             f"({report.rejected} rejected, {report.quarantined} quarantined)")
     where = "dry run: no report written" if dry_run else f"report: {report_path}"
-    if allow_quarantine:
-        console.print(f"[yellow]partial output accepted (--allow-quarantine):[/] {what}; {where}", highlight=False)
-        return
-    err_console.print(f"[bold red]incomplete:[/] {what}; {where}. Exit {REFUSED_EXIT}; pass --allow-quarantine "
-                      "to accept partial output.", highlight=False, soft_wrap=True)
-    raise typer.Exit(REFUSED_EXIT)
+    if refusal_fails(report.quarantined, allow_quarantine=allow_quarantine):
+        err_console.print(f"[bold red]incomplete:[/] {what}; {where}. Exit {REFUSED_EXIT}: quarantined files could "
+                          "not be processed; fix or remove them, or pass --allow-quarantine to accept partial output.",
+                          highlight=False, soft_wrap=True)
+        raise typer.Exit(REFUSED_EXIT)
+    if report.quarantined:
+        console.print(f"[yellow]partial output accepted (--allow-quarantine):[/] {what}; {where}", highlight=False,
+                      soft_wrap=True)
+    else:
+        console.print(f"[yellow]rejected by the policy:[/] {what}; {where}", highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from securetrain.errors import ConfigError, IntegrityError, SecureTrainError
 
-#: Exit status of ``securetrain deid`` and ``securetrain run`` when input files were rejected or
-#: quarantined (the output is partial) and partial output was not accepted (``--allow-quarantine``,
-#: ``data.allow_quarantine``). 65 is ``EX_DATAERR`` of sysexits.h ("the input data was incorrect").
+#: Exit status of ``securetrain deid`` and ``securetrain run`` when input files were quarantined
+#: (could not be processed: not DICOM, truncated, corrupt) and that was not accepted
+#: (``--allow-quarantine``, ``data.allow_quarantine``). Files the policy rejects on purpose
+#: (burned-in text, no patient identity) are reported but never fail a run. 65 is ``EX_DATAERR`` of
+#: sysexits.h ("the input data was incorrect").
 REFUSED_FILES_EXIT_CODE = 65
 
 
@@ -40,8 +42,9 @@ class OcrUnavailable(DeidError, ConfigError):
 
 
 class RefusedFilesError(DeidError):
-    """A run could de-identify only part of its inputs (files rejected or quarantined) and partial
-    output was not accepted. The CLI exits with :data:`REFUSED_FILES_EXIT_CODE` (``exit_code``)."""
+    """Input files were quarantined (could not be processed) and partial output was not accepted
+    (``data.allow_quarantine``). Rejected files alone never raise it. The CLI exits with
+    :data:`REFUSED_FILES_EXIT_CODE` (``exit_code``)."""
 
     exit_code = REFUSED_FILES_EXIT_CODE
 

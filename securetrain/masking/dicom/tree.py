@@ -5,8 +5,15 @@ recursively (sorted) and returns a :class:`TreeReport` with one :class:`FileResu
 a :class:`FileOutcome` each:
 
 * ``written`` / ``would_write`` (dry run) -- de-identified;
-* ``rejected`` -- the policy refuses it (e.g. possible burned-in text), with the reason;
-* ``quarantined`` -- not readable as DICOM (or truncated), with the reason.
+* ``rejected`` -- the policy refuses it on purpose (``burned_in: reject``: possible burned-in
+  text; ``missing_patient_identity: reject``: no patient identity), with the reason;
+* ``quarantined`` -- it could not be processed (not DICOM, truncated, a corrupt element, pixels
+  that cannot be decoded or an object that cannot be encoded), with the reason.
+
+Rejections are the policy working; quarantined files are a data problem. ``securetrain deid``
+and the pipeline fail (exit 65, :func:`refusal_fails`) only for quarantined files, unless they
+are accepted; rejected and quarantined files alike are listed in the refusal report
+(:func:`refusal_report`).
 
 Output names (``naming="uid"``, the default): ``<dst>/<new SOP Instance UID>.dcm``, the keyed
 UID the de-identified object carries (as dicognito does), so no input file or folder name --
@@ -161,7 +168,7 @@ def _process_chunk(job: tuple[list[tuple[int, str, str]], str | None, str]) -> t
     """(results, new pseudonyms, read events) for one chunk of (index, source, relative name).
 
     ``target``: the output folder (or, for ``naming="file"``, the output file); ``None`` on dry runs."""
-    from securetrain.masking.dicom.errors import BurnedInAnnotationError, DeidError, UnreadableDicomError
+    from securetrain.masking.dicom.errors import BurnedInAnnotationError, DeidError, MissingPatientIdentityError
     from securetrain.masking.dicom.output import BatchWriter
 
     chunk, target, naming = job
@@ -182,11 +189,11 @@ def _process_chunk(job: tuple[list[tuple[int, str, str]], str | None, str]) -> t
                 dst = lambda report, _t=target: os.path.join(_t, _output_name(report))  # noqa: E731
             try:
                 report = _WORKER.deidentify_file(src, dst, dry_run=target is None, writer=writer, label=f"input #{index}")
-            except UnreadableDicomError as exc:
-                results.append({**base, "outcome": "quarantined", "reason": str(exc), "sha256": _sha256_of(src)})
-                continue
-            except (BurnedInAnnotationError, DeidError) as exc:
+            except (BurnedInAnnotationError, MissingPatientIdentityError) as exc:  # the policy refuses it
                 results.append({**base, "outcome": "rejected", "reason": str(exc), "sha256": _sha256_of(src)})
+                continue
+            except DeidError as exc:  # UnreadableDicomError, or an object that cannot be processed
+                results.append({**base, "outcome": "quarantined", "reason": str(exc), "sha256": _sha256_of(src)})
                 continue
             changes = [(c.tag, c.keyword, c.action, "." in c.path) for c in report.changes] if target is None else []
             output = os.path.relpath(report.output, target) if report.output and naming != "file" else (
@@ -341,9 +348,20 @@ def default_refusal_report_path(output: str | os.PathLike[str]) -> Path:
     return out.with_name(out.name + ".quarantine.json")
 
 
-def refusal_report(report: TreeReport, policy: DicomPolicy, *, accepted: bool) -> dict[str, Any]:
+def refusal_fails(quarantined: int, *, allow_quarantine: bool) -> bool:
+    """The exit rule of ``securetrain deid`` and of the pipeline: a run fails (exit 65,
+    ``RefusedFilesError``) only when files were quarantined (could not be processed: a data
+    problem) and that was not accepted. Files the policy rejects on purpose (burned-in text, no
+    patient identity) never fail a run; they are reported."""
+    return quarantined > 0 and not allow_quarantine
+
+
+def refusal_report(report: TreeReport, policy: DicomPolicy, *, allow_quarantine: bool) -> dict[str, Any]:
     """The rejected and quarantined inputs of a run: 1-based index in the sorted listing of IN,
-    SHA-256 and reason (inputs are never named: file and folder names can carry PHI)."""
+    SHA-256 and reason (inputs are never named: file and folder names can carry PHI).
+
+    ``accepted``: the run did not fail for its refusals -- no file was quarantined, or the
+    quarantined ones were accepted (``allow_quarantine``). Rejected files alone never fail a run."""
     refused = [r for r in report.results if r.outcome in (FileOutcome.REJECTED, FileOutcome.QUARANTINED)]
     return {
         "format": REFUSAL_REPORT_FORMAT,
@@ -353,7 +371,8 @@ def refusal_report(report: TreeReport, policy: DicomPolicy, *, accepted: bool) -
         "written": report.count(FileOutcome.WRITTEN),
         "rejected": report.rejected,
         "quarantined": report.quarantined,
-        "accepted": accepted,  # --allow-quarantine: partial output accepted (exit 0)
+        # no quarantined files, or --allow-quarantine accepted them (exit 0); false: exit 65
+        "accepted": not refusal_fails(report.quarantined, allow_quarantine=allow_quarantine),
         "refused": [{"index": r.index, "sha256": r.sha256, "outcome": r.outcome.value,
                      "reason": (r.reason or "").removeprefix(f"input #{r.index}: ")} for r in refused],
     }

@@ -86,9 +86,10 @@ def deidentify(
     """De-identify every study into ``<run_dir>/deid`` and split train/eval by patient pseudonym.
 
     Files the policy refuses (burned-in annotation, no patient identity) are rejected and unreadable
-    ones quarantined — counted, audited, listed in ``deid/refused.json``, never passed on; then the
-    stage fails with :class:`RefusedFilesError` (exit 65) unless ``data.allow_quarantine`` accepts
-    partial output. Output names are sequence numbers (input names may carry PHI).
+    ones quarantined — counted, audited, listed in ``deid/refused.json``, logged as a warning, never
+    passed on. Quarantined files then fail the stage with :class:`RefusedFilesError` (exit 65)
+    unless ``data.allow_quarantine`` accepts partial output; rejected ones alone do not.
+    Output names are sequence numbers (input names may carry PHI).
     The pseudonym map is exported AES-256-GCM encrypted for the data owner.
     """
     from securetrain.masking.dicom.mapping import export_mapping
@@ -182,24 +183,29 @@ def deidentify(
                  "policy": policy.digest, "input_manifest": file_sha256(raw_manifest)},
         refused_by_reason=dict(sorted(refused.items())),
         refusal_report=out_dir / REFUSED_FILE if rejected + quarantined else None,
-        partial_accepted=bool(rejected + quarantined),
+        partial_accepted=bool(quarantined),  # only get here with quarantined files when they were accepted
     )
 
 
 def _check_refusals(config: PipelineConfig, results: Sequence[Any], out_dir: Path, policy_name: str, files: int,
                     rejected: int, quarantined: int, recorder: AuditRecorder) -> None:
-    """The same rule as ``securetrain deid``: inputs that were rejected or quarantined make the
-    output partial. They are listed in ``deid/refused.json`` (manifest data row, outcome, reason;
-    never paths) and recorded as ``deid.incomplete``; unless ``data.allow_quarantine`` accepts
-    partial output the stage fails with :class:`RefusedFilesError` (exit 65) before training."""
+    """The same rule as ``securetrain deid``: rejected inputs (the policy refusing them on purpose)
+    and quarantined ones (could not be processed) are listed in ``deid/refused.json`` (manifest data
+    row, outcome, reason; never paths), recorded as ``deid.incomplete`` and logged as a warning.
+    Quarantined files fail the stage with :class:`RefusedFilesError` (exit 65) before training
+    unless ``data.allow_quarantine`` accepts them; rejected files alone never do."""
+    import logging
+
     from securetrain.masking.dicom.errors import RefusedFilesError
+    from securetrain.masking.dicom.tree import refusal_fails
 
     report_path = out_dir / REFUSED_FILE
     refused = rejected + quarantined
     if not refused:
         report_path.unlink(missing_ok=True)  # a report describes the run that wrote this folder
         return
-    accepted = config.data.partial_deid_accepted
+    # accepted: no quarantined files, or data.allow_quarantine accepted them
+    accepted = not refusal_fails(quarantined, allow_quarantine=config.data.allow_quarantine)
     rows = [{"row": row.row + 1, "outcome": row.outcome, "reason": row.reason or "unspecified"}
             for result in results for row in result.rows if row.outcome in ("rejected", "quarantined")]
     document = {"format": "securetrain.pipeline.deid-refusals/1", "policy": policy_name, "files": files,
@@ -208,12 +214,18 @@ def _check_refusals(config: PipelineConfig, results: Sequence[Any], out_dir: Pat
     atomic_write_bytes(report_path, json.dumps(document, indent=1).encode() + b"\n", mode=0o600)
     recorder.record("deid.incomplete", f"file:{REFUSED_FILE}", outcome="success" if accepted else "refused",
                     details={"files": files, "rejected": rejected, "quarantined": quarantined, "accepted": accepted})
+    what = f"{refused} of {files} input files not written ({rejected} rejected, {quarantined} quarantined)"
     if not accepted:
         raise RefusedFilesError(
-            f"de-identification refused {refused} of {files} input files ({rejected} rejected, {quarantined} "
-            f"quarantined); nothing was trained. Report: {report_path}",
-            hint="fix or remove those files, or set data.allow_quarantine: true to train on the rest",
+            f"de-identification quarantined files that could not be processed: {what}; nothing was trained. "
+            f"Report: {report_path}",
+            hint="fix or remove the quarantined files, or set data.allow_quarantine: true to train on the rest "
+                 "(files the policy rejects never fail a run)",
             report=str(report_path))
+    logging.getLogger(__name__).warning(
+        "de-identification: %s%s; report: %s", what,
+        ", quarantined files accepted by data.allow_quarantine" if quarantined else ", rejected by the policy",
+        report_path)
 
 
 def _counts(rows: Sequence[tuple[str, int]], n: int) -> list[int]:
