@@ -80,7 +80,9 @@ def test_outputs_named_by_uid_and_input_names_only_encrypted(tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_interrupted_deid_leaves_audit_entries_for_its_outputs(tmp_path: Path) -> None:
-    src = _phi_tree(tmp_path, n_patients=6, studies_per_patient=2, images_per_series=8, image_size=64)
+    # Several chunks' worth of files: the interrupt comes once the first chunk is out, and with only
+    # 96 files a fast run sometimes finished before it (exit 65 for the tree's non-DICOM file).
+    src = _phi_tree(tmp_path, n_patients=16, studies_per_patient=2, images_per_series=8, image_size=64)
     key, _ = _keys(tmp_path)
     out, db = tmp_path / "out", tmp_path / "audit.db"
     proc = subprocess.Popen([sys.executable, "-m", "securetrain", "deid", str(src), str(out), "--policy", POLICY,
@@ -88,7 +90,7 @@ def test_interrupted_deid_leaves_audit_entries_for_its_outputs(tmp_path: Path) -
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline and not (out.is_dir() and any(out.glob("2.25.*"))):
-        time.sleep(0.05)
+        time.sleep(0.01)
     assert proc.poll() is None, "finished before it could be interrupted"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
