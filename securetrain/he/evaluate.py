@@ -33,7 +33,7 @@ from securetrain.he.errors import HEError, HEModelError, HEParameterError
 from securetrain.he.metrics import accuracy, macro_auc
 from securetrain.he.params import HEParams, choose_params
 from securetrain.he.plan import HEPlan, LinearStep, OutputKind, apply_final, compile_model, exact_logits
-from securetrain.he.roles import MAX_DECIMALS, DataOwner, Evaluator, check_plan_fits
+from securetrain.he.roles import MAX_DECIMALS, DataOwner, Evaluator, as_array, check_plan_fits
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +93,8 @@ class HEEvaluationReport(BaseModel):
     outputs_sha256: str
 
 
-def _array(a: Any, dtype: Any = np.float64) -> np.ndarray:
-    return np.asarray(a.detach().cpu().numpy() if hasattr(a, "detach") else a, dtype=dtype)
+def _array(a: Any, dtype: Any = np.float64, what: str = "features") -> np.ndarray:
+    return as_array(a, dtype, what)
 
 
 def _class_ids(y: np.ndarray) -> np.ndarray:
@@ -221,7 +221,7 @@ def evaluate_encrypted(
     if not isinstance(decimals, int) or not 0 <= decimals <= MAX_DECIMALS:  # before any key exists
         raise HEParameterError(f"decimals must be an integer in 0..{MAX_DECIMALS}, got {decimals!r}")
     raw_x = _array(features)
-    y = None if labels is None else _class_ids(_array(labels, None).reshape(-1))
+    y = None if labels is None else _class_ids(_array(labels, None, "labels").reshape(-1))
     resource = "he-model:unknown"
     model_sha: str | None = None
     paths: list[str]
@@ -235,8 +235,8 @@ def evaluate_encrypted(
             raise HEModelError(f"{len(y)} labels for {len(x)} samples")
         if y is not None:
             y = check_class_ids(y, plan.n_outputs)
-        cal_x = x if calibration is None else np.vstack([_rows(_array(calibration), plan.n_inputs, "calibration "
-                                                                "features"), x])
+        cal_x = x if calibration is None else np.vstack(
+            [_rows(_array(calibration, what="calibration features"), plan.n_inputs, "calibration features"), x])
         if not isinstance(model, HEPlan):
             approx = dict(user_approx)
             for _ in range(len(paths)):  # later layers see the widened earlier ones

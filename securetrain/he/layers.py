@@ -87,7 +87,7 @@ def _function_layer(node: Any) -> Layer | None:
                 torch.tanh: "tanh", F.tanh: "tanh", F.gelu: "gelu", F.silu: "silu", F.softplus: "softplus"}
         if fn in acts:
             return Layer(name, acts[fn], "activation", None, acts[fn])
-        if fn in (torch.flatten, torch.reshape, F.dropout):
+        if fn in (torch.flatten, torch.reshape, torch.squeeze, F.dropout):
             return Layer(name, getattr(fn, "__name__", str(fn)), "noop")
         if fn in (torch.softmax, F.softmax, torch.log_softmax, F.log_softmax):
             kind = "softmax" if fn in (torch.softmax, F.softmax) else "log_softmax"
@@ -100,7 +100,8 @@ def _function_layer(node: Any) -> Layer | None:
         m = node.target
         if m in ("relu", "sigmoid", "tanh"):
             return Layer(name, m, "activation", None, m)
-        if m in ("flatten", "view", "reshape", "contiguous", "float", "double"):
+        # squeeze: a (N, 1) binary logit as (N,); to/type: dtype or device moves, no values change
+        if m in ("flatten", "view", "reshape", "contiguous", "float", "double", "squeeze", "to", "type", "cpu", "cuda"):
             return Layer(name, m, "noop")
         if m in ("softmax", "log_softmax"):
             dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else None)

@@ -179,7 +179,12 @@ def compile_model(
     fits: list[PolyApprox] = []
     paths: list[str] = []
     steps: list[Step] = []
+    owners: list[Any] = []  # the layer each step comes from (None: the appended output sigmoid)
     for layer in body:
+        _check_materialised(layer)
+        owners.append(layer)
+        if layer.kind == "noop":
+            owners.pop()
         if layer.kind == "linear":
             m = layer.module
             w = m.weight.detach().double().cpu().numpy().copy()
@@ -209,13 +214,15 @@ def compile_model(
         fits.append(fit)
         paths.append("<output sigmoid>")
         steps.append(PolyStep(fit.coeffs, fit.activation, fit.input_range, fit.max_abs_error))
+        owners.append(None)
     if not steps:
         raise HEModelError("the model has no layers to evaluate")
     first_linear = next((s for s in steps if isinstance(s, LinearStep)), None)
     width_in = n_inputs if n_inputs is not None else (first_linear.n_in if first_linear is not None else None)
     if width_in is None:
         raise HEModelError("cannot infer the number of inputs; pass n_inputs")
-    _check_shapes(tuple(steps), width_in)  # before fusing, so errors name the model's own shapes
+    _check_layer_shapes(steps, owners, width_in)  # before fusing, so errors name the model's own layers
+    _check_shapes(tuple(steps), width_in)
     steps = normalise(steps)
     n_out = _check_shapes(tuple(steps), width_in)
     if output == "probabilities" and n_out != 1:
@@ -225,6 +232,41 @@ def compile_model(
 
 
 _ACT_NAMES = ("relu", "sigmoid", "tanh", "silu", "gelu", "softplus")
+
+
+def _check_materialised(layer: Any) -> None:
+    """Refuse a layer whose parameters/buffers live on the meta device (shapes only, no values)."""
+    m = layer.module
+    if m is None:
+        return
+    tensors = list(m.named_parameters(recurse=False)) + list(m.named_buffers(recurse=False))
+    for name, t in tensors:
+        if t is not None and getattr(t, "is_meta", False):
+            raise HEModelError(
+                f"layer {layer.describe()} has its {name!r} on the meta device: it holds no values to evaluate",
+                hint="materialise and load the trained weights first (model.to_empty(device='cpu'); "
+                     "model.load_state_dict(...)); models on CPU or GPU are read as they are",
+            )
+
+
+def _check_layer_shapes(steps: list[Step], owners: list[Any], width_in: int) -> None:
+    """Each affine step must take the previous step's width; a mismatch names both layers."""
+    width, prev = width_in, None
+    for s, layer in zip(steps, owners, strict=True):
+        if not isinstance(s, LinearStep):
+            continue
+        if s.n_in != width:
+            here = layer.describe() if layer is not None else "the output"
+            before = f"layer {prev.describe()} gives {width}" if prev is not None else f"the input has {width}"
+            bn = any(x is not None and x.kind == "batchnorm" for x in (layer, prev))
+            raise HEModelError(
+                f"layer {here} expects {s.n_in} features per sample, but {before}",
+                hint=("BatchNorm1d is evaluated on (N, features) inputs only; over the channels of an (N, C, L) "
+                      "input it is not a per-feature map: flatten before it, or run it on the data owner's side "
+                      "(securetrain.he.split_for_he)") if bn else
+                     "the layers do not chain: check the model's shapes (and n_inputs)",
+            )
+        width, prev = s.n_out, layer
 
 
 def _batchnorm_step(bn: Any) -> LinearStep:
@@ -278,11 +320,29 @@ def exact_logits(model: Any, features: np.ndarray) -> tuple[np.ndarray, str | No
     while last >= 0 and chain[last][1].kind == "noop":
         last -= 1
     stop = nodes[last] if final is not None else nodes[-1]  # nodes[i] is the input of chain[i]
-    fn = truncated(graph, traced_root(model), stop)
+    fn = _without_casts(truncated(graph, traced_root(model), stop))
     x = torch.as_tensor(np.asarray(features, dtype=np.float64))
     with torch.no_grad():
         out = fn(x)
     return out.numpy().reshape(len(features), -1), final
+
+
+#: Tensor methods that only move or cast (``x.float()``, ``x.to(torch.float32)``): the exact model runs
+#: in float64 throughout, so they are dropped from the reference graph (a cast to float32 would
+#: clash with the float64 weights, and lose precision the encrypted evaluation does not lose).
+_CASTS = ("float", "double", "half", "bfloat16", "to", "type", "cpu", "cuda")
+
+
+def _without_casts(fn: Any) -> Any:
+    changed = False
+    for node in list(fn.graph.nodes):
+        if node.op == "call_method" and node.target in _CASTS:
+            node.replace_all_uses_with(node.args[0])
+            fn.graph.erase_node(node)
+            changed = True
+    if changed:
+        fn.recompile()
+    return fn
 
 
 def apply_final(logits: np.ndarray, final: str | None) -> np.ndarray:

@@ -90,6 +90,30 @@ def _ratio_fn(params: HEParams, compensate: bool) -> Callable[[int], float]:
     return lambda level: params.scale / params.rescale_prime(level)
 
 
+def as_array(a: Any, dtype: Any = np.float64, what: str = "features") -> np.ndarray:
+    """``a`` (numpy array, nested lists, or a torch tensor on any device and of any dtype) as a
+    numpy array; a tensor on the meta device has no values and is refused with a typed error."""
+    if hasattr(a, "detach"):
+        t = a.detach()
+        if getattr(t, "is_meta", False):
+            raise HEModelError(f"{what} are on the meta device: they hold no values",
+                               hint="pass the real data (a CPU/GPU tensor or a numpy array)")
+        t = t.cpu()
+        if t.is_floating_point() and t.dtype not in (_torch().float32, _torch().float64):
+            t = t.double()  # bfloat16/float16: numpy has no bfloat16
+        a = t.numpy()
+    try:
+        return np.asarray(a, dtype=dtype)
+    except (TypeError, ValueError) as exc:
+        raise HEModelError(f"{what} are not numeric: {exc}") from exc
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
 def _input_bound(x: np.ndarray) -> float:
     """Smallest power of two ≥ max|x|: all the evaluator learns about the data's range."""
     m = float(np.max(np.abs(x))) if x.size else 0.0
@@ -185,8 +209,7 @@ class DataOwner:
         every intermediate |value| (:func:`securetrain.he.calibration.calibrate`); the evaluator
         then checks headroom against it instead of the worst case implied by ``input_abs_max``."""
         ts = require_tenseal()
-        x = np.asarray(features.detach().cpu().numpy() if hasattr(features, "detach") else features,
-                       dtype=np.float64)
+        x = as_array(features)
         if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
             raise HEFormatError(f"features must be a non-empty 2-D array, got shape {x.shape}")
         if not np.all(np.isfinite(x)):

@@ -316,3 +316,58 @@ def test_packed_bound_covers_partial_sums() -> None:
     assert packed_abs_max(plan, x, 4) == pytest.approx(1000 * peak)  # one feature per block
     with pytest.raises(HEModelError, match="single affine step"):
         packed_abs_max(compile_plan(nn.Sequential(nn.Linear(4, 2), Square(), nn.Linear(2, 1))), x, 2)
+
+
+# --- devices, dtypes and common forward idioms (independent-probe findings) ------------------------
+
+
+def test_meta_device_model_is_refused_with_a_typed_error_naming_the_layer() -> None:
+    model = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 1)).to("meta")
+    with pytest.raises(HEModelError, match=r"layer '0' \(Linear\) has its 'weight' on the meta device") as exc:
+        compile_plan(model)
+    assert "load_state_dict" in (exc.value.hint or "")
+
+
+def test_meta_features_are_refused_and_bfloat16_features_are_read() -> None:
+    from securetrain.he.roles import as_array
+
+    with pytest.raises(HEModelError, match="meta device"):
+        as_array(torch.zeros(3, 2, device="meta"))
+    x = torch.tensor([[0.5, -1.25]], dtype=torch.bfloat16)
+    np.testing.assert_array_equal(as_array(x), [[0.5, -1.25]])
+    assert as_array(torch.tensor([[1, 2]])).dtype == np.float64
+
+
+class _SqueezedBinary(nn.Module):
+    """A BCEWithLogits-style binary model: casts its input and returns (N,) logits."""
+
+    def __init__(self, cast: str) -> None:
+        super().__init__()
+        self.cast = cast
+        self.fc = nn.Linear(6, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float() if self.cast == "float" else x.to(torch.float32)
+        return self.fc(x).squeeze(-1)
+
+
+@pytest.mark.parametrize("cast", ["float", "to"])
+def test_casts_and_a_squeezed_logit_are_no_ops(cast: str) -> None:
+    torch.manual_seed(0)
+    model = _SqueezedBinary(cast)
+    x = _x()
+    plan = compile_plan(model)
+    assert (plan.n_inputs, plan.n_outputs, plan.depth) == (6, 1, 1)
+    logits, final = exact_logits(model, x)  # the float64 reference must not trip over the float32 cast
+    assert final is None and logits.shape == (40, 1)
+    with torch.no_grad():
+        want = model(torch.as_tensor(x, dtype=torch.float32)).double().numpy()
+    np.testing.assert_allclose(logits[:, 0], want, atol=1e-5)
+    np.testing.assert_allclose(plan.evaluate_plain(x), logits, atol=1e-12)
+
+
+def test_batchnorm_over_channels_names_both_layers() -> None:
+    model = nn.Sequential(nn.BatchNorm1d(1), nn.Flatten(), nn.Linear(5, 1))
+    with pytest.raises(HEModelError, match=r"layer '2' \(Linear\) expects 5 features.*'0' \(BatchNorm1d\) gives 1") as exc:
+        compile_plan(model)
+    assert "(N, C, L)" in (exc.value.hint or "")
