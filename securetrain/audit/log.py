@@ -1390,11 +1390,16 @@ class AuditLog:
         """
         if not self.durable:
             self.flush()
-        key, origin = self.signing_key, self.origin
+        origin = self.origin  # the log's, unchanged by a rotation
         self._key_chain()  # which keys' checkpoints are references; refuses a retired key
         published = self._published_reference()
         for _attempt in range(2):
             with self._lock, self._writer_turn():
+                # The key is read under the lock: rotate_key switches it under the same lock as it
+                # commits the hand-over, so this checkpoint is signed by the key that the chain
+                # below holds current (read before, a checkpoint racing a rotation was signed by the
+                # just-retired key: seen from the shared committer's periodic checkpoint).
+                key = self.signing_key
                 with self._write_engine.begin() as conn:
                     self._take_lock(conn)
                     head = conn.execute(select(E.c.seq).order_by(E.c.seq.desc()).limit(1)).first()
@@ -1539,13 +1544,14 @@ class AuditLog:
             return [(ROTATION_ACTION, f"audit-key:{origin}", "success", details, canon.canonical_bytes(details).decode())]
 
         req = _Pending([])
-        self._commit_batch([req], prepare=prepare)
-        if req.error is not None:
-            raise req.error
-        self._signing_key = new
-        self._signing_key_src = new_key
-        self._reopen_args["signing_key"] = new_key
-        self._chain = None
+        with self._lock:  # the hand-over entry and the switch, as one step for checkpoint()
+            self._commit_batch([req], prepare=prepare)
+            if req.error is not None:
+                raise req.error
+            self._signing_key = new
+            self._signing_key_src = new_key
+            self._reopen_args["signing_key"] = new_key
+            self._chain = None
         log.warning("audit signing key handed over at tree size %d to %s", made[0].tree_size, made[0].new_vkey)
         self.checkpoint()  # the new key's first checkpoint covers the hand-over entry
         return made[0]

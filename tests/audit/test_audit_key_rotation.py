@@ -461,3 +461,57 @@ def test_rotation_on_postgres(tmp_path: Path, pg_schema: str) -> None:
             stale.checkpoint()
     assert verify_export(out, public_key=old.public_key()).ok
     assert standalone(out, "--vkey", verifier_key(origin, old.public_key())).returncode == 0
+
+
+def test_a_checkpoint_racing_a_rotation_is_never_signed_by_the_retired_key(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shared committer's periodic checkpoint runs on its own thread after a commit. Before, it
+    took the signing key first and the lock later: when a rotation committed its hand-over and
+    switched keys in between, it signed the new tree size with the retired key (seen in CI: the log
+    then failed verification with "signed by a key retired at hand-over size ...")."""
+    import threading
+
+    monkeypatch.setenv("SECURETRAIN_DATA_DIR", str(tmp_path))
+    log = AuditLog(tmp_path / "audit.db", signing_key=Ed25519PrivateKey.generate(), checkpoint_every=None)
+    for i in range(3):
+        log.record("dataset.read", f"dataset:{i}")
+    racer_started, go = threading.Event(), threading.Event()
+    racer = threading.current_thread()  # replaced below
+    original_reference = AuditLog._published_reference
+    original_checkpoint = AuditLog.checkpoint
+    main_calls: list[int] = []
+
+    def held_racer(self: AuditLog) -> object:
+        if threading.current_thread() is racer:  # the racing checkpoint waits here, its key already chosen before
+            racer_started.set()
+            go.wait(30)
+        return original_reference(self)
+
+    def checkpoint(self: AuditLog) -> object:
+        if threading.current_thread() is threading.main_thread():
+            main_calls.append(1)
+            if len(main_calls) == 2:  # rotate_key's final checkpoint: the hand-over is committed, the key switched
+                go.set()
+                racer.join(30)
+        return original_checkpoint(self)
+
+    monkeypatch.setattr(AuditLog, "_published_reference", held_racer)
+    monkeypatch.setattr(AuditLog, "checkpoint", checkpoint)
+    errors: list[BaseException] = []
+
+    def race() -> None:
+        try:
+            original_checkpoint(log)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    racer = threading.Thread(target=race)
+    racer.start()
+    assert racer_started.wait(30)
+    log.rotate_key(Ed25519PrivateKey.generate())
+    racer.join(30)
+    assert not errors
+    report = log.verify()
+    assert report.ok, report.error
+    assert not [e for e in log.entries() if e.action == "audit.alert"]  # no unverifiable row was met
+    log.close()
