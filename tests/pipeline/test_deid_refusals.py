@@ -25,6 +25,17 @@ from securetrain.pipeline.secrets import load_run_secrets
 from .pipeline_fixtures import ROOT, small_config_data
 
 
+
+@pytest.fixture(autouse=True)
+def _restore_environment():  # noqa: ANN202
+    """A demo flow run exports its generated keyring passphrase into this process (for Prefect's task
+    processes); left behind, a later flow run in the same test session took it as the operator's and
+    wrote no passphrase file (test_pipeline_flow failed in CI reading it)."""
+    saved = os.environ.copy()
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
 def _own_data(tmp_path: Path, *, unreadable: bool = True) -> Path:
     """A site's manifest: synthetic studies with burned-in images (rejected by the policy), plus
     (``unreadable``) a file that is not DICOM (quarantined)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,10 @@ def flow_run(tmp_path_factory: pytest.TempPathFactory):
     from flows.secure_training import secure_training
 
     tmp = tmp_path_factory.mktemp("flow")
+    # Demo secrets only: an earlier test of the session may have left a passphrase in the environment.
+    saved = os.environ.copy()
+    for var in ("SECURETRAIN_KEYRING", "SECURETRAIN_KEYRING_PASSPHRASE", "SECURETRAIN_KEK", "SECURETRAIN_DEID_KEY"):
+        os.environ.pop(var, None)
     config_file = tmp / "run.yaml"
     config_file.write_text(yaml.safe_dump(small_config_data(tmp, name="flow")))
     storage = tmp / "prefect-storage"
@@ -36,6 +41,8 @@ def flow_run(tmp_path_factory: pytest.TempPathFactory):
         with get_client(sync_client=True) as client:
             logs = [log.message for log in client.read_logs()]
             artifacts = {a.key: a for a in client.read_artifacts() if a.key}
+    os.environ.clear()
+    os.environ.update(saved)
     return tmp / "runs" / "flow", result, storage, logs, artifacts
 
 
