@@ -30,7 +30,7 @@ from securetrain.he.calibration import (
     pow2_ceil,
 )
 from securetrain.he.errors import HEError, HEModelError, HEParameterError
-from securetrain.he.metrics import accuracy, macro_auc
+from securetrain.he.metrics import accuracy, agreement, macro_auc
 from securetrain.he.params import HEParams, choose_params
 from securetrain.he.plan import HEPlan, LinearStep, OutputKind, apply_final, compile_model, exact_logits
 from securetrain.he.roles import MAX_DECIMALS, DataOwner, Evaluator, as_array, check_plan_fits
@@ -68,6 +68,11 @@ class HEEvaluationReport(BaseModel):
     accuracy_plaintext: float | None
     accuracy_exact: float | None
     accuracy_approximated: float | None
+    # per-sample agreement of the released decisions (threshold / argmax), with or without labels
+    prediction_agreement: float  # vs the exact model: same predicted class
+    prediction_agreement_vs_plan: float  # vs the plan in plaintext: CKKS noise + rounding only
+    output_range: float  # spread of the plan's outputs on the calibration set (max − min, or max |v|)
+    release_step: float  # the resolution of a released value: max(10^-decimals, CKKS noise)
     # calibration (data owner's plaintext pass, before any encryption)
     calibration_samples: int
     value_abs_max: float
@@ -251,10 +256,12 @@ def evaluate_encrypted(
         ranges = _named(plan, paths, [poly_step(plan, i).input_range for i in approximated_steps(plan)])
         out_of_range = _named(plan, paths, list(cal.out_of_interval))
         _check_intervals(plan, paths, cal, out_of_interval, max_out_of_interval)
+        output_range = _output_range(plan.evaluate_plain(cal_x))
         p = params if params is not None else choose_params(plan.depth, scale_bits=None, integer_bits=None,
                                                             value_bound=cal.value_bound,
                                                             min_scale_bits=min_scale_bits_for(decimals))
         depth = check_plan_fits(plan, p, value_bound=cal.value_bound)  # fail before encrypting anything
+        release_step = _check_resolution(output_range, decimals, p)
         single_affine = len(plan.steps) == 1 and isinstance(plan.steps[0], LinearStep)
         can_pack = single_affine and batch_size is None and len(x) <= p.slots // 2 and plan.n_inputs > 1
         if packing == "on" and not can_pack:
@@ -305,6 +312,12 @@ def evaluate_encrypted(
     auc_e, acc_e = _metrics(y, released, output, final)
     auc_p, acc_p = _metrics(y, exact, output, final)
     auc_a, acc_a = _metrics(y, plain, output, final)
+    threshold = 0.5 if output == "probabilities" else 0.0
+    agree = agreement(released, exact, threshold)
+    agree_plan = agreement(released, plain, threshold)
+    if agree_plan < 1.0:
+        log.info("HE: %.1f%% of the encrypted decisions differ from the plan in plaintext (scores within the "
+                 "CKKS noise / rounding of the threshold)", 100 * (1 - agree_plan))
     n = len(x)
     blocks = bundle_blocks(inputs)
     report = HEEvaluationReport(
@@ -334,6 +347,10 @@ def evaluate_encrypted(
         accuracy_plaintext=acc_p,
         accuracy_exact=acc_p,
         accuracy_approximated=acc_a,
+        prediction_agreement=agree,
+        prediction_agreement_vs_plan=agree_plan,
+        output_range=output_range,
+        release_step=release_step,
         calibration_samples=cal.n_samples,
         value_abs_max=cal.value_abs_max,
         value_bound=value_bound,
@@ -377,6 +394,8 @@ def evaluate_encrypted(
             "auc_plaintext": auc_p,
             "accuracy_encrypted": acc_e,
             "accuracy_plaintext": acc_p,
+            "prediction_agreement": agree,
+            "prediction_agreement_vs_plan": agree_plan,
         })
     return report
 
@@ -391,6 +410,39 @@ def min_scale_bits_for(decimals: int) -> int:
     clamped to [30, 40] (the search range of choose_params)."""
     need = math.ceil(math.log2(NOISE_CONSTANT * 2 * 10.0**decimals)) + 2
     return max(30, min(40, need))
+
+
+#: Below this many release steps across the outputs' range the released scores are refused
+#: (rounding alone moves a score by up to 5% of the range: rankings and decisions are noise);
+#: below WARN_STEPS a RuntimeWarning says that precision is being lost.
+MIN_RESOLUTION_STEPS = 10.0
+WARN_RESOLUTION_STEPS = 100.0
+
+
+def _output_range(outputs: np.ndarray) -> float:
+    """How far apart the scores are: max − min over all outputs (max |v| for a single value)."""
+    o = np.asarray(outputs, dtype=np.float64)
+    spread = float(np.max(o) - np.min(o))
+    return spread if spread > 0 else float(np.max(np.abs(o)))
+
+
+def _check_resolution(output_range: float, decimals: int, params: HEParams) -> float:
+    """Refuse (before any key exists) when the released scores cannot resolve the model's outputs:
+    their range is below MIN_RESOLUTION_STEPS × the release step max(10^-decimals, CKKS noise).
+    Tiny features or weights otherwise come back as rounded zeros with a plausible-looking report."""
+    step = max(10.0**-decimals, NOISE_CONSTANT * 2.0**-params.scale_bits)
+    if output_range >= WARN_RESOLUTION_STEPS * step:
+        return step
+    need = math.ceil(math.log10(WARN_RESOLUTION_STEPS / output_range)) if output_range > 0 else MAX_DECIMALS + 1
+    fix = (f"release more digits (decimals={need})" if need <= MAX_DECIMALS and need > decimals else
+           "scale the features up (standardise them) or the last layer's weight and bias by a power of ten "
+           "(logit decisions, argmax and AUC do not change)")
+    msg = (f"the model's outputs span only {output_range:.3g} on these features, against a release step of {step:.1g} "
+           f"(decimals={decimals}, CKKS scale 2^{params.scale_bits})")
+    if output_range < MIN_RESOLUTION_STEPS * step:
+        raise HEParameterError(f"{msg}: the released scores would be rounding noise", hint=fix)
+    warnings.warn(f"{msg}: released scores lose precision ({fix})", RuntimeWarning, stacklevel=3)
+    return step
 
 
 def bundle_blocks(bundle: bytes) -> int:

@@ -17,8 +17,7 @@ def accuracy(labels: np.ndarray, outputs: np.ndarray, threshold: float) -> float
     """Binary (one output column, ``> threshold``) or multi-class (argmax) accuracy."""
     y = np.asarray(labels).ravel()
     o = np.asarray(outputs, dtype=np.float64)
-    pred = (o.reshape(-1) > threshold).astype(int) if o.ndim == 1 or o.shape[1] == 1 else np.argmax(o, axis=1)
-    return float(np.mean(pred == y.astype(int)))
+    return float(np.mean(decisions(o, threshold) == y.astype(int)))
 
 
 def macro_auc(labels: np.ndarray, scores: np.ndarray) -> float | None:
@@ -32,3 +31,15 @@ def macro_auc(labels: np.ndarray, scores: np.ndarray) -> float | None:
     aucs = [roc_auc(y == k, s[:, k]) for k in range(s.shape[1])]
     aucs = [a for a in aucs if not np.isnan(a)]
     return float(np.mean(aucs)) if aucs else None
+
+
+def decisions(outputs: np.ndarray, threshold: float) -> np.ndarray:
+    """The predicted class per sample: ``> threshold`` for one column, argmax for several."""
+    o = np.asarray(outputs, dtype=np.float64)
+    return (o.reshape(-1) > threshold).astype(int) if o.ndim == 1 or o.shape[1] == 1 else np.argmax(o, axis=1)
+
+
+def agreement(a: np.ndarray, b: np.ndarray, threshold: float) -> float:
+    """Fraction of samples whose predicted class is the same under ``a`` and ``b`` (e.g. the
+    decrypted scores and the plaintext model's): equal accuracy does not imply equal predictions."""
+    return float(np.mean(decisions(a, threshold) == decisions(b, threshold)))

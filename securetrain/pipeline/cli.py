@@ -64,7 +64,8 @@ def _print_result(result) -> None:  # noqa: ANN001 - PipelineResult
     if result.he:
         h = result.he
         table.add_row("HE evaluation (CKKS)", f"{h.samples} samples, max abs err {h.max_abs_error:.1e}, "
-                      f"AUC {_fmt(h.encrypted_auc)} (plaintext {_fmt(h.plaintext_auc)})", f"N={h.poly_modulus_degree}")
+                      f"AUC {_fmt(h.encrypted_auc)} (plaintext {_fmt(h.plaintext_auc)}), same prediction "
+                      f"{_fmt(h.prediction_agreement)}", f"N={h.poly_modulus_degree}")
     if result.audit:
         a = result.audit
         verdict = "[green]verified[/]" if a.verified else "[red]FAILED[/]"

@@ -240,7 +240,8 @@ def markdown_summary(result: PipelineResult) -> str:
         h = result.he
         lines.append(
             f"| HE evaluation ({h.scope}) | {h.samples} samples, max abs error {h.max_abs_error:.2e}, "
-            f"AUC plain {_num(h.plaintext_auc)} / encrypted {_num(h.encrypted_auc)}, {h.ms_per_sample:.2f} ms/sample |"
+            f"AUC plain {_num(h.plaintext_auc)} / encrypted {_num(h.encrypted_auc)}, prediction agreement "
+            f"{_num(h.prediction_agreement)}, {h.ms_per_sample:.2f} ms/sample |"
         )
     if result.audit:
         a = result.audit
@@ -357,6 +358,7 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
                  f"{_sci(h.max_abs_error_vs_plan)} / {_sci(h.approximation_error)}"),
                 ("AUC plaintext / encrypted", f"{_num(h.plaintext_auc)} / {_num(h.encrypted_auc)}"),
                 ("accuracy plaintext / encrypted", f"{_num(h.plaintext_accuracy)} / {_num(h.encrypted_accuracy)}"),
+                ("same predicted class as the plaintext model", _num(h.prediction_agreement)),
                 ("time", f"{h.ms_per_sample:.3f} ms/sample"),
                 ("poly modulus degree", h.poly_modulus_degree),
                 ("public context size", f"{h.public_context_bytes:,} bytes"),

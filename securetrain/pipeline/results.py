@@ -129,6 +129,8 @@ class HESummary(BaseModel):
     approximation_error: float | None = None
     out_of_interval_fraction: float | None = None
     packed: bool | None = None
+    # fraction of samples whose encrypted decision (threshold / argmax) equals the plaintext model's
+    prediction_agreement: float | None = None
 
 
 class AuditSummary(BaseModel):

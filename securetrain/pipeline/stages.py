@@ -492,6 +492,7 @@ def he_evaluate(
         approximation_error=getattr(report, "approximation_error_vs_exact", None),
         out_of_interval_fraction=getattr(report, "out_of_interval_fraction", None),
         packed=getattr(report, "packed", None),
+        prediction_agreement=getattr(report, "prediction_agreement", None),
     )
 
 

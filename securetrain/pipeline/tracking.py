@@ -51,7 +51,7 @@ def log_to_mlflow(config: PipelineConfig, result: PipelineResult) -> str:
         if t.best:
             mlflow.log_metric(f"best_{t.best['metric']}", float(t.best["value"]))
         if result.he:
-            for key in ("max_abs_error", "encrypted_auc", "encrypted_accuracy", "ms_per_sample"):
+            for key in ("max_abs_error", "encrypted_auc", "encrypted_accuracy", "prediction_agreement", "ms_per_sample"):
                 value = getattr(result.he, key)
                 if value is not None:
                     mlflow.log_metric(f"he_{key}", float(value))

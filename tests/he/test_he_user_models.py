@@ -371,3 +371,44 @@ def test_batchnorm_over_channels_names_both_layers() -> None:
     with pytest.raises(HEModelError, match=r"layer '2' \(Linear\) expects 5 features.*'0' \(BatchNorm1d\) gives 1") as exc:
         compile_plan(model)
     assert "(N, C, L)" in (exc.value.hint or "")
+
+
+# --- precision: outputs the release step cannot resolve ---------------------------------------------
+
+
+def _tiny_logistic() -> nn.Linear:
+    m = nn.Linear(6, 1, bias=False)
+    with torch.no_grad():
+        m.weight.copy_(torch.tensor([[1.0, 0.1, 0.0, 0.0, 0.0, 0.0]]))
+    return m
+
+
+def test_outputs_below_the_release_step_are_refused_before_any_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Features of ~1e-7 gave logits that all rounded to 0 at decimals=5: AUC 0.5 encrypted vs 1.0
+    plaintext, in a report that looked like a success."""
+    from securetrain.he import evaluate, roles
+
+    def no_keys(*_a: object, **_k: object) -> None:
+        raise AssertionError("a key was generated before the refusal")
+
+    monkeypatch.setattr(roles.DataOwner, "__init__", no_keys)
+    monkeypatch.setattr(evaluate.DataOwner, "__init__", no_keys)
+    x = _x() * 1e-7
+    y = (x[:, 0] > 0).astype(int)
+    with pytest.raises(HEParameterError, match=r"outputs span only .* release step of 1e-05.*rounding noise") as exc:
+        evaluate.evaluate_encrypted(_tiny_logistic(), x, y)
+    assert "last layer's weight and bias" in (exc.value.hint or "")
+    with pytest.raises(HEParameterError, match=r"span only 0.000428.*\(decimals=2") as exc:
+        evaluate.evaluate_encrypted(_tiny_logistic(), x * 1e3, y, decimals=2)
+    assert exc.value.hint == "release more digits (decimals=6)"  # 100 steps across the range
+
+
+def test_resolution_check_bands() -> None:
+    from securetrain.he.evaluate import _check_resolution
+
+    p = choose_params(1)  # scale 2^40: the release step is 10^-decimals
+    assert _check_resolution(1.0, 5, p) == pytest.approx(1e-5)
+    with pytest.warns(RuntimeWarning, match="lose precision"):
+        _check_resolution(5e-4, 5, p)  # 50 steps: kept, with a warning
+    with pytest.raises(HEParameterError):
+        _check_resolution(5e-5, 5, p)  # 5 steps

@@ -263,3 +263,14 @@ def test_packed_cancelling_features_stay_exact() -> None:
     assert r.packed and r.features_per_ciphertext == 2
     assert r.value_bound >= 2 * 1000 * np.abs(a).max()
     assert r.max_abs_error <= 1e-4
+
+
+def test_report_gives_per_sample_prediction_agreement() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(30, 4))
+    torch.manual_seed(3)
+    model = nn.Linear(4, 3)
+    report = evaluate_encrypted(model, x)  # no labels: agreement needs none
+    assert report.prediction_agreement == 1.0 and report.prediction_agreement_vs_plan == 1.0
+    assert report.output_range > 1e-2 and report.release_step == pytest.approx(1e-5)
+    assert report.accuracy_encrypted is None
