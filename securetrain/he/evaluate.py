@@ -290,7 +290,7 @@ def evaluate_encrypted(
         t2 = time.perf_counter()
         outputs = evaluator.evaluate(plan, inputs)
         t3 = time.perf_counter()
-        released = owner.decrypt(outputs, decimals=decimals)
+        released = owner.decrypt(outputs, decimals=decimals, max_abs=value_bound)
         if output == "probabilities" and not encrypted_probs:
             released = np.round(apply_final(released, final), decimals)  # exact, at the data owner
         t4 = time.perf_counter()

@@ -264,16 +264,25 @@ class DataOwner:
             fields["value_bound"] = float(value_bound)
         return container.encode(CIPHERTEXTS_KIND, fields, frames)
 
-    def decrypt(self, bundle: bytes, *, decimals: int = 5, source: str = "ciphertexts") -> np.ndarray:
-        """Decrypt a bundle to (n_samples, n_columns), **rounded to ``decimals``** before release:
-        the low-order digits of a CKKS decryption carry noise that can leak the secret key
-        (Li–Micciancio, EUROCRYPT 2021)."""
+    def decrypt(self, bundle: bytes, *, decimals: int = 5, source: str = "ciphertexts",
+                max_abs: float | None = None) -> np.ndarray:
+        """Decrypt an evaluator's outputs bundle to (n_samples, n_columns), **rounded to ``decimals``**
+        before release: the low-order digits of a CKKS decryption carry noise that can leak the
+        secret key (Li–Micciancio, EUROCRYPT 2021).
+
+        Only ``role: outputs`` bundles are decrypted. ``max_abs`` (the data owner's calibrated
+        ``value_bound``) refuses values beyond it: a ciphertext that was replaced or spliced in
+        (digests are not signatures) or a wrapped-around evaluation decrypts to values of the size
+        of the modulus, which are never released."""
         ts = require_tenseal()
         if not isinstance(decimals, int) or not 0 <= decimals <= MAX_DECIMALS:
             raise HEParameterError(f"decimals must be an integer in 0..{MAX_DECIMALS}, got {decimals!r}")
         hdr, frames = _parse_bundle(bundle, self.context_id, source)
-        factors = hdr.get("output_factors") or [1.0] * hdr["n_columns"]
+        if hdr.get("role") != "outputs":
+            raise HEFormatError(f"{source} holds {hdr.get('role')!r} ciphertexts, not an evaluator's outputs",
+                                hint="decrypt the file written by `securetrain he evaluate`")
         cols, bs, n = hdr["n_columns"], hdr["batch_size"], hdr["n_samples"]
+        factors = _output_factors(hdr.get("output_factors"), cols, source)
         blocks = _blocks(hdr)
         out = np.empty((n, cols))
         for i, blob in enumerate(frames):
@@ -287,8 +296,31 @@ class DataOwner:
             if vals.shape != (want * blocks,):
                 raise HEFormatError(f"{source} frame {i} holds {vals.shape[0]} values, expected {want * blocks}")
             # Packed layout: each block holds the partial sum over its features; the score is their sum.
-            out[b * bs:b * bs + want, c] = vals.reshape(blocks, want).sum(axis=0) / float(factors[c])
+            out[b * bs:b * bs + want, c] = vals.reshape(blocks, want).sum(axis=0) / factors[c]
+        if not np.all(np.isfinite(out)) or (max_abs is not None and float(np.max(np.abs(out))) > max_abs):
+            raise HEFormatError(
+                f"{source}: decrypted values reach {float(np.max(np.abs(out))):.3g}, beyond the bound {max_abs} of every "
+                "value this evaluation can hold: the ciphertexts were replaced or tampered with, or the evaluation "
+                "wrapped around; nothing is released",
+                hint="re-run the evaluation from the inputs you encrypted")
         return np.round(out, decimals)
+
+
+#: Output factors are products of per-level ratios Δ/q (|1 − Δ/q| ≤ ~1.5e-6); anything else is not
+#: what an evaluator computes and would rescale the released scores at will.
+_MAX_FACTOR_DRIFT = 1e-3
+
+
+def _output_factors(raw: Any, cols: int, source: str) -> list[float]:
+    if raw is None:
+        return [1.0] * cols
+    try:
+        factors = [float(f) for f in raw]
+    except (TypeError, ValueError) as exc:
+        raise HEFormatError(f"{source}: output_factors must be numbers") from exc
+    if len(factors) != cols or not all(math.isfinite(f) and abs(f - 1.0) <= _MAX_FACTOR_DRIFT for f in factors):
+        raise HEFormatError(f"{source}: output_factors {raw!r} are not {cols} scale corrections close to 1")
+    return factors
 
 
 def _parse_bundle(data: bytes, context_id: str, source: str) -> tuple[dict[str, Any], tuple[bytes, ...]]:

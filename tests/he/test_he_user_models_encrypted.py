@@ -274,3 +274,53 @@ def test_report_gives_per_sample_prediction_agreement() -> None:
     assert report.prediction_agreement == 1.0 and report.prediction_agreement_vs_plan == 1.0
     assert report.output_range > 1e-2 and report.release_step == pytest.approx(1e-5)
     assert report.accuracy_encrypted is None
+
+
+# --- what the data owner agrees to decrypt ------------------------------------------------------------
+
+
+def _rebundle(bundle: bytes, frames: list[bytes] | None = None, **header: object) -> bytes:
+    from securetrain.he import container
+
+    c = container.decode(bundle, expect_kind="he-ciphertexts")
+    fields = {k: v for k, v in c.header.items() if k not in ("frames", "kind")} | header
+    return container.encode("he-ciphertexts", fields, list(c.frames) if frames is None else frames)
+
+
+@pytest.fixture(scope="module")
+def small_run():  # noqa: ANN201
+    from securetrain.he import HEParams, container
+
+    params = HEParams(4096, (38, 30, 38), 30)
+    x = np.random.default_rng(5).normal(size=(12, 3))
+    plan = compile_plan(nn.Linear(3, 1))
+    owner, other = DataOwner(params), DataOwner(params)
+    evaluator = Evaluator(owner.public_context())
+    inputs = owner.encrypt(x, value_bound=16.0)
+    outputs = evaluator.evaluate(plan, inputs)
+    foreign = container.decode(other.encrypt(x), expect_kind="he-ciphertexts").frames  # same params, other key
+    return owner, evaluator, plan, x, inputs, outputs, list(foreign)
+
+
+def test_decrypt_refuses_an_inputs_bundle(small_run) -> None:  # noqa: ANN001
+    owner, _, _, _, inputs, _, _ = small_run
+    with pytest.raises(HEFormatError, match="holds 'inputs' ciphertexts, not an evaluator's outputs"):
+        owner.decrypt(inputs)
+
+
+@pytest.mark.parametrize("factors", [[0.0], ["x"], [1.0, 1.0], [2.0], [None]])
+def test_decrypt_refuses_forged_output_factors(small_run, factors) -> None:  # noqa: ANN001
+    owner, _, _, _, _, outputs, _ = small_run
+    with pytest.raises(HEFormatError, match="output_factors"):
+        owner.decrypt(_rebundle(outputs, output_factors=factors))
+
+
+def test_decrypt_refuses_spliced_ciphertexts_beyond_the_bound(small_run) -> None:  # noqa: ANN001
+    """Frames encrypted under another key (same parameters, digests recomputed) decrypted to values
+    of ~1e7 and were released as scores."""
+    owner, evaluator, plan, x, inputs, outputs, foreign = small_run
+    honest = owner.decrypt(outputs, max_abs=16.0)
+    np.testing.assert_allclose(honest, plan.evaluate_plain(x), atol=1e-3)
+    spliced = evaluator.evaluate(plan, _rebundle(inputs, frames=foreign))
+    with pytest.raises(HEFormatError, match="beyond the bound 16.0 .* nothing is released"):
+        owner.decrypt(spliced, max_abs=16.0)
