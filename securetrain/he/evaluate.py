@@ -257,9 +257,7 @@ def evaluate_encrypted(
         out_of_range = _named(plan, paths, list(cal.out_of_interval))
         _check_intervals(plan, paths, cal, out_of_interval, max_out_of_interval)
         output_range = _output_range(plan.evaluate_plain(cal_x))
-        p = params if params is not None else choose_params(plan.depth, scale_bits=None, integer_bits=None,
-                                                            value_bound=cal.value_bound,
-                                                            min_scale_bits=min_scale_bits_for(decimals))
+        p = params if params is not None else _search_params(plan, cal, decimals)
         depth = check_plan_fits(plan, p, value_bound=cal.value_bound)  # fail before encrypting anything
         release_step = _check_resolution(output_range, decimals, p)
         single_affine = len(plan.steps) == 1 and isinstance(plan.steps[0], LinearStep)
@@ -403,6 +401,20 @@ def evaluate_encrypted(
 #: Measured CKKS error ≈ NOISE_CONSTANT · 2^-scale_bits (fresh encryption + one plaintext product,
 #: N=4096..16384; e.g. 3.6e-6 at scale 2^32).
 NOISE_CONSTANT = 2.0**14
+
+
+def _search_params(plan: HEPlan, cal: Calibration, decimals: int) -> HEParams:
+    """choose_params for the calibrated bound; a refusal names the values that caused it."""
+    try:
+        return choose_params(plan.depth, scale_bits=None, integer_bits=None, value_bound=cal.value_bound,
+                             min_scale_bits=min_scale_bits_for(decimals))
+    except HEParameterError as exc:
+        raise HEParameterError(
+            f"the model's values reach {cal.value_abs_max:.3g} on these features (value bound {cal.value_bound:g}, "
+            f"depth {plan.depth}): {exc}",
+            hint="standardise or clip the features (or shrink the weights) so intermediate values stay far below "
+                 "2^(60 - scale_bits); with fewer released decimals a smaller scale leaves more integer headroom",
+        ) from exc
 
 
 def min_scale_bits_for(decimals: int) -> int:

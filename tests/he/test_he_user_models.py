@@ -412,3 +412,13 @@ def test_resolution_check_bands() -> None:
         _check_resolution(5e-4, 5, p)  # 50 steps: kept, with a warning
     with pytest.raises(HEParameterError):
         _check_resolution(5e-5, 5, p)  # 5 steps
+
+
+def test_huge_feature_magnitudes_name_the_values_and_the_fix() -> None:
+    """Features of ~1e12 were refused with 'use a shallower model' for a depth-1 logistic model."""
+    from securetrain.he import evaluate_encrypted
+
+    x = _x() * 1e12
+    with pytest.raises(HEParameterError, match=r"values reach [0-9.]+e\+12 on these features .*depth 1\)") as exc:
+        evaluate_encrypted(nn.Linear(6, 1), x)
+    assert "standardise or clip the features" in (exc.value.hint or "")
