@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 from pydicom.dataset import Dataset
 
+from securetrain.masking.dicom.burned_in.ocr import Word
 from securetrain.masking.dicom.burned_in.synthetic import Text, background, make_image, render, roundtrip
+from securetrain.masking.dicom.policy import DicomPolicy, load_policy
 
 __all__ = ["Text", "background", "frames_of", "make_image", "normalise", "ocr_text", "region_map", "render", "roundtrip"]
 
@@ -44,3 +46,26 @@ def ocr_text(ds: Dataset) -> str:
 
 def normalise(text: str) -> str:
     return "".join(ch for ch in text.upper() if ch.isalnum())
+
+
+#: A minimal policy document; ``policy(**changes)`` loads it with the given fields changed.
+BASE_POLICY = {"policy_version": 1, "name": "t", "profile": "basic", "options": []}
+
+
+def policy(**changes: object) -> DicomPolicy:
+    return load_policy(data={**BASE_POLICY, **changes})
+
+
+class ScriptedEngine:
+    """An OCR engine that reads the same words from every image (or none): drives the cleaner's
+    decisions without Tesseract. ``calls`` counts the reads."""
+
+    name = "scripted"
+
+    def __init__(self, words: list[Word] | None = None) -> None:
+        self.words = words or []
+        self.calls = 0
+
+    def read(self, images: list[np.ndarray]) -> list[list[Word]]:
+        self.calls += 1
+        return [list(self.words) for _ in images]

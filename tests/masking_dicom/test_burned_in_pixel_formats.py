@@ -11,34 +11,17 @@ import io
 import numpy as np
 import pydicom
 import pytest
-from burned_in_helpers import frames_of, make_image
+from burned_in_helpers import ScriptedEngine, frames_of, make_image, policy
 from dicom_fixtures import SECRET
 from pydicom.dataset import Dataset
 from pydicom.encaps import encapsulate
 from pydicom.uid import ExplicitVRBigEndian, ExplicitVRLittleEndian, JPEGBaseline8Bit, RLELossless
 
-from securetrain.masking.dicom.burned_in.ocr import Word
 from securetrain.masking.dicom.engine import Deidentifier, encode_dataset
 from securetrain.masking.dicom.errors import BurnedInAnnotationError
-from securetrain.masking.dicom.policy import load_policy
 
-BASE = {"policy_version": 1, "name": "t", "profile": "basic", "options": []}
 ROWS, COLS = 24, 40
 RECT = [0, 0, 20, 6]  # x0, y0, x1, y1
-
-
-def policy(**changes: object):
-    return load_policy(data={**BASE, **changes})
-
-
-class ScriptedEngine:
-    name = "scripted"
-
-    def __init__(self, words: list[Word] | None = None) -> None:
-        self.words = words or []
-
-    def read(self, images: list[np.ndarray]) -> list[list[Word]]:
-        return [list(self.words) for _ in images]
 
 
 def deid(pol, engine: ScriptedEngine | None = None) -> Deidentifier:

@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pydicom
 import pytest
-from burned_in_helpers import Text, frames_of, make_image
+from burned_in_helpers import ScriptedEngine, Text, frames_of, make_image, policy
 from dicom_fixtures import POLICY_DIR, SECRET
 
 from securetrain.errors import ConfigError
@@ -18,26 +18,6 @@ from securetrain.masking.dicom.burned_in.ocr import Word
 from securetrain.masking.dicom.engine import Deidentifier, encode_dataset
 from securetrain.masking.dicom.errors import BurnedInAnnotationError
 from securetrain.masking.dicom.policy import load_policy
-
-BASE = {"policy_version": 1, "name": "t", "profile": "basic", "options": []}
-
-
-def policy(**changes: object):
-    return load_policy(data={**BASE, **changes})
-
-
-class ScriptedEngine:
-    """Reads the same words from every image (or none): drives the cleaner's decisions."""
-
-    name = "scripted"
-
-    def __init__(self, words: list[Word] | None = None) -> None:
-        self.words = words or []
-        self.calls = 0
-
-    def read(self, images: list[np.ndarray]) -> list[list[Word]]:
-        self.calls += 1
-        return [list(self.words) for _ in images]
 
 
 def test_defaults_keep_reject_for_existing_policies() -> None:
