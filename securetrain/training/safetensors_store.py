@@ -5,6 +5,11 @@ pickle), and every write goes through :func:`securetrain.io.atomic.atomic_writer
 the previous checkpoint intact. This store gives integrity against accidents (digest check on load
 when the caller passes a :class:`CheckpointInfo`), not against an attacker who can rewrite files:
 use the encrypted store for that.
+
+Tied tensors (several names over one tensor, e.g. ``lm_head.weight = embed.weight``) are written
+once, under the first name in sorted order, with the others recorded in the metadata key
+``securetrain.aliases`` — the convention of the encrypted container's codec — and ``load`` hands
+the same tensor object back under every name.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
+from securetrain.crypto._container.codec import ALIASES_KEY, restore_aliases, shared_aliases
+from securetrain.crypto.errors import UnsafePayloadError
 from securetrain.io.atomic import atomic_write_bytes
 from securetrain.training.checkpoint_store import CheckpointInfo, LoadedCheckpoint
 from securetrain.training.errors import CheckpointCorruptError, CheckpointNotFoundError
@@ -71,8 +78,14 @@ class SafetensorsCheckpointStore:
         if step < 0:
             raise ValueError("step must be >= 0")
         meta = {str(k): str(v) for k, v in metadata.items()}
+        if ALIASES_KEY in meta:
+            raise ValueError(f"metadata key {ALIASES_KEY!r} is reserved (the store records tied tensors in it)")
         meta[STEP_KEY] = str(step)
-        data = st_save(dict(tensors), metadata=meta)
+        # safetensors refuses shared storage: write each tied tensor once and record its other names.
+        aliases = shared_aliases(tensors)
+        if aliases:
+            meta[ALIASES_KEY] = json.dumps(aliases, sort_keys=True, separators=(",", ":"))
+        data = st_save({k: v for k, v in tensors.items() if k not in aliases}, metadata=meta)
         path = self.directory / checkpoint_name(step)
         atomic_write_bytes(path, data)
         info = CheckpointInfo(path=path, step=step, sha256=_sha256(data))
@@ -119,9 +132,8 @@ class SafetensorsCheckpointStore:
                 hint="the file was modified or replaced after it was written; restore it from a trusted copy",
             )
         try:
-            tensors = st_load(data)
-            meta = _read_metadata(data)
-        except (SafetensorError, ValueError, OSError, RuntimeError) as exc:
+            tensors, meta = restore_aliases(st_load(data), _read_metadata(data))
+        except (SafetensorError, ValueError, OSError, RuntimeError, UnsafePayloadError) as exc:
             raise CheckpointCorruptError(
                 f"checkpoint {path.name} is not a valid safetensors file ({type(exc).__name__})",
                 hint="it may be truncated by a full disk or tampered with; use an older checkpoint",

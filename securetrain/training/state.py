@@ -53,9 +53,24 @@ def loads(text: str) -> Any:
 
 
 def detach_for_save(t: torch.Tensor) -> torch.Tensor:
-    # Clone so tied/shared storages become independent (safetensors refuses shared storage) and so
-    # the snapshot cannot change while it is being serialised.
+    # A copy, so the snapshot cannot change while it is being serialised. Copies of several tensors
+    # share nothing: use snapshot_tensors for a state dict, which keeps tied tensors tied.
     return t.detach().to("cpu", copy=True).contiguous()
+
+
+def snapshot_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A host copy of every tensor (as :func:`detach_for_save`), in the same order, keeping ties.
+
+    Names that are one tensor (weight tying: ``head.weight`` is ``embed.weight``; detected as the
+    codec does, :func:`securetrain.crypto._container.codec.shared_aliases`) get **one** copy under
+    all of them, so a store writes it once (``securetrain.aliases``) and a reader hands the same
+    tensor back under every name. Tensors that merely overlap get copies of their own.
+    """
+    from securetrain.crypto._container.codec import shared_aliases  # crypto imports training: lazily
+
+    aliases = shared_aliases(tensors)
+    kept = {name: detach_for_save(t) for name, t in tensors.items() if name not in aliases}
+    return {name: kept[aliases.get(name, name)] for name in tensors}
 
 
 def flatten_optimizer(state_dict: Mapping[str, Any], prefix: str = "optim/") -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

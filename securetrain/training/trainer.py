@@ -520,7 +520,8 @@ class Trainer:
         return info
 
     def _model_tensors(self) -> dict[str, torch.Tensor]:
-        return {f"model/{k}": st.detach_for_save(v) for k, v in self.unwrapped_model.state_dict().items()}
+        # Tied weights (one Parameter under two names) stay one tensor: written once, re-tied on load.
+        return st.snapshot_tensors({f"model/{k}": v for k, v in self.unwrapped_model.state_dict().items()})
 
     def _save_best(self, metrics: Mapping[str, Any]) -> None:
         """Weights of the best validation so far into ``best_store`` (main rank writes; under FSDP
@@ -532,7 +533,7 @@ class Trainer:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-            tensors = {f"model/{k}": st.detach_for_save(cast(torch.Tensor, v)) for k, v in full.items()}
+            tensors = st.snapshot_tensors({f"model/{k}": cast(torch.Tensor, v) for k, v in full.items()})
         if not self.is_main:
             return
         p = self.progress
