@@ -19,3 +19,8 @@ class CheckpointCorruptError(TrainingError, IntegrityError):
 
 class ResumeMismatchError(TrainingError, ConfigError):
     """The checkpoint was written by a run whose settings make an exact resume impossible."""
+
+
+class UncheckpointableStateError(TrainingError):
+    """A value in the optimizer/scaler/callback state has no checkpoint form (tensors, lists, tuples,
+    dicts, int, float, bool, str and None have one); the message names where it is."""

@@ -1,40 +1,86 @@
 """Flatten training state into the safetensors data model (tensors + string metadata) and back.
 
 Nothing here uses pickle: optimizer tensors become named tensors, everything else (param groups,
-scalar state, scaler state, RNG bookkeeping) becomes JSON with tuples tagged so they round-trip.
+scalar state, scaler state, RNG bookkeeping) becomes JSON in which the types JSON lacks are tagged
+so they round-trip exactly: ``{"__tuple__": [...]}``, ``{"__dict__": [[key, value], ...]}`` (a dict
+with non-string keys, e.g. ``{0: ...}``, or one that looks like a tag) and ``{"__tensor__": name}``
+(a tensor sealed beside the JSON, see :func:`flatten_optimizer`). A value of any other type is
+refused with :class:`UncheckpointableStateError` naming its path (``state/0/old_dirs/2``).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from securetrain.training.errors import CheckpointCorruptError, TrainingError
+from securetrain.training.errors import CheckpointCorruptError, UncheckpointableStateError
 
 _TUPLE = "__tuple__"
+_DICT = "__dict__"  # a dict whose keys are not all strings (or that looks like a tag): [[key, value], ...]
+_TENSOR = "__tensor__"  # a tensor stored beside the JSON: {"__tensor__": "<tensor name>"}
+_TAGS = frozenset({_TUPLE, _DICT, _TENSOR})
+_SCALARS = (type(None), bool, int, float, str)
+_HOLDS = "a checkpoint holds tensors, lists/tuples/dicts of them, int, float, bool, str and None"
 
 
-def _encode(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return {_TUPLE: [_encode(v) for v in value]}
-    if isinstance(value, list):
-        return [_encode(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _encode(v) for k, v in value.items()}
-    if isinstance(value, torch.Tensor):
-        raise TrainingError("cannot store a tensor inside JSON metadata", hint="keep tensors in optimizer state, not param_groups")
-    if value is None or isinstance(value, (bool, int, float, str)):
+@dataclass(frozen=True)
+class TensorRef:
+    """Where a tensor stood in a structure flattened by :func:`flatten_optimizer`: ``name`` is its key
+    among the sealed tensors (JSON ``{"__tensor__": name}``)."""
+
+    name: str
+
+
+def _where(path: str) -> str:
+    return path or "the top level"
+
+
+def _encode(value: Any, path: str = "") -> Any:
+    kind = type(value)
+    if kind in _SCALARS:
         return value
-    raise TrainingError(f"cannot checkpoint a value of type {type(value).__name__} in optimizer/scaler state")
+    if kind is tuple:
+        return {_TUPLE: [_encode(v, f"{path}/{i}") for i, v in enumerate(value)]}
+    if kind is list:
+        return [_encode(v, f"{path}/{i}") for i, v in enumerate(value)]
+    if kind is dict:
+        if all(type(k) is str for k in value) and not (len(value) == 1 and set(value) <= _TAGS):
+            return {k: _encode(v, f"{path}/{k}") for k, v in value.items()}
+        for k in value:
+            if type(k) not in _SCALARS:
+                raise UncheckpointableStateError(
+                    f"{_where(path)}: a dict key of type {kind_name(k)} ({k!r}) cannot be checkpointed",
+                    hint=f"use str, int, float, bool or None keys; {_HOLDS}")
+        return {_DICT: [[k, _encode(v, f"{path}/{k}")] for k, v in value.items()]}
+    if kind is TensorRef:
+        return {_TENSOR: value.name}
+    if isinstance(value, torch.Tensor):
+        raise UncheckpointableStateError(f"{_where(path)}: a tensor cannot be stored inside JSON metadata",
+                                         hint="flatten it first (flatten_optimizer seals tensors beside the JSON)")
+    raise UncheckpointableStateError(f"{_where(path)}: a value of type {kind_name(value)} cannot be checkpointed",
+                                     hint=f"{_HOLDS}; convert it (e.g. int(x), float(x), list(x)) or keep it "
+                                          "out of the optimizer/scaler/callback state")
+
+
+def kind_name(value: Any) -> str:
+    kind = type(value)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
 def _decode(value: Any) -> Any:
     if isinstance(value, dict):
-        if set(value) == {_TUPLE}:
-            return tuple(_decode(v) for v in value[_TUPLE])
+        if len(value) == 1:
+            (tag, inner), = value.items()
+            if tag == _TUPLE:
+                return tuple(_decode(v) for v in inner)
+            if tag == _DICT:
+                return {k: _decode(v) for k, v in inner}
+            if tag == _TENSOR:
+                return TensorRef(inner)
         return {k: _decode(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_decode(v) for v in value]
@@ -42,13 +88,14 @@ def _decode(value: Any) -> Any:
 
 
 def dumps(value: Any) -> str:
-    return json.dumps(_encode(value), sort_keys=True, separators=(",", ":"))
+    # Insertion order, not sorted: dicts come back with their keys in the order they had.
+    return json.dumps(_encode(value), separators=(",", ":"))
 
 
 def loads(text: str) -> Any:
     try:
         return _decode(json.loads(text))
-    except (json.JSONDecodeError, TypeError) as exc:
+    except (json.JSONDecodeError, TypeError, ValueError) as exc:
         raise CheckpointCorruptError(f"checkpoint metadata is not valid JSON: {exc}") from None
 
 
@@ -73,22 +120,62 @@ def snapshot_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Ten
     return {name: kept[aliases.get(name, name)] for name in tensors}
 
 
+#: ``flatten_optimizer``'s metadata layout; metadata without it is the first layout (top-level state
+#: tensors under ``tensor_keys``, the rest under ``scalars``), which ``unflatten_optimizer`` still reads.
+OPTIMIZER_FORMAT = 2
+
+
 def flatten_optimizer(state_dict: Mapping[str, Any], prefix: str = "optim/") -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    tensors: dict[str, torch.Tensor] = {}
-    scalars: dict[str, dict[str, Any]] = {}
-    tensor_keys: dict[str, list[str]] = {}
-    for pid, entry in state_dict["state"].items():
-        for key, value in entry.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"{prefix}{pid}/{key}"] = detach_for_save(value)
-                tensor_keys.setdefault(str(pid), []).append(key)
-            else:
-                scalars.setdefault(str(pid), {})[key] = value
-    meta = {"param_groups": state_dict["param_groups"], "scalars": scalars, "tensor_keys": tensor_keys}
-    return tensors, meta
+    """An optimizer ``state_dict()`` as ``(tensors, meta)``: every tensor in it — per-parameter state,
+    tensors nested in lists/tuples/dicts (LBFGS' ``old_dirs``), tensor hyper-parameters in
+    ``param_groups`` (``lr=torch.tensor(1e-3)``) — becomes a host copy named by its path
+    (``optim/0/exp_avg``, ``optim/0/old_dirs/2``, ``optim/param_groups/0/lr``), and ``meta`` is the
+    rest of the structure with :class:`TensorRef` in their places; ``dumps(meta)`` makes it JSON.
+    One tensor object that appears twice is stored once and comes back as one object. A value no
+    checkpoint can hold raises :class:`UncheckpointableStateError` naming its path, before anything
+    is written. :func:`unflatten_optimizer` inverts it exactly (types, dtypes, values)."""
+    found: dict[str, torch.Tensor] = {}
+    names: dict[int, str] = {}
+
+    def walk(value: Any, path: str) -> Any:
+        if isinstance(value, torch.Tensor):
+            if id(value) not in names:
+                base = prefix + (path.removeprefix("state/") if path.startswith("state/") else path)
+                name, n = base, 1
+                while name in found:  # keys containing "/" could meet another path
+                    name, n = f"{base}~{n}", n + 1
+                found[name], names[id(value)] = value, name
+            return TensorRef(names[id(value)])
+        if type(value) is dict:
+            return {k: walk(v, f"{path}/{k}" if path else str(k)) for k, v in value.items()}
+        if type(value) in (list, tuple):
+            return type(value)(walk(v, f"{path}/{i}") for i, v in enumerate(value))
+        return value
+
+    structure = walk(dict(state_dict), "")
+    _encode(structure)  # refuses what JSON cannot hold (naming the path) before any tensor is copied
+    return snapshot_tensors(found), {"format": OPTIMIZER_FORMAT, "optimizer": structure}
 
 
 def unflatten_optimizer(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], prefix: str = "optim/") -> dict[str, Any]:
+    """The optimizer ``state_dict`` that :func:`flatten_optimizer` took apart (``meta`` as
+    :func:`loads` returns it); a missing tensor is :class:`CheckpointCorruptError`."""
+    if meta.get("format") == OPTIMIZER_FORMAT:
+        def fill(value: Any) -> Any:
+            if type(value) is TensorRef:
+                if value.name not in tensors:
+                    raise CheckpointCorruptError(f"checkpoint lacks optimizer tensor {value.name!r}")
+                return tensors[value.name]
+            if type(value) is dict:
+                return {k: fill(v) for k, v in value.items()}
+            if type(value) in (list, tuple):
+                return type(value)(fill(v) for v in value)
+            return value
+
+        restored = fill(meta.get("optimizer"))
+        if type(restored) is not dict or "state" not in restored or "param_groups" not in restored:
+            raise CheckpointCorruptError("checkpoint optimizer metadata lacks 'state' or 'param_groups'")
+        return restored
     state: dict[int, dict[str, Any]] = {}
     try:
         for pid, keys in meta["tensor_keys"].items():
