@@ -303,6 +303,13 @@ def decrypt(
     out: Optional[Path] = typer.Option(None, "--out", help="Write rounded scores as CSV."),
     labels: Optional[Path] = typer.Option(None, "--labels", help="Labels (.npy/.csv) to compute AUC/accuracy."),
     decimals: int = typer.Option(5, "--decimals", help="Round released scores to this many decimals (0-8)."),
+    encrypted_inputs: Optional[Path] = typer.Option(
+        None, "--encrypted-inputs",
+        help="Your own copy of the inputs bundle you encrypted (`he encrypt --calibrate-model`): its calibrated "
+             "value bound is enforced (out-of-bound decryptions are refused, nothing is released) and the scores "
+             "must have been computed from exactly that file."),
+    max_abs: Optional[float] = typer.Option(
+        None, "--max-abs", help="Refuse the decryption if any value exceeds this bound (instead of --encrypted-inputs)."),
     audit_db: Optional[str] = _AUDIT,
 ) -> None:
     """Data owner: decrypt scores (rounded before release) and compute metrics."""
@@ -316,8 +323,12 @@ def decrypt(
 
     owner = _load_owner(context, keyring)
     data = _read(inputs)
-    scores = owner.decrypt(data, decimals=decimals, source=str(inputs))
     info = bundle_info(data, str(inputs))
+    bound = _decrypt_bound(owner, info, encrypted_inputs, max_abs)
+    if bound is None:
+        _warn("no value bound: decrypted values are released without the out-of-bound check; pass "
+              "--encrypted-inputs (your calibrated inputs bundle) or --max-abs")
+    scores = owner.decrypt(data, decimals=decimals, source=str(inputs), max_abs=bound)
     output = info.get("output")
     final = info.get("final_activation")
     if final is not None:  # exact, here at the data owner, never approximated under encryption
@@ -328,7 +339,8 @@ def decrypt(
               "--output probabilities (exact sigmoid at decryption) instead")
     # The bundle's `model_sha256` header field is the plan digest (what `he plan` prints as plan sha256).
     plan_sha = info.get("model_sha256")
-    result: dict[str, object] = {"n_samples": len(scores), "output": output, "plan_sha256": plan_sha}
+    result: dict[str, object] = {"n_samples": len(scores), "output": output, "plan_sha256": plan_sha,
+                                 "value_bound": bound}
     if labels is not None:
         y = _load_array(labels, "labels").ravel()
         if len(y) != len(scores):
@@ -350,9 +362,55 @@ def decrypt(
     if audit is not None:
         audit.record("he.decrypt", f"he-model:{str(plan_sha)[:16]}", details={
             "plan_sha256": plan_sha, "outputs_sha256": hashlib.sha256(data).hexdigest(), "n_samples": len(scores), "decimals": decimals,
+            "value_bound": bound,
             **{k: v for k, v in result.items() if k in ("auc", "accuracy")},
         })
     console.print_json(json.dumps(result, default=float))
+
+
+def _decrypt_bound(owner, outputs_info: dict, encrypted_inputs: Optional[Path],  # noqa: ANN001
+                   max_abs: Optional[float]) -> Optional[float]:
+    """The bound ``he decrypt`` enforces: the value bound of the data owner's *own* inputs bundle
+    (never the evaluator's outputs header, which an untrusted evaluator could strip or raise), or
+    ``--max-abs``. Everything is checked before anything is decrypted."""
+    import math
+
+    from securetrain.he.errors import HEFormatError, HEKeyError, HEParameterError
+    from securetrain.he.roles import bundle_info
+
+    if encrypted_inputs is not None and max_abs is not None:
+        raise HEParameterError("pass --encrypted-inputs or --max-abs, not both")
+    if max_abs is not None:
+        if not (math.isfinite(max_abs) and max_abs > 0):
+            raise HEParameterError(f"--max-abs must be a positive number, got {max_abs}")
+        return float(max_abs)
+    if encrypted_inputs is None:
+        return None
+    raw = _read(encrypted_inputs)
+    h = bundle_info(raw, str(encrypted_inputs))
+    if h.get("role") != "inputs":
+        raise HEFormatError(f"{encrypted_inputs} holds {h.get('role')!r} ciphertexts, not the inputs you encrypted",
+                            hint="pass the file `he encrypt --out` wrote")
+    if h.get("context_id") != owner.context_id:
+        raise HEKeyError(f"{encrypted_inputs} was encrypted under a different context")
+    if outputs_info.get("inputs_sha256") != hashlib.sha256(raw).hexdigest():
+        raise HEFormatError(f"the scores were not computed from {encrypted_inputs} (its sha256 differs from the "
+                            "outputs' inputs_sha256); nothing is released",
+                            hint="pass the inputs bundle you sent to the evaluator for this evaluation")
+    if h.get("n_samples") != outputs_info.get("n_samples"):
+        raise HEFormatError(f"{encrypted_inputs} holds {h.get('n_samples')} samples, the scores "
+                            f"{outputs_info.get('n_samples')}")
+    bound = h.get("value_bound")
+    if bound is None:
+        raise HEParameterError(f"{encrypted_inputs} carries no calibrated value bound",
+                               hint="encrypt with `he encrypt --calibrate-model MODEL`, or pass --max-abs")
+    try:
+        value = float(bound)
+    except (TypeError, ValueError) as exc:
+        raise HEFormatError(f"{encrypted_inputs}: value_bound {bound!r} is not a number") from exc
+    if not (math.isfinite(value) and value > 0):
+        raise HEFormatError(f"{encrypted_inputs}: value_bound {bound!r} is not a positive number")
+    return value
 
 
 def plan(

@@ -186,6 +186,7 @@ def test_user_model_through_the_cli_encrypted_equals_plaintext(tmp_path, monkeyp
         "--calibrate-model", model)
     run("evaluate", "--context", keys / "public.stctx", "--model", model, "--input", tmp_path / "in.stcts",
         "--out", tmp_path / "out.stcts")
-    run("decrypt", "--context", keys / "secret.stctx", "--input", tmp_path / "out.stcts", "--out", tmp_path / "s.csv")
+    run("decrypt", "--context", keys / "secret.stctx", "--input", tmp_path / "out.stcts", "--out", tmp_path / "s.csv",
+        "--encrypted-inputs", tmp_path / "in.stcts")
     scores = np.loadtxt(tmp_path / "s.csv", delimiter=",")
     assert np.max(np.abs(scores - want)) <= 1e-4  # documented: CKKS error ~1e-7, rounding 5e-6
