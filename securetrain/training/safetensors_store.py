@@ -8,8 +8,8 @@ use the encrypted store for that.
 
 Tied tensors (several names over one tensor, e.g. ``lm_head.weight = embed.weight``) are written
 once, under the first name in sorted order, with the others recorded in the metadata key
-``securetrain.aliases`` — the convention of the encrypted container's codec — and ``load`` hands
-the same tensor object back under every name.
+``securetrain.aliases`` (:mod:`securetrain.io.tied`, the encrypted container's convention too),
+and ``load`` hands the same tensor object back under every name.
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
-from securetrain.crypto._container.codec import ALIASES_KEY, restore_aliases, shared_aliases
-from securetrain.crypto.errors import UnsafePayloadError
 from securetrain.io.atomic import atomic_write_bytes
+from securetrain.io.tied import ALIASES_KEY, restore_aliases, shared_aliases
 from securetrain.training.checkpoint_store import CheckpointInfo, LoadedCheckpoint
 from securetrain.training.errors import CheckpointCorruptError, CheckpointNotFoundError
 
@@ -133,7 +132,7 @@ class SafetensorsCheckpointStore:
             )
         try:
             tensors, meta = restore_aliases(st_load(data), _read_metadata(data))
-        except (SafetensorError, ValueError, OSError, RuntimeError, UnsafePayloadError) as exc:
+        except (SafetensorError, ValueError, OSError, RuntimeError) as exc:
             raise CheckpointCorruptError(
                 f"checkpoint {path.name} is not a valid safetensors file ({type(exc).__name__})",
                 hint="it may be truncated by a full disk or tampered with; use an older checkpoint",

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from securetrain.io.tied import shared_aliases
 from securetrain.training.errors import CheckpointCorruptError, UncheckpointableStateError
 
 _TUPLE = "__tuple__"
@@ -109,12 +110,10 @@ def snapshot_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Ten
     """A host copy of every tensor (as :func:`detach_for_save`), in the same order, keeping ties.
 
     Names that are one tensor (weight tying: ``head.weight`` is ``embed.weight``; detected as the
-    codec does, :func:`securetrain.crypto._container.codec.shared_aliases`) get **one** copy under
+    codecs do, :func:`securetrain.io.tied.shared_aliases`) get **one** copy under
     all of them, so a store writes it once (``securetrain.aliases``) and a reader hands the same
     tensor back under every name. Tensors that merely overlap get copies of their own.
     """
-    from securetrain.crypto._container.codec import shared_aliases  # crypto imports training: lazily
-
     aliases = shared_aliases(tensors)
     kept = {name: detach_for_save(t) for name, t in tensors.items() if name not in aliases}
     return {name: kept[aliases.get(name, name)] for name in tensors}

@@ -19,10 +19,10 @@ import torch
 from torch.nn.parameter import is_lazy
 
 from securetrain.crypto.errors import UnsafePayloadError, UnsupportedTensorError
+from securetrain.io.tied import ALIASES_KEY, shared_aliases
+from securetrain.io.tied import restore_aliases as _restore_aliases
 
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit
-# In ``__metadata__``: JSON {alias: kept name} of tensors written once for several names (tied weights).
-ALIASES_KEY = "securetrain.aliases"
 
 
 def _dtype(name: str) -> torch.dtype | None:
@@ -113,52 +113,14 @@ def prepare_tensors(tensors: Mapping[str, torch.Tensor]) -> PreparedTensors:
     return PreparedTensors([(n, t.detach()) for n, t in checked.items() if n not in aliases], aliases)
 
 
-def shared_aliases(tensors: Mapping[str, torch.Tensor]) -> dict[str, str]:
-    """``{name: kept name}`` for tensors that are the same tensor as another one (tied weights).
-
-    Only identical views are one tensor: same device and storage (``safetensors.torch.storage_ptr``),
-    same first element, dtype, shape, strides and conj/neg bits. Of each such set the first name
-    in sorted order is written, as ``safetensors.torch.save_model`` does, so the decrypted payload
-    is the file ``save_model`` writes and ``safetensors.torch.load_model`` re-ties it. Tensors that
-    merely overlap (a slice or reshape of another) are written as their own copies: safetensors
-    cannot express them, and ``save_model``'s dropping of them relies on the model re-tying them.
-    (safetensors' ``_find_shared_tensors`` is not used: it raises on non-contiguous views that
-    share storage, such as ``w`` next to ``w.t()``.)
-    """
-    from safetensors.torch import storage_ptr
-
-    views: dict[tuple[Any, ...], list[str]] = {}
-    for name, t in tensors.items():
-        if t.numel() == 0:
-            continue  # nothing to store twice
-        key = (t.device, storage_ptr(t), t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), t.is_conj(), t.is_neg())
-        views.setdefault(key, []).append(name)
-    aliases: dict[str, str] = {}
-    for names in views.values():
-        keep, *rest = sorted(names)
-        aliases.update(dict.fromkeys(rest, keep))
-    return aliases
-
-
 def restore_aliases(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> tuple[dict[str, torch.Tensor],
                                                                                       dict[str, str]]:
-    """The reader's side of :func:`shared_aliases`: every alias becomes the very tensor it names
-    (ties survive a round trip), in name order; the alias map is removed from the metadata."""
-    raw = meta.pop(ALIASES_KEY, None)
-    if raw is None:
-        return tensors, meta
+    """The reader's side of :func:`shared_aliases` (:func:`securetrain.io.tied.restore_aliases`); a
+    malformed alias map is :class:`UnsafePayloadError`."""
     try:
-        aliases = json.loads(raw)
-    except ValueError:
-        raise UnsafePayloadError("the tensor alias map in the metadata is not JSON") from None
-    if not isinstance(aliases, dict):
-        raise UnsafePayloadError("the tensor alias map in the metadata is not a JSON object")
-    for alias, kept in aliases.items():
-        if not isinstance(kept, str) or not alias or alias == "__metadata__" or alias in tensors or kept not in tensors:
-            raise UnsafePayloadError(f"tensor alias {alias!r} -> {kept!r} does not name a stored tensor "
-                                     "under a new name")
-    whole = {**tensors, **{alias: tensors[kept] for alias, kept in aliases.items()}}
-    return {name: whole[name] for name in sorted(whole)}, meta
+        return _restore_aliases(tensors, meta)
+    except ValueError as exc:
+        raise UnsafePayloadError(str(exc)) from None
 
 
 def check_name(name: object) -> None:
