@@ -16,9 +16,9 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
 
-from securetrain.training import SafetensorsCheckpointStore, Trainer, TrainingConfig
+from securetrain.training import SafetensorsCheckpointStore, Trainer, TrainingConfig, UncheckpointableStateError
 from securetrain.training import state as st
-from securetrain.training.errors import CheckpointCorruptError, UncheckpointableStateError
+from securetrain.training.errors import CheckpointCorruptError
 from securetrain.training.synthetic import SyntheticClassification, make_mlp
 
 torch.set_num_threads(1)
