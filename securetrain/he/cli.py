@@ -112,6 +112,23 @@ def _warn(message: str) -> None:
     err_console.print(f"[bold red]WARNING:[/] {message}", highlight=False, soft_wrap=True)
 
 
+_DECIMALS_HELP = ("Decimals you will release at `he decrypt` (0-8): the model's outputs on the calibration "
+                  "features must span enough release steps (refused under 10, warned under 100).")
+
+
+def _check_precision(plan, features, params, decimals: int) -> None:  # noqa: ANN001
+    """evaluate_encrypted's tiny-output check, before any key (keygen) or ciphertext (encrypt) exists."""
+    import warnings
+
+    from securetrain.he.evaluate import check_release_resolution
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_release_resolution(plan, features, params, decimals)
+    for w in caught:
+        _warn(str(w.message))
+
+
 def _load_owner(context: Path, keyring: Optional[Path]):  # noqa: ANN202
     """The DataOwner from a sealed (or, with a warning, plaintext) secret context file."""
     from securetrain.he.roles import DataOwner
@@ -134,6 +151,7 @@ def keygen(
         None, "--calibrate-features",
         help="With --model: features (.npy/.csv) to run the model on in plaintext; the parameters are then searched "
              "(ring size and scale) for the calibrated value bound instead of the fixed 2^40 scale / 20 integer bits."),
+    decimals: int = typer.Option(5, "--decimals", help="With --calibrate-features: " + _DECIMALS_HELP),
     galois_keys: bool = typer.Option(False, "--galois-keys", help="Also export rotation keys (not needed here; large)."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing context files."),
     keyring: Optional[Path] = _KEYRING,
@@ -145,13 +163,24 @@ def keygen(
     from securetrain.cli.console import console
     from securetrain.he.errors import HEParameterError
     from securetrain.he.params import HEParams, choose_params
-    from securetrain.he.roles import DataOwner, check_plan_fits
+    from securetrain.he.roles import MAX_DECIMALS, DataOwner, check_plan_fits
     from securetrain.he.secret_store import provider_for_secret, write_secret_context
     from securetrain.io.atomic import atomic_write_bytes
 
     # Resolve the KEK first: with no key source we fail before generating or writing anything.
     provider = None if insecure_plaintext_secret else provider_for_secret(keyring)
     plan = _plan_from_model(model, output)[0] if model is not None else None
+    if not 0 <= decimals <= MAX_DECIMALS:
+        raise HEParameterError(f"--decimals must be in 0..{MAX_DECIMALS}, got {decimals}")
+    cx = None
+    if calibrate_features is not None:
+        from securetrain.he.errors import HEModelError
+
+        if plan is None:
+            raise HEModelError("--calibrate-features needs --model")
+        cx = _load_array(calibrate_features, "features")
+        if cx.ndim != 2 or cx.shape[1] != plan.n_inputs:
+            raise HEModelError(f"the model takes {plan.n_inputs} features, {calibrate_features} has shape {cx.shape}")
     if coeff_bits is not None or poly_modulus_degree is not None:
         if coeff_bits is None or poly_modulus_degree is None:
             raise HEParameterError("--poly-modulus-degree and --coeff-bits go together")
@@ -160,25 +189,21 @@ def keygen(
         except ValueError as exc:
             raise HEParameterError(f"--coeff-bits must be comma-separated integers, got {coeff_bits!r}") from exc
         params = HEParams(poly_modulus_degree, bits, scale_bits)
-    elif calibrate_features is not None:
+    elif cx is not None and plan is not None:
         from securetrain.he.calibration import calibrate
-        from securetrain.he.errors import HEModelError
         from securetrain.he.evaluate import min_scale_bits_for
 
-        if plan is None:
-            raise HEModelError("--calibrate-features needs --model")
-        cx = _load_array(calibrate_features, "features")
-        if cx.ndim != 2 or cx.shape[1] != plan.n_inputs:
-            raise HEModelError(f"the model takes {plan.n_inputs} features, {calibrate_features} has shape {cx.shape}")
         bound = calibrate(plan, cx).value_bound
         params = choose_params(plan.depth, scale_bits=None, integer_bits=None, value_bound=bound,
-                               min_scale_bits=min_scale_bits_for(5))
+                               min_scale_bits=min_scale_bits_for(decimals))
         console.print(f"calibrated value bound: {bound:g} ({len(cx)} rows)")
     else:
         need = plan.depth if plan is not None else (depth if depth is not None else 1)
         params = choose_params(need, scale_bits=scale_bits)
     if plan is not None:
         check_plan_fits(plan, params)
+    if cx is not None and plan is not None:  # before any key exists
+        _check_precision(plan, cx, params, decimals)
     secret_path, public_path = out_dir / SECRET_NAME, out_dir / PUBLIC_NAME
     if not force and (secret_path.exists() or public_path.exists()):
         raise HEParameterError(f"{out_dir} already holds context files", hint="pass --force to replace them")
@@ -209,6 +234,7 @@ def encrypt(
         None, "--calibrate-model",
         help="Model file: run it in plaintext on these features and record the calibrated value bound, so the "
              "evaluator's overflow check uses it instead of the worst case."),
+    decimals: int = typer.Option(5, "--decimals", help="With --calibrate-model: " + _DECIMALS_HELP),
 ) -> None:
     """Data owner: encrypt a feature matrix feature-major (samples in the slots)."""
     import math
@@ -228,6 +254,7 @@ def encrypt(
         if x.ndim != 2 or x.shape[1] != cplan.n_inputs:
             raise HEModelError(f"{calibrate_model} takes {cplan.n_inputs} features, {features} has shape {x.shape}")
         value_bound = calibrate(cplan, x).value_bound
+        _check_precision(cplan, x, owner.params, decimals)  # before any ciphertext exists
         if pack:  # packed blocks hold partial sums, which can exceed the full sums
             from securetrain.he.calibration import DEFAULT_MARGIN, packed_abs_max, pow2_ceil
 

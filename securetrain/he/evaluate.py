@@ -438,6 +438,19 @@ def _output_range(outputs: np.ndarray) -> float:
     return spread if spread > 0 else float(np.max(np.abs(o)))
 
 
+def check_release_resolution(plan: HEPlan, features: Any, params: HEParams, decimals: int = 5) -> tuple[float, float]:
+    """The precision check of :func:`evaluate_encrypted` for callers that calibrate on their own
+    (``securetrain he keygen --calibrate-features`` / ``he encrypt --calibrate-model``): run it before
+    any key or ciphertext exists. Returns ``(output_range, release_step)`` of ``plan`` on ``features``;
+    raises :class:`HEParameterError` below ``MIN_RESOLUTION_STEPS`` release steps and warns
+    (``RuntimeWarning``) below ``WARN_RESOLUTION_STEPS``."""
+    if not isinstance(decimals, int) or isinstance(decimals, bool) or not 0 <= decimals <= MAX_DECIMALS:
+        raise HEParameterError(f"decimals must be an integer in 0..{MAX_DECIMALS}, got {decimals!r}")
+    x = _rows(_array(features), plan.n_inputs, "features")
+    spread = _output_range(plan.evaluate_plain(x))
+    return spread, _check_resolution(spread, decimals, params)
+
+
 def _check_resolution(output_range: float, decimals: int, params: HEParams) -> float:
     """Refuse (before any key exists) when the released scores cannot resolve the model's outputs:
     their range is below MIN_RESOLUTION_STEPS × the release step max(10^-decimals, CKKS noise).

@@ -1,0 +1,87 @@
+"""The CLI paths that calibrate (`he keygen --calibrate-features`, `he encrypt --calibrate-model`)
+run evaluate_encrypted's tiny-output check: refused under 10 release steps, warned under 100,
+before any key (keygen) or ciphertext (encrypt) exists."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+ts = pytest.importorskip("tenseal", reason="homomorphic evaluation needs the [he] extra (tenseal)")
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from securetrain.cli.main import app  # noqa: E402
+from securetrain.he import HEParams, check_release_resolution, compile_plan, save_sequential  # noqa: E402
+from securetrain.he.errors import HEParameterError  # noqa: E402
+
+pytestmark = pytest.mark.he
+
+
+def _run(*args: object):  # noqa: ANN202
+    return CliRunner().invoke(app, ["he", *[str(a) for a in args]])
+
+
+@pytest.fixture()
+def files(tmp_path, monkeypatch):  # noqa: ANN001, ANN201
+    for var in ("SECURETRAIN_KEYRING", "SECURETRAIN_VAULT_TRANSIT_KEY", "SECURETRAIN_AUDIT_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SECURETRAIN_KEK", "3e" * 32)
+    x = np.random.default_rng(6).normal(size=(40, 3))
+    model = nn.Linear(3, 1).double()
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, -0.5, 0.25]]))
+        model.bias.zero_()
+    spread = float(np.ptp(x @ np.array([1.0, -0.5, 0.25])))
+    np.save(tmp_path / "tiny.npy", x * (5e-6 / spread))  # outputs span 5e-6: 0.5 steps at decimals=5
+    np.save(tmp_path / "coarse.npy", x * (5e-4 / spread))  # 50 steps at decimals=5: precision lost
+    save_sequential(model, tmp_path / "m.safetensors")
+    return tmp_path
+
+
+def test_keygen_refuses_tiny_outputs_before_any_key(files) -> None:  # noqa: ANN001
+    keys = files / "keys"
+    r = _run("keygen", "--out-dir", keys, "--model", files / "m.safetensors", "--calibrate-features", files / "tiny.npy")
+    assert isinstance(r.exception, HEParameterError), r.output
+    assert "rounding noise" in str(r.exception) and "decimals=8" in r.exception.hint
+    assert not keys.exists() or not any(keys.iterdir())
+    r = _run("keygen", "--out-dir", keys, "--model", files / "m.safetensors", "--calibrate-features", files / "tiny.npy",
+             "--decimals", "8")  # the released digits the hint named: the searched scale resolves them
+    assert r.exit_code == 0, (r.output, r.exception)
+    r = _run("keygen", "--out-dir", files / "k2", "--model", files / "m.safetensors", "--calibrate-features",
+             files / "tiny.npy", "--decimals", "9")
+    assert isinstance(r.exception, HEParameterError)
+
+
+def test_encrypt_calibrate_model_refuses_or_warns_before_any_ciphertext(files) -> None:  # noqa: ANN001
+    keys = files / "keys"
+    r = _run("keygen", "--out-dir", keys, "--model", files / "m.safetensors", "--calibrate-features", files / "tiny.npy",
+             "--decimals", "8")
+    assert r.exit_code == 0, (r.output, r.exception)
+    enc = ("encrypt", "--context", keys / "secret.stctx", "--calibrate-model", files / "m.safetensors")
+    r = _run(*enc, "--features", files / "tiny.npy", "--out", files / "in.stcts")
+    assert isinstance(r.exception, HEParameterError) and "rounding noise" in str(r.exception)
+    assert not (files / "in.stcts").exists()
+    r = _run(*enc, "--features", files / "tiny.npy", "--out", files / "in.stcts", "--decimals", "8")
+    assert r.exit_code == 0 and "WARNING" not in r.output, (r.output, r.exception)
+    r = _run(*enc, "--features", files / "coarse.npy", "--out", files / "in2.stcts")
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert "WARNING" in r.output and "lose precision" in r.output
+    r = _run("encrypt", "--context", keys / "secret.stctx", "--features", files / "tiny.npy", "--out", files / "in3.stcts")
+    assert r.exit_code == 0  # no model: nothing to check
+
+
+def test_check_release_resolution_is_the_library_check(files) -> None:  # noqa: ANN001
+    plan = compile_plan(nn.Linear(3, 1))
+    params = HEParams(8192, (60, 40, 60), 40)
+    x = np.random.default_rng(0).normal(size=(30, 3))
+    spread, step = check_release_resolution(plan, x, params)
+    assert step == 1e-5 and spread == pytest.approx(float(np.ptp(plan.evaluate_plain(x))))
+    with pytest.raises(HEParameterError, match="rounding noise"):
+        check_release_resolution(plan, x * 1e-9, params)
+    with pytest.warns(RuntimeWarning, match="lose precision"):
+        check_release_resolution(plan, x * (5e-4 / spread), params)
+    with pytest.raises(HEParameterError, match="decimals"):
+        check_release_resolution(plan, x, params, decimals=9)
