@@ -235,6 +235,10 @@ def encrypt(
         help="Model file: run it in plaintext on these features and record the calibrated value bound, so the "
              "evaluator's overflow check uses it instead of the worst case."),
     decimals: int = typer.Option(5, "--decimals", help="With --calibrate-model: " + _DECIMALS_HELP),
+    output: str = typer.Option(
+        "logits", "--output",
+        help="With --calibrate-model: the --output the evaluator will run (logits | probabilities | "
+             "encrypted-probabilities); encrypted-probabilities calibrates the polynomial sigmoid's values too."),
 ) -> None:
     """Data owner: encrypt a feature matrix feature-major (samples in the slots)."""
     import math
@@ -250,7 +254,8 @@ def encrypt(
         from securetrain.he.calibration import calibrate
         from securetrain.he.errors import HEModelError
 
-        cplan = _plan_from_model(calibrate_model, "logits")[0]
+        # the plan the evaluator runs: its every intermediate value must be under the bound
+        cplan = _plan_from_model(calibrate_model, output)[0]
         if x.ndim != 2 or x.shape[1] != cplan.n_inputs:
             raise HEModelError(f"{calibrate_model} takes {cplan.n_inputs} features, {features} has shape {x.shape}")
         value_bound = calibrate(cplan, x).value_bound

@@ -85,3 +85,36 @@ def test_check_release_resolution_is_the_library_check(files) -> None:  # noqa: 
         check_release_resolution(plan, x * (5e-4 / spread), params)
     with pytest.raises(HEParameterError, match="decimals"):
         check_release_resolution(plan, x, params, decimals=9)
+
+
+def test_encrypt_calibrates_the_plan_the_evaluator_runs(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """`he encrypt --calibrate-model` calibrated the logits plan even when the evaluator runs the
+    polynomial sigmoid (`--output encrypted-probabilities`): bound 16 for values reaching 42, so the
+    evaluator's overflow check was unsound. `--output` now names the evaluated plan."""
+    from securetrain.he import bundle_info, calibrate
+
+    for var in ("SECURETRAIN_KEYRING", "SECURETRAIN_VAULT_TRANSIT_KEY", "SECURETRAIN_AUDIT_URL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SECURETRAIN_KEK", "4f" * 32)
+    x = np.random.default_rng(0).normal(size=(64, 5))
+    model = nn.Linear(5, 1).double()
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[2.0, -1.5, 1.0, 0.5, 1.0]]))
+        model.bias.zero_()
+    np.save(tmp_path / "x.npy", x)
+    m, keys = tmp_path / "m.safetensors", tmp_path / "keys"
+    save_sequential(model, m)
+    poly = compile_plan(model, output="probabilities")
+    assert calibrate(poly, x).value_bound > calibrate(compile_plan(model), x).value_bound
+    for args in (("keygen", "--out-dir", keys, "--model", m, "--output", "encrypted-probabilities",
+                  "--calibrate-features", tmp_path / "x.npy"),
+                 ("encrypt", "--context", keys / "secret.stctx", "--features", tmp_path / "x.npy", "--out",
+                  tmp_path / "in.stcts", "--calibrate-model", m, "--output", "encrypted-probabilities"),
+                 ("evaluate", "--context", keys / "public.stctx", "--model", m, "--input", tmp_path / "in.stcts",
+                  "--out", tmp_path / "out.stcts", "--output", "encrypted-probabilities"),
+                 ("decrypt", "--context", keys / "secret.stctx", "--input", tmp_path / "out.stcts",
+                  "--encrypted-inputs", tmp_path / "in.stcts", "--out", tmp_path / "p.csv")):
+        r = _run(*args)
+        assert r.exit_code == 0, (args[0], r.output, r.exception)
+    assert bundle_info((tmp_path / "in.stcts").read_bytes())["value_bound"] == calibrate(poly, x).value_bound
+    np.testing.assert_allclose(np.loadtxt(tmp_path / "p.csv", delimiter=","), poly.evaluate_plain(x)[:, 0], atol=1e-3)
