@@ -44,11 +44,21 @@ def _encode(value: Any, path: str = "") -> Any:
     kind = type(value)
     if kind in _SCALARS:
         return value
-    if kind is tuple:
+    # Subclasses are stored as their base type, as JSON always stored them (OrderedDict and
+    # defaultdict in accountant/scheduler states, IntEnum, numpy's float64, namedtuples).
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, tuple):
         return {_TUPLE: [_encode(v, f"{path}/{i}") for i, v in enumerate(value)]}
-    if kind is list:
+    if isinstance(value, list):
         return [_encode(v, f"{path}/{i}") for i, v in enumerate(value)]
-    if kind is dict:
+    if isinstance(value, dict):
         if all(type(k) is str for k in value) and not (len(value) == 1 and set(value) <= _TAGS):
             return {k: _encode(v, f"{path}/{k}") for k, v in value.items()}
         for k in value:

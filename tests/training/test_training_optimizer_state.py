@@ -202,3 +202,24 @@ def test_trainer_resume_with_tensor_lr_equals_uninterrupted(tmp_path: Path, name
         assert torch.equal(v, fresh.state_dict()[k]), k
     if name == "adam_tensor_lr":
         assert trainer.optimizer is not None and isinstance(trainer.optimizer.param_groups[0]["lr"], torch.Tensor)
+
+
+def test_dict_list_tuple_and_number_subclasses_are_stored_as_their_base_type() -> None:
+    """Opacus' privacy accountant keeps an OrderedDict; before, the walk refused every subclass
+    (the DP training tests failed: 'a value of type collections.OrderedDict cannot be checkpointed')."""
+    import collections
+    import enum
+
+    import numpy as np
+
+    from securetrain.training import state as st
+
+    class Level(enum.IntEnum):
+        HIGH = 2
+
+    Point = collections.namedtuple("Point", "x y")
+    value = {"acc": collections.OrderedDict([("b", 1), ("a", [np.float64(0.5)])]),
+             "d": collections.defaultdict(list, {"k": [1]}), "level": Level.HIGH, "pt": Point(1, 2)}
+    back = st.loads(st.dumps(value))
+    assert back == {"acc": {"b": 1, "a": [0.5]}, "d": {"k": [1]}, "level": 2, "pt": (1, 2)}
+    assert list(back["acc"]) == ["b", "a"] and type(back["level"]) is int and type(back["pt"]) is tuple
