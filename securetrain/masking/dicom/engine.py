@@ -175,12 +175,9 @@ def patient_identity(ds: Dataset, missing: str = "reject") -> str:
        refused rather than all given one shared pseudonym (that would merge unrelated patients into
        one and break a patient-level split).
     """
-    pid = _text_value(ds, "PatientID").strip()
-    if pid:
-        return pid
-    name = _text_value(ds, "PatientName")
-    if _has_name(name):
-        return "name:" + name + "|" + _text_value(ds, "PatientBirthDate")
+    identity = item_patient_identity(ds)
+    if identity is not None:
+        return identity
     if missing == "study":
         study = _text_value(ds, "StudyInstanceUID").strip(" \x00")
         if study:
@@ -195,9 +192,10 @@ def patient_identity(ds: Dataset, missing: str = "reject") -> str:
 
 
 def item_patient_identity(item: Dataset) -> str | None:
-    """The identity of a person named inside a sequence item, by the top-level rule (its own
-    PatientID, else its own PatientName + PatientBirthDate); None when the item names nobody."""
-    pid = _text_value(item, "PatientID").strip(" \x00")
+    """Steps 1 and 2 of :func:`patient_identity` for a dataset or a sequence item: its own
+    PatientID, else its own PatientName + PatientBirthDate; None when it names nobody. One rule at
+    every depth, so a person has one pseudonym wherever they appear."""
+    pid = _text_value(item, "PatientID").strip()
     if pid:
         return pid
     name = _text_value(item, "PatientName")
