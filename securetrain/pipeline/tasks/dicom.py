@@ -197,7 +197,7 @@ def _check_refusals(config: PipelineConfig, results: Sequence[Any], out_dir: Pat
     import logging
 
     from securetrain.masking.dicom.errors import RefusedFilesError
-    from securetrain.masking.dicom.tree import refusal_fails
+    from securetrain.masking.dicom.tree import refusal_fails, write_refusal_report
 
     report_path = out_dir / REFUSED_FILE
     refused = rejected + quarantined
@@ -211,7 +211,7 @@ def _check_refusals(config: PipelineConfig, results: Sequence[Any], out_dir: Pat
     document = {"format": "securetrain.pipeline.deid-refusals/1", "policy": policy_name, "files": files,
                 "written": files - refused, "rejected": rejected, "quarantined": quarantined, "accepted": accepted,
                 "refused": rows}
-    atomic_write_bytes(report_path, json.dumps(document, indent=1).encode() + b"\n", mode=0o600)
+    write_refusal_report(report_path, document)
     recorder.record("deid.incomplete", f"file:{REFUSED_FILE}", outcome="success" if accepted else "refused",
                     details={"files": files, "rejected": rejected, "quarantined": quarantined, "accepted": accepted})
     what = f"{refused} of {files} input files not written ({rejected} rejected, {quarantined} quarantined)"
