@@ -46,6 +46,11 @@ def shared_aliases(tensors: Mapping[str, torch.Tensor]) -> dict[str, str]:
     return aliases
 
 
+
+def aliases_json(aliases: Mapping[str, str]) -> str:
+    """The value of :data:`ALIASES_KEY` for ``aliases`` (from :func:`shared_aliases`)."""
+    return json.dumps(dict(aliases), sort_keys=True, separators=(",", ":"))
+
 def restore_aliases(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> tuple[dict[str, torch.Tensor],
                                                                                       dict[str, str]]:
     """The reader's side of :func:`shared_aliases`: every alias becomes the very tensor it names

@@ -29,7 +29,7 @@ from safetensors.torch import save as st_save
 
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
 from securetrain.io.atomic import atomic_write_bytes
-from securetrain.io.tied import ALIASES_KEY, restore_aliases, shared_aliases
+from securetrain.io.tied import ALIASES_KEY, aliases_json, restore_aliases, shared_aliases
 from securetrain.training.checkpoint_store import CheckpointInfo, LoadedCheckpoint
 from securetrain.training.errors import CheckpointCorruptError, CheckpointNotFoundError
 
@@ -83,7 +83,7 @@ class SafetensorsCheckpointStore:
         # safetensors refuses shared storage: write each tied tensor once and record its other names.
         aliases = shared_aliases(tensors)
         if aliases:
-            meta[ALIASES_KEY] = json.dumps(aliases, sort_keys=True, separators=(",", ":"))
+            meta[ALIASES_KEY] = aliases_json(aliases)
         data = st_save({k: v for k, v in tensors.items() if k not in aliases}, metadata=meta)
         path = self.directory / checkpoint_name(step)
         atomic_write_bytes(path, data)

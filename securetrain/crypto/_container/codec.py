@@ -19,7 +19,7 @@ import torch
 from torch.nn.parameter import is_lazy
 
 from securetrain.crypto.errors import UnsafePayloadError, UnsupportedTensorError
-from securetrain.io.tied import ALIASES_KEY, shared_aliases
+from securetrain.io.tied import ALIASES_KEY, aliases_json, shared_aliases
 from securetrain.io.tied import restore_aliases as _restore_aliases
 
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit
@@ -187,7 +187,7 @@ def build_header(prepared: PreparedTensors, meta: Mapping[str, str]) -> tuple[by
     """The padded JSON header for ``prepared`` and the size of the data region."""
     metadata = check_metadata(meta)
     if prepared.aliases:
-        metadata[ALIASES_KEY] = json.dumps(prepared.aliases, sort_keys=True, separators=(",", ":"))
+        metadata[ALIASES_KEY] = aliases_json(prepared.aliases)
     header: dict[str, Any] = {"__metadata__": metadata}
     offset = 0
     for name, t in prepared.items:
