@@ -242,3 +242,59 @@ def test_nested_persons_under_retain_uids_and_multi_item_sequences() -> None:
     pseudonyms = [(i.PatientID, str(i.PatientName)) for i in out.ReferencedPatientSequence]
     assert pseudonyms == [(deid.mapper.pseudonym(f"REF-{i}"),) * 2 for i in range(3)]
     assert report.patient_pseudonym not in {p for pair in pseudonyms for p in pair}
+
+
+# ---------------------------------------------------------------- dates of persons named inside sequences
+def _dated_group_scan() -> Dataset:
+    """A group scan whose items carry dates: another patient (by PatientID), a third one (by name +
+    birth date) with a dated sub-item, the object's own patient, and an item that names nobody."""
+    from pydicom.sequence import Sequence
+
+    ds = _image(PatientID="MAIN-1", PatientName="MAIN^PATIENT", PatientBirthDate="19600101",
+                StudyDate="20200315")
+    ds.GroupOfPatientsIdentificationSequence = Sequence([
+        _item(PatientID="OTHER-2", PatientName="OTHER^PERSON", StudyDate="20200315",
+              LastMenstrualDate="20200301", ObservationDateTime="20200315101500"),
+        _item(PatientName="THIRD^PERSON", PatientBirthDate="19900202", StudyDate="20200315",
+              ContentSequence=Sequence([_item(ObservationDateTime="20200316080000",
+                                              ContentSequence=Sequence([_item(Date="20200317")]))])),
+        _item(PatientID="MAIN-1", StudyDate="20200315"),
+        _item(StudyDate="20200315"),  # names nobody: the enclosing (object's) patient's dates
+    ])
+    return ds
+
+
+def _own_offset(deid: Deidentifier, identity: str) -> int:
+    """The offset a person's dates get at the top level of their own file."""
+    return deid.mapper.day_offset(deid.mapper.pseudonym(identity))
+
+
+@pytest.mark.parametrize("mode", ["pseudonymise", "empty", "remove"])
+def test_dates_of_a_nested_person_shift_by_that_persons_own_offset(mode: str) -> None:
+    """Before: every date in the object moved by the object's patient's offset, so an item naming
+    another person had that person's dates shifted by someone else's offset (anyone who knew the
+    object's patient's real dates could undo the shift of the other person's)."""
+    from securetrain.masking.dicom.dates import shift_da, shift_dt
+
+    deid = _deid(LONGITUDINAL, nested_patient_identity=mode)
+    out, _ = deid.deidentify_dataset(roundtrip(_dated_group_scan()))
+    main = _own_offset(deid, "MAIN-1")
+    other = _own_offset(deid, "OTHER-2")
+    third = _own_offset(deid, "name:THIRD^PERSON|19900202")
+    assert len({main, other, third}) == 3  # the fixture must tell the offsets apart
+    assert out.StudyDate == shift_da("20200315", main)
+    g = out.GroupOfPatientsIdentificationSequence
+    assert g[0].StudyDate == shift_da("20200315", other)
+    assert g[0].LastMenstrualDate == shift_da("20200301", other)
+    assert g[0].ObservationDateTime == shift_dt("20200315101500", other)
+    assert g[1].StudyDate == shift_da("20200315", third)
+    sub = g[1].ContentSequence[0]  # sub-items that name nobody belong to the enclosing person
+    assert sub.ObservationDateTime == shift_dt("20200316080000", third)
+    assert sub.ContentSequence[0].Date == shift_da("20200317", third)
+    assert g[2].StudyDate == shift_da("20200315", main)  # the object's patient under its own id
+    assert g[3].StudyDate == shift_da("20200315", main)
+    # the nested person's dates are those of their own file
+    own, _ = deid.deidentify_dataset(roundtrip(_image(PatientID="OTHER-2", StudyDate="20200315")))
+    assert own.StudyDate == g[0].StudyDate
+    if mode == "pseudonymise":
+        assert g[0].PatientID == deid.mapper.pseudonym("OTHER-2")

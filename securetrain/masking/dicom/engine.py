@@ -509,9 +509,26 @@ class Deidentifier:
                 self._note(ctx, f"{prefix}{_fmt(tag)}", tag, "X")
 
     def _walk(self, ds: Dataset, ctx: _Ctx, prefix: str, cleaning: bool = False) -> None:
+        item_identity: str | None = None
+        if prefix and (TAG_PATIENT_ID in ds._dict or TAG_PATIENT_NAME in ds._dict):
+            # A sequence item that names a person (before its PatientID/BirthDate are changed).
+            item_identity = item_patient_identity(ds)
+        if item_identity is None or ctx.day_offset is None:
+            self._walk_item(ds, ctx, prefix, cleaning, item_identity)
+            return
+        # That person's dates -- in this item and in the items below it that name nobody else --
+        # move by that person's own offset, the one their own file gets, never by the object's
+        # patient's (which would tie the two persons' calendars together).
+        outer = ctx.day_offset
+        ctx.day_offset = self.mapper.day_offset(self.mapper.pseudonym(item_identity))
+        try:
+            self._walk_item(ds, ctx, prefix, cleaning, item_identity)
+        finally:
+            ctx.day_offset = outer
+
+    def _walk_item(self, ds: Dataset, ctx: _Ctx, prefix: str, cleaning: bool, item_identity: str | None) -> None:
         self._private(ds, ctx, prefix)
         self._overlays(ds, ctx, prefix)
-        item_identity: str | None | bool = False  # nested items: computed on first use (False = not yet)
         for btag in list(ds.keys()):
             tag = int(btag)
             group = tag >> 16
@@ -530,9 +547,7 @@ class Deidentifier:
                 if not prefix:
                     self._pseudonymise(ds, ds[btag], ctx, path)
                     continue
-                if item_identity is False:  # before this item's PatientID/BirthDate are changed
-                    item_identity = item_patient_identity(ds)
-                self._pseudonymise_nested(ds, ds[btag], ctx, path, cast("str | None", item_identity))
+                self._pseudonymise_nested(ds, ds[btag], ctx, path, item_identity)
                 continue
             # Decide from the raw element's VR first: most elements are kept as they are, and
             # converting their raw bytes to Python values is the dominant cost of a pass.
