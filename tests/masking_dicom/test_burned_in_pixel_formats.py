@@ -12,13 +12,14 @@ import numpy as np
 import pydicom
 import pytest
 from burned_in_helpers import ScriptedEngine, frames_of, make_image, policy
-from dicom_fixtures import SECRET
+from dicom_fixtures import POLICY_DIR, SECRET
 from pydicom.dataset import Dataset
 from pydicom.encaps import encapsulate
 from pydicom.uid import ExplicitVRBigEndian, ExplicitVRLittleEndian, JPEGBaseline8Bit, RLELossless
 
 from securetrain.masking.dicom.engine import Deidentifier, encode_dataset
 from securetrain.masking.dicom.errors import BurnedInAnnotationError
+from securetrain.masking.dicom.policy import load_policy
 
 ROWS, COLS = 24, 40
 RECT = [0, 0, 20, 6]  # x0, y0, x1, y1
@@ -287,6 +288,47 @@ def test_sop_class_that_burns_in_text_is_suspected_whatever_the_modality(sop_cla
     narrowed = policy(burned_in_modalities=["US"])
     expected = "suspected" if sop_class.startswith(("1.2.840.10008.5.1.4.1.1.6", "1.2.840.10008.5.1.4.1.1.3")) else "no"
     assert burned_in_status(ds, narrowed.burned_in_modalities) == expected
+
+
+XA_RF_SOP_CLASSES = [
+    "1.2.840.10008.5.1.4.1.1.12.1",  # X-Ray Angiographic Image
+    "1.2.840.10008.5.1.4.1.1.12.1.1",  # Enhanced XA Image
+    "1.2.840.10008.5.1.4.1.1.12.2",  # X-Ray Radiofluoroscopic Image
+    "1.2.840.10008.5.1.4.1.1.12.2.1",  # Enhanced XRF Image
+    "1.2.840.10008.5.1.4.1.1.12.3",  # X-Ray Angiographic Bi-Plane Image (retired)
+]
+
+
+@pytest.mark.parametrize("modality", ["XA", "RF", "xa "])
+def test_xa_and_rf_are_suspected_by_default(modality: str) -> None:
+    # Defect: angiography / fluoroscopy runs (which routinely carry the patient's name, ID and
+    # date burned into the live image) without Burned In Annotation passed reject unchecked.
+    from securetrain.masking.dicom.pixels import burned_in_status
+
+    ds = gray(flag=None, modality=modality)
+    ds.SOPClassUID = ds.file_meta.MediaStorageSOPClassUID = "1.2.840.10008.5.1.4.1.1.12.1"
+    for pol in (policy(), *(load_policy(f) for f in sorted(POLICY_DIR.glob("dicom-*.yaml")))):
+        assert {"XA", "RF"} <= set(pol.burned_in_modalities)
+        assert burned_in_status(ds, pol.burned_in_modalities) == "suspected"
+    with pytest.raises(BurnedInAnnotationError, match="suspected"):
+        deid(policy()).deidentify_dataset(ds)
+    ds.BurnedInAnnotation = "NO"  # the device says so: not suspected
+    assert burned_in_status(ds, policy().burned_in_modalities) == "no"
+
+
+@pytest.mark.parametrize("sop_class", XA_RF_SOP_CLASSES)
+def test_xa_and_rf_sop_classes_are_suspected_whatever_the_modality(sop_class: str) -> None:
+    from securetrain.masking.dicom.pixels import burned_in_status
+
+    ds = gray(flag=None, modality="OT")
+    ds.SOPClassUID = ds.file_meta.MediaStorageSOPClassUID = sop_class
+    del ds.Modality
+    assert burned_in_status(ds, policy().burned_in_modalities) == "suspected"
+    # configurable: a site whose angiography systems never burn text in drops XA and RF
+    others = [m for m in policy().burned_in_modalities if m not in ("XA", "RF")]
+    assert burned_in_status(ds, policy(burned_in_modalities=others).burned_in_modalities) == "no"
+    ds.Modality = "XA"
+    assert burned_in_status(ds, policy(burned_in_modalities=others).burned_in_modalities) == "no"
 
 
 def test_ordinary_ct_is_not_suspected() -> None:

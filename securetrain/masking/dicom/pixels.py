@@ -35,6 +35,11 @@ _SOP_CLASS_MODALITY = {
     "1.2.840.10008.5.1.4.1.1.77.1.6": "SM",  # VL Whole Slide Microscopy Image
     "1.2.840.10008.5.1.4.1.1.77.1.4": "XC",  # VL Photographic Image
     "1.2.840.10008.5.1.4.1.1.77.1.4.1": "XC",  # Video Photographic Image
+    "1.2.840.10008.5.1.4.1.1.12.1": "XA",  # X-Ray Angiographic Image
+    "1.2.840.10008.5.1.4.1.1.12.1.1": "XA",  # Enhanced XA Image
+    "1.2.840.10008.5.1.4.1.1.12.3": "XA",  # X-Ray Angiographic Bi-Plane Image (retired)
+    "1.2.840.10008.5.1.4.1.1.12.2": "RF",  # X-Ray Radiofluoroscopic Image
+    "1.2.840.10008.5.1.4.1.1.12.2.1": "RF",  # Enhanced XRF Image
 }
 
 

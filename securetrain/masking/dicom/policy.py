@@ -175,8 +175,11 @@ class DicomPolicy(BaseModel):
     burned_in: Literal["reject", "clean", "allow-flagged"] = "reject"
     known_regions: tuple[KnownRegion, ...] = ()
     burned_in_ocr: BurnedInOcr = Field(default_factory=BurnedInOcr)
-    # Modalities treated as burned-in when BurnedInAnnotation (0028,0301) is absent.
-    burned_in_modalities: tuple[str, ...] = ("US", "SC", "OT", "XC", "ES", "GM", "SM", "DOC")
+    # Modalities treated as burned-in when BurnedInAnnotation (0028,0301) is absent (also matched
+    # by the modality an SC/US/VL/XA/XRF SOP class stands for, see pixels.py). XA and RF are in:
+    # angiography and fluoroscopy systems routinely burn the patient's name, ID and date into
+    # stored runs and last-image-hold captures; a site whose devices never do drops them here.
+    burned_in_modalities: tuple[str, ...] = ("US", "SC", "OT", "XC", "ES", "GM", "SM", "DOC", "XA", "RF")
     safe_private: tuple[SafePrivateEntry, ...] = ()
     pixel_masks: tuple[PixelMask, ...] = ()
     max_date_shift_days: int = Field(default=3650, ge=1, le=36500)
