@@ -47,7 +47,7 @@ from securetrain.training.config import PrivacyConfig, TrainingConfig
 from securetrain.training.errors import ResumeMismatchError
 from securetrain.training.seeding import epoch_seed
 from securetrain.training.stop import StopReason
-from securetrain.training.trainer import Trainer, TrainResult, batch_len, to_device
+from securetrain.training.trainer import Trainer, TrainResult, batch_len, optimizer_needs_closure, to_device
 
 BUDGET_REASON = StopReason.PRIVACY_BUDGET
 _SAMPLER_MIX = 0xD9_5A_3C
@@ -220,6 +220,11 @@ class DPTrainer(Trainer):
             # once (on rank 0), so every rank steps identically.
             self.model = DPDDP(self.model)
         optimizer = super()._build_optimizer()
+        if self.config.closure or (self.config.closure is None and optimizer_needs_closure(optimizer)):
+            raise PrivacyError(
+                f"DP-SGD cannot drive an optimizer that takes a closure ({type(optimizer).__name__}): every "
+                "extra evaluation of the closure would look at the batch again without clipping and noise",
+                hint="use a first-order optimizer (SGD, Adam, AdamW) and training.closure unset")
         data, collate = self._dataset()
         if len(data) == 0:
             raise PrivacyError("the training data is empty")

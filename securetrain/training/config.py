@@ -108,6 +108,9 @@ class TrainingConfig(BaseModel):
     precision: Precision = "auto"
     grad_clip: PositiveFloat | None = Field(1.0, description="Max global grad norm; None disables clipping.")
     grad_accumulation: PositiveInt = Field(1, description="Micro-batches per optimizer step.")
+    closure: bool | None = Field(
+        None, description="Call optimizer.step(closure) with a closure that recomputes the loss and gradients "
+        "of the step's micro-batches (LBFGS). None: when the optimizer's step requires a closure argument.")
     checkpoint_every: PositiveInt | None = Field(None, description="Checkpoint every N optimizer steps.")
     checkpoint_at_end: bool = True
     keep_last: PositiveInt | None = Field(3, description="Checkpoints kept by the default store; None keeps all.")

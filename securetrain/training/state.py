@@ -40,6 +40,10 @@ def _where(path: str) -> str:
     return path or "the top level"
 
 
+def _sub(path: str, key: Any) -> str:
+    return f"{path}/{key}" if path else str(key)
+
+
 def _encode(value: Any, path: str = "") -> Any:
     kind = type(value)
     if kind in _SCALARS:
@@ -55,18 +59,18 @@ def _encode(value: Any, path: str = "") -> Any:
     if isinstance(value, str):
         return str(value)
     if isinstance(value, tuple):
-        return {_TUPLE: [_encode(v, f"{path}/{i}") for i, v in enumerate(value)]}
+        return {_TUPLE: [_encode(v, _sub(path, i)) for i, v in enumerate(value)]}
     if isinstance(value, list):
-        return [_encode(v, f"{path}/{i}") for i, v in enumerate(value)]
+        return [_encode(v, _sub(path, i)) for i, v in enumerate(value)]
     if isinstance(value, dict):
         if all(type(k) is str for k in value) and not (len(value) == 1 and set(value) <= _TAGS):
-            return {k: _encode(v, f"{path}/{k}") for k, v in value.items()}
+            return {k: _encode(v, _sub(path, k)) for k, v in value.items()}
         for k in value:
             if type(k) not in _SCALARS:
                 raise UncheckpointableStateError(
                     f"{_where(path)}: a dict key of type {kind_name(k)} ({k!r}) cannot be checkpointed",
                     hint=f"use str, int, float, bool or None keys; {_HOLDS}")
-        return {_DICT: [[k, _encode(v, f"{path}/{k}")] for k, v in value.items()]}
+        return {_DICT: [[k, _encode(v, _sub(path, k))] for k, v in value.items()]}
     if kind is TensorRef:
         return {_TENSOR: value.name}
     if isinstance(value, torch.Tensor):
@@ -143,6 +147,19 @@ def flatten_optimizer(state_dict: Mapping[str, Any], prefix: str = "optim/") -> 
     One tensor object that appears twice is stored once and comes back as one object. A value no
     checkpoint can hold raises :class:`UncheckpointableStateError` naming its path, before anything
     is written. :func:`unflatten_optimizer` inverts it exactly (types, dtypes, values)."""
+    structure, found = _optimizer_structure(state_dict, prefix)
+    _encode(structure)  # refuses what JSON cannot hold (naming the path) before any tensor is copied
+    return snapshot_tensors(found), {"format": OPTIMIZER_FORMAT, "optimizer": structure}
+
+
+def check_optimizer(state_dict: Mapping[str, Any]) -> None:
+    """Raise :class:`UncheckpointableStateError` (naming the path) if :func:`flatten_optimizer` would:
+    the same walk, without copying any tensor (cheap enough to run before training starts)."""
+    _encode(_optimizer_structure(state_dict, "optim/")[0])
+
+
+def _optimizer_structure(state_dict: Mapping[str, Any], prefix: str) -> tuple[Any, dict[str, torch.Tensor]]:
+    """The state dict with every tensor replaced by a :class:`TensorRef`, and those tensors by name."""
     found: dict[str, torch.Tensor] = {}
     names: dict[int, str] = {}
 
@@ -161,9 +178,7 @@ def flatten_optimizer(state_dict: Mapping[str, Any], prefix: str = "optim/") -> 
             return type(value)(walk(v, f"{path}/{i}") for i, v in enumerate(value))
         return value
 
-    structure = walk(dict(state_dict), "")
-    _encode(structure)  # refuses what JSON cannot hold (naming the path) before any tensor is copied
-    return snapshot_tensors(found), {"format": OPTIMIZER_FORMAT, "optimizer": structure}
+    return walk(dict(state_dict), ""), found
 
 
 def unflatten_optimizer(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any], prefix: str = "optim/") -> dict[str, Any]:

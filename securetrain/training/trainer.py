@@ -27,6 +27,7 @@ with bit-identical weights to an uninterrupted run.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import signal
@@ -53,7 +54,7 @@ from securetrain.training.config import TrainingConfig
 from securetrain.training.data import EpochFeeder
 from securetrain.training.defaults import default_audit_log, default_checkpoint_store
 from securetrain.training.distributed import DistContext, init_distributed
-from securetrain.training.errors import ResumeMismatchError, TrainingError
+from securetrain.training.errors import ResumeMismatchError, TrainingError, UncheckpointableStateError
 from securetrain.training.schedulers import build_scheduler
 from securetrain.training.stop import StopReason
 from securetrain.training.seeding import capture_rng_state, restore_rng_state, seed_everything
@@ -95,6 +96,17 @@ def split_batch(batch: Any) -> tuple[Any, torch.Tensor]:
     raise TrainingError(
         f"unsupported batch type {type(batch).__name__}", hint="yield (x, y) tuples or dicts, or pass loss_fn"
     )
+
+
+def optimizer_needs_closure(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step`` requires a ``closure`` argument (LBFGS, SAM-style optimizers)."""
+    try:
+        params = inspect.signature(optimizer.step).parameters
+    except (TypeError, ValueError):  # a builtin or C extension without a signature: assume the usual step()
+        return False
+    closure = params.get("closure")
+    return closure is not None and closure.default is inspect.Parameter.empty and closure.kind in (
+        inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
 
 def _is_empty(data: Any) -> bool:
@@ -282,6 +294,9 @@ class Trainer:
         self._profile_trace: Path | None = None
         self._profiler: Any = None
         self._sharded = False
+        self._state_checked_after_step = False
+        self._closure = False  # optimizer.step(closure): micro-batches wait in _pending for the closure
+        self._pending: list[Any] = []
         self.batch_size = self.config.batch_size
         self.num_workers = self.config.num_workers or 0
 
@@ -584,6 +599,9 @@ class Trainer:
             model_sd = {k.removeprefix("model/"): v for k, v in ckpt.tensors.items() if k.startswith("model/")}
             _check_model_state(self.unwrapped_model, model_sd, latest.path.name)
             self.unwrapped_model.load_state_dict(model_sd, strict=True)
+            # The hyperparameters this optimizer itself has (load_state_dict's __setstate__ may add
+            # defaults its groups never had, e.g. LBFGS' "differentiable" in torch 2.13).
+            wanted = set(self.optimizer.defaults)
             try:
                 self.optimizer.load_state_dict(st.unflatten_optimizer(ckpt.tensors, saved["optimizer"]))
             except ValueError as exc:  # parameter groups of another size (e.g. a layer frozen since)
@@ -597,7 +615,7 @@ class Trainer:
             else:
                 # Another optimizer's state (e.g. AdamW's into SGD) loads, then fails at the first step on
                 # the hyperparameters its param groups lack (torch fills in those it added itself).
-                lacking = sorted({k for g in self.optimizer.param_groups for k in self.optimizer.defaults if k not in g})
+                lacking = sorted({k for g in self.optimizer.param_groups for k in wanted if k not in g})
             if lacking:
                 raise ResumeMismatchError(
                     f"cannot resume from {latest.path.name}: its optimizer state is another optimizer's "
@@ -687,6 +705,14 @@ class Trainer:
             self._check_fsdp(precision)
             self.model = sharded.wrap_fsdp(self.model, self.dist.world_size, device)
         self.optimizer = self._build_optimizer()
+        self._closure = optimizer_needs_closure(self.optimizer) if cfg.closure is None else cfg.closure
+        if self._closure and precision == "fp16":
+            if cfg.precision != "auto":
+                raise TrainingError(
+                    f"precision fp16 needs a GradScaler, which cannot step an optimizer that takes a closure "
+                    f"({type(self.optimizer).__name__})", hint="use precision bf16 or fp32")
+            log.info("precision auto: fp32, not fp16 (fp16's GradScaler cannot step an optimizer that takes a closure)")
+            precision, self._amp_dtype = "fp32", None
         self.scaler = torch.amp.GradScaler(device.type, init_scale=4096, enabled=precision == "fp16")
         self.feeder = self._make_feeder(backend, device)
         self._plan_length(self.feeder)
@@ -713,6 +739,7 @@ class Trainer:
         reason = StopReason.COMPLETED
         info: CheckpointInfo | None = None
         try:
+            self._check_checkpointable("found before the first step")
             with self._profiling():
                 reason = StopReason(self._train_loop())
             if (reason in self.final_validation_reasons and self.eval_data is not None
@@ -809,11 +836,26 @@ class Trainer:
         return None
 
     def _micro_step(self, batch: Any, window_size: int, *, last: bool) -> None:
-        """Forward + backward of one micro-batch (gradients accumulate until the window's last)."""
-        assert self.device is not None and self.scaler is not None and self.backend is not None
-        model, scaler = self.model, self.scaler
+        """Forward + backward of one micro-batch (gradients accumulate until the window's last).
+        With a closure optimizer the batch is kept for the closure, which runs at the optimizer step."""
+        assert self.device is not None and self.backend is not None
         if self.device.type != "cpu":
             batch = to_device(batch, self.device, self.backend.pin_memory)
+        w = self._window
+        n = batch_len(batch)
+        w.samples += n
+        self.progress.samples += n
+        if self._closure:
+            self._pending.append(batch)
+            return
+        loss = self._forward_backward(batch, window_size, last=last)
+        w.loss_sum += loss.detach().float()
+        w.micro_batches += 1
+
+    def _forward_backward(self, batch: Any, window_size: int, *, last: bool) -> torch.Tensor:
+        """``loss_fn`` under autocast, then backward of ``loss / window_size``; returns the loss."""
+        assert self.device is not None and self.scaler is not None
+        model, scaler = self.model, self.scaler
         ddp = model if isinstance(model, nn.parallel.DistributedDataParallel) else None
         sync = contextlib.nullcontext() if (ddp is None or last or self._per_epoch is None) else ddp.no_sync()
         if self._sharded:  # FSDP2: reduce-scatter gradients only on the window's last micro-batch
@@ -836,12 +878,7 @@ class Trainer:
                     ) from exc
             scaled = loss / window_size if window_size != 1 else loss
             scaler.scale(scaled).backward() if scaler.is_enabled() else scaled.backward()
-        w = self._window
-        w.loss_sum += loss.detach().float()
-        w.micro_batches += 1
-        n = batch_len(batch)
-        w.samples += n
-        self.progress.samples += n
+        return loss
 
     def _params(self) -> list[torch.Tensor]:
         assert self.optimizer is not None
@@ -851,25 +888,79 @@ class Trainer:
         """Unscale, clip, step (optimizer, then scheduler), zero grads."""
         optimizer, scaler = self.optimizer, self.scaler
         assert optimizer is not None and scaler is not None
-        if scaler.is_enabled():
-            scaler.unscale_(optimizer)
-        if self.config.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(self._params(), self.config.grad_clip, foreach=True)
-        if scaler.is_enabled():
-            scaler.step(optimizer)
-            scaler.update()
+        if self._closure:
+            self._closure_step()
         else:
-            optimizer.step()
+            if scaler.is_enabled():
+                scaler.unscale_(optimizer)
+            if self.config.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(self._params(), self.config.grad_clip, foreach=True)
+            if scaler.is_enabled():
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         self.progress.step += 1
         self._window.steps += 1
 
+    def _closure_step(self) -> None:
+        """``optimizer.step(closure)``: the closure zeroes the gradients, recomputes forward + backward
+        over the window's micro-batches (their mean loss, as a plain step), clips, and returns the
+        mean loss (all-reduced over ranks, so every rank's optimizer takes the same decisions, e.g.
+        LBFGS' tolerance checks). The window logs the loss of the first evaluation (before the step)."""
+        assert self.optimizer is not None and self.device is not None
+        optimizer, batches = self.optimizer, self._pending
+        self._pending = []
+        first: list[torch.Tensor] = []
+
+        def closure() -> torch.Tensor:
+            with torch.enable_grad():
+                optimizer.zero_grad(set_to_none=True)
+                total = torch.zeros((), device=self.device)
+                for i, batch in enumerate(batches):
+                    total += self._forward_backward(batch, len(batches), last=i == len(batches) - 1).detach().float()
+            if self.config.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(self._params(), self.config.grad_clip, foreach=True)
+            if not first:
+                first.append(total)
+            mean = total / len(batches)
+            if self.dist.enabled:
+                import torch.distributed as tdist
+
+                tdist.all_reduce(mean)
+                mean /= self.dist.world_size
+            return mean
+
+        optimizer.step(cast(Any, closure))  # torch types the closure as returning float; LBFGS float()s a tensor
+        if first:
+            self._window.loss_sum += first[0]
+            self._window.micro_batches += len(batches)
+
+    def _check_checkpointable(self, when: str) -> None:
+        """Refuse now, with the :class:`UncheckpointableStateError` the first checkpoint would raise,
+        state that no checkpoint can hold (a ``set`` in the optimizer state, an object in a param
+        group, a callback's state): before the first step and again after it (when optimizers have
+        created their per-parameter state), so no training time is spent on a run that cannot be
+        checkpointed. Walks the structures only; no tensor is copied."""
+        assert self.optimizer is not None
+        for what, check in (("the optimizer's state_dict()", lambda: st.check_optimizer(self.optimizer.state_dict())),
+                            ("the training state (scheduler, callbacks, scaler)", lambda: st.dumps(self._train_state()))):
+            try:
+                check()
+            except UncheckpointableStateError as exc:
+                raise UncheckpointableStateError(
+                    f"{what} cannot be checkpointed ({when}): {exc.args[0]}", hint=exc.hint) from None
+
     def _after_optimizer_step(self) -> StopReason | None:
         """Log, honour a stop request, checkpoint, respect ``max_steps``."""
         cfg = self.config
         p = self.progress
+        if not self._state_checked_after_step:
+            self._state_checked_after_step = True
+            self._check_checkpointable(f"found after step {p.step}, before any checkpoint")
         if self._profiler is not None:
             self._profiler.step()
         if self._window.steps >= cfg.log_every or p.step == self._total_steps:

@@ -207,6 +207,17 @@ def test_refusals(tmp_path: Path) -> None:
     assert trainer_class(_config(tmp_path)) is DPTrainer
 
 
+def test_closure_optimizers_are_refused(tmp_path: Path) -> None:
+    """DP-SGD's optimizer steps once per clipped, noised batch: an optimizer that re-evaluates a
+    closure (LBFGS) would look at the data again without noise."""
+    with pytest.raises(PrivacyError, match="closure"):
+        DPTrainer(_model(), _data(), _config(tmp_path / "l"), optimizer=lambda p: torch.optim.LBFGS(p),
+                  store=SafetensorsCheckpointStore(tmp_path / "l")).fit()
+    with pytest.raises(PrivacyError, match="closure"):
+        DPTrainer(_model(), _data(), _config(tmp_path / "c", closure=True), optimizer=_sgd,
+                  store=SafetensorsCheckpointStore(tmp_path / "c")).fit()
+
+
 @pytest.mark.slow
 def test_pipeline_reports_epsilon_in_result_json_and_report(tmp_path: Path) -> None:
     import json

@@ -16,7 +16,14 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
 
-from securetrain.training import SafetensorsCheckpointStore, Trainer, TrainingConfig, UncheckpointableStateError
+from securetrain.training import (
+    SafetensorsCheckpointStore,
+    StepMetrics,
+    Trainer,
+    TrainerCallback,
+    TrainingConfig,
+    UncheckpointableStateError,
+)
 from securetrain.training import state as st
 from securetrain.training.errors import CheckpointCorruptError
 from securetrain.training.synthetic import SyntheticClassification, make_mlp
@@ -223,3 +230,68 @@ def test_dict_list_tuple_and_number_subclasses_are_stored_as_their_base_type() -
     back = st.loads(st.dumps(value))
     assert back == {"acc": {"b": 1, "a": [0.5]}, "d": {"k": [1]}, "level": 2, "pt": (1, 2)}
     assert list(back["acc"]) == ["b", "a"] and type(back["level"]) is int and type(back["pt"]) is tuple
+
+
+class _DeviceInGroup(torch.optim.SGD):
+    """A param group holding a torch.device (no checkpoint form)."""
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params, lr=0.1)
+        for group in self.param_groups:
+            group["device"] = torch.device("cpu")
+
+
+class _SetInStateAfterStep(torch.optim.SGD):
+    """Per-parameter state that only exists after the first step, holding a set."""
+
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        out = super().step(closure)
+        for p in self.param_groups[0]["params"]:
+            self.state[p]["seen"] = {1, 2}
+        return out
+
+
+class _SetStateCallback(TrainerCallback):
+    def state_dict(self) -> dict[str, Any]:
+        return {"tags": {"a"}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class _CountSteps(TrainerCallback):
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def on_step(self, trainer: Trainer, metrics: StepMetrics) -> None:
+        self.steps = metrics.step
+
+
+def test_uncheckpointable_param_group_is_refused_before_the_first_step(tmp_path: Path) -> None:
+    """Found before any training time is spent, not at the first checkpoint (here: only at the end)."""
+    counter = _CountSteps()
+    model = make_mlp(8, 3, hidden=8, seed=1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = Trainer(model, SyntheticClassification(samples=80, features=8, classes=3, seed=2),
+                      _cfg(tmp_path), optimizer=_DeviceInGroup, callbacks=[counter])
+    with pytest.raises(UncheckpointableStateError, match="param_groups/0/device") as info:
+        trainer.fit()
+    assert "torch.device" in str(info.value)
+    assert counter.steps == 0 and trainer.progress.step == 0
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+def test_uncheckpointable_optimizer_state_is_refused_at_step_one(tmp_path: Path) -> None:
+    trainer = Trainer(make_mlp(8, 3, hidden=8, seed=1), SyntheticClassification(samples=80, features=8, classes=3, seed=2),
+                      _cfg(tmp_path, epochs=5), optimizer=_SetInStateAfterStep)
+    with pytest.raises(UncheckpointableStateError, match="state/0/seen"):
+        trainer.fit()
+    assert trainer.progress.step == 1
+    assert not list((tmp_path / "checkpoints").glob("step-*"))
+
+
+def test_uncheckpointable_callback_state_is_refused_before_the_first_step(tmp_path: Path) -> None:
+    trainer = Trainer(make_mlp(8, 3, hidden=8, seed=1), SyntheticClassification(samples=80, features=8, classes=3, seed=2),
+                      _cfg(tmp_path), callbacks=[_SetStateCallback()])
+    with pytest.raises(UncheckpointableStateError, match="_SetStateCallback/tags"):
+        trainer.fit()
+    assert trainer.progress.step == 0
