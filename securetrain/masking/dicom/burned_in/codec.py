@@ -15,6 +15,7 @@ Transfer syntax rules after masking (nothing is re-encoded when nothing was mask
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 from pydicom.dataset import Dataset
@@ -49,8 +50,17 @@ def transfer_syntax(ds: Dataset) -> UID:
     return UID(str(ts))
 
 
+_CONVERTIBLE_YBR = frozenset({"YBR_FULL", "YBR_FULL_422"})
+
+
 def decode_frames(ds: Dataset) -> np.ndarray:
-    """All frames as ``(frames, rows, columns, samples)``; colour (YBR) arrives as RGB.
+    """All frames as ``(frames, rows, columns, samples)``; colour that is stored as YBR arrives as RGB.
+
+    The colour space is taken from what the decoder reports about the array it returned (not
+    assumed from the header, and whatever ``pixel_array_options`` the caller set on ``ds``):
+    YBR_FULL / YBR_FULL_422 are converted to RGB, a decoder's YBR_ICT / YBR_RCT output is already
+    RGB, and any other YBR form (YBR_PARTIAL_422 / _420) is refused -- :func:`write_pixels` labels
+    colour it writes back as RGB, so it must be RGB.
 
     Refuses (with the reason) what cannot be masked safely: no decoder, 1-bit or float data,
     a shape that does not match the header."""
@@ -58,10 +68,21 @@ def decode_frames(ds: Dataset) -> np.ndarray:
         raise BurnedInAnnotationError("burned-in text check needs (7FE0,0010) Pixel Data; float/double pixel data is not supported")
     if int(ds.get("BitsAllocated", 8) or 8) == 1:
         raise BurnedInAnnotationError("cannot clean burned-in text in 1-bit pixel data")
+    ts = transfer_syntax(ds)
+    header_pi = str(ds.get("PhotometricInterpretation", "") or "").strip().upper()
     try:
-        arr = ds.pixel_array
+        from pydicom.pixels import get_decoder
+
+        # as_rgb explicitly: the caller's pixel_array_options (e.g. as_rgb=False) must not decide
+        # which colour space ends up under the RGB label
+        options: dict[str, Any] = {"as_rgb": True}  # (pydicom types **kwargs as the whole options dict)
+        arr, meta = get_decoder(ts).as_array(ds, **options)
     except Exception as exc:
-        ts = transfer_syntax(ds)
+        if header_pi.startswith("YBR") and header_pi not in _CONVERTIBLE_YBR | {"YBR_ICT", "YBR_RCT"}:
+            raise BurnedInAnnotationError(
+                f"cannot decode {header_pi} colour pixel data to look for burned-in text",
+                hint="convert such objects to RGB first, or reject them",
+            ) from None
         raise BurnedInAnnotationError(
             f"cannot decode pixel data ({ts.name}: {type(exc).__name__}) to look for burned-in text",
             hint="install a pydicom decoder for this transfer syntax (python-gdcm, pylibjpeg, pylibjpeg-openjpeg, pylibjpeg-rle)",
@@ -71,7 +92,18 @@ def decode_frames(ds: Dataset) -> np.ndarray:
     samples = int(ds.get("SamplesPerPixel", 1) or 1)
     if arr.size != frames * rows * cols * samples:
         raise BurnedInAnnotationError("pixel data shape does not match Rows/Columns/NumberOfFrames/SamplesPerPixel")
-    return arr.reshape((frames, rows, cols, samples))
+    arr = arr.reshape((frames, rows, cols, samples))
+    decoded_pi = str(meta.get("photometric_interpretation", header_pi) or header_pi).strip().upper()
+    if samples == 3 and decoded_pi.startswith("YBR"):
+        if decoded_pi not in _CONVERTIBLE_YBR or arr.dtype != np.uint8:
+            raise BurnedInAnnotationError(
+                f"cannot convert {decoded_pi} colour pixel data ({arr.dtype.itemsize * 8}-bit) to RGB to mask it",
+                hint="convert such objects to RGB first, or reject them",
+            )
+        from pydicom.pixels import convert_color_space
+
+        arr = convert_color_space(arr, "YBR_FULL", "RGB")
+    return arr
 
 
 def clear_unused_bits(ds: Dataset) -> bool:
@@ -184,6 +216,22 @@ def target_syntax(original: UID) -> UID:
     return original if _encoder_available(original) else ExplicitVRLittleEndian
 
 
+def _as_allocated(arr: np.ndarray, bits: int, signed: bool) -> np.ndarray:
+    """``arr`` as little-endian samples of the header's Bits Allocated (a decoder may return a
+    narrower or wider type than the header names, e.g. 8-bit samples for Bits Allocated 16), so
+    the bytes written are exactly what the header says; values that do not fit are refused."""
+    if arr.dtype.kind not in "iu" or bits not in (8, 16, 32, 64):
+        return np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("<"), copy=False))
+    want = np.dtype(f"<{'i' if signed else 'u'}{bits // 8}")
+    if arr.dtype != want and arr.size:
+        info = np.iinfo(want)
+        if int(arr.min()) < info.min or int(arr.max()) > info.max:
+            raise BurnedInAnnotationError(
+                f"decoded pixel values do not fit Bits Allocated {bits} (pixel representation {int(signed)})"
+            )
+    return np.ascontiguousarray(arr.astype(want, copy=False))
+
+
 def write_pixels(ds: Dataset, masked: np.ndarray, *, uncompressed: bool = False) -> UID:
     """Store ``masked`` (frames, rows, cols, samples) as the object's pixel data; returns the
     transfer syntax written. Raises :class:`BurnedInAnnotationError` if it cannot be encoded.
@@ -198,16 +246,17 @@ def write_pixels(ds: Dataset, masked: np.ndarray, *, uncompressed: bool = False)
     arr = masked[0] if frames == 1 else masked
     if samples == 1:
         arr = arr[..., 0]
-    # The decoded array is native: colour is RGB and interleaved, whatever the source said.
+    # The decoded array is native: colour is RGB (decode_frames converts every YBR form or
+    # refuses it) and interleaved, whatever the source said.
     if samples == 3:
-        if str(ds.get("PhotometricInterpretation", "")).upper().startswith("YBR"):
+        if str(ds.get("PhotometricInterpretation", "")).strip().upper().startswith("YBR"):
             ds.PhotometricInterpretation = "RGB"
         ds.PlanarConfiguration = 0
     for tag in ("ExtendedOffsetTable", "ExtendedOffsetTableLengths"):
         if tag in ds:
             del ds[tag]
     bits = int(ds.get("BitsAllocated", 8) or 8)
-    arr = np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("<"), copy=False))
+    arr = _as_allocated(arr, bits, int(ds.get("PixelRepresentation", 0) or 0) == 1)
     ds.PixelData = arr.tobytes()
     ds["PixelData"].VR = "OB" if bits <= 8 else "OW"
     ds["PixelData"].is_undefined_length = False
