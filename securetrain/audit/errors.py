@@ -7,6 +7,8 @@ wrong with it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from securetrain.errors import ConfigError, IntegrityError, SecureTrainError
 
 
@@ -65,6 +67,21 @@ class AuditRefusedError(AuditDatabaseError):
     This is the one database error that points at possible tampering (or a writer that bypassed
     the log's lock); run ``securetrain audit verify``.
     """
+
+class AuditCheckpointError(AuditError):
+    """The caller's entries were recorded (committed, durable), but the periodic checkpoint that
+    their append was due to sign failed.
+
+    ``entries`` are the caller's entries, already in the log: do not append them again (the error
+    says so rather than leaving a retry to record them twice). ``__cause__`` says why the checkpoint
+    failed, e.g. an :class:`AuditIntegrityError` (the log no longer reproduces a published
+    checkpoint: tampering), an :class:`AuditSigningError` or an :class:`AnchorError`.
+    """
+
+    def __init__(self, message: str, *, entries: list[Any] | None = None, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.entries = list(entries or [])
+
 
 class AuditExportError(AuditError):
     """An export directory is incomplete or unreadable (a file missing, not a directory)."""

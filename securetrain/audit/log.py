@@ -43,6 +43,7 @@ from securetrain.audit.committer import CommitClient, CommitServer, Unprocessed
 from securetrain.audit.anchors import Anchor
 from securetrain.audit.dberrors import classify
 from securetrain.audit.errors import (
+    AuditCheckpointError,
     AuditConfigError,
     AuditError,
     AuditEventError,
@@ -652,6 +653,8 @@ class AuditLog:
         self._submit([req])
         if req.error is not None:
             raise req.error
+        if req.checkpoint_error is not None:
+            raise _checkpoint_failed(req.entries, req.checkpoint_error)
         return req.entries
 
     # -- group commit -----------------------------------------------------------------------
@@ -663,6 +666,8 @@ class AuditLog:
         self._gc_async_error: BaseException | None = None
         self._gc_flusher: threading.Thread | None = None
         self._gc_closing = False
+        # Identities of other processes' requests already checked (see _pending_from_request).
+        self._who_checked: dict[tuple[Any, ...], tuple[str, str, str]] = {}
 
     def _submit(self, reqs: list[_Pending]) -> None:
         """Queue ``reqs`` (together, so they share a transaction) and return once each is committed
@@ -678,16 +683,23 @@ class AuditLog:
         if server is not None and threading.current_thread() is not server.thread and server.serves():
             if self._submit_to_server(reqs, server):
                 return
-            self._lead()  # the serving thread stopped before committing them: lead ourselves
-            return
-        with cond:
-            self._gc_pending.extend(reqs)
-            while self._gc_leader and not all(r.done for r in reqs):
-                cond.wait()
-            if all(r.done for r in reqs):
-                return
-            self._gc_leader = True
-        self._lead()  # takes everything queued, ours included
+        else:
+            with cond:
+                self._gc_pending.extend(reqs)
+                while self._gc_leader and not all(r.done for r in reqs):
+                    cond.wait()
+                if all(r.done for r in reqs):
+                    return
+                self._gc_leader = True
+        # Lead: take everything queued, ours included (or, above, what the stopped server left).
+        try:
+            self._lead()
+        except _CheckpointFailed as failed:
+            # Our requests are committed; the checkpoint they crossed failed. Their callers are told
+            # both (AuditCheckpointError), never that the append failed: a retry would record twice.
+            for r in reqs:
+                if r.error is None:
+                    r.checkpoint_error = failed.error
 
     def _submit_to_server(self, reqs: list[_Pending], server: CommitServer) -> bool:
         """In the process serving this log's committer: queue ``reqs`` for the serving thread, which
@@ -761,7 +773,13 @@ class AuditLog:
                 self._gc_leader = False
                 cond.notify_all()
         if crossed:
-            self.checkpoint()
+            try:
+                self.checkpoint()
+            except Exception as exc:  # noqa: BLE001 - the batch is committed: reported apart from it
+                log.error("audit checkpoint after a committed append failed: %s", type(exc).__name__)
+                error = exc if isinstance(exc, AuditError) else AuditError(
+                    f"the periodic audit checkpoint failed: {type(exc).__name__}")
+                raise _CheckpointFailed(error) from exc
         return batch
 
     def _take_queued(self, batch: list[_Pending]) -> list[_Pending]:
@@ -1158,6 +1176,10 @@ class AuditLog:
             for req in batch:
                 req.error = exc
             return False
+        if reply.get("checkpoint_error") is not None:  # our entries are in; the committer's checkpoint failed
+            checkpoint_error = committer.error_from_reply(reply["checkpoint_error"])
+            for req in batch:
+                req.checkpoint_error = checkpoint_error
         return self._finish_batch(batch, results, results[0][0].seq if results and results[0] else 0)
 
     def _entries_from_reply(self, batch: list[_Pending], reply: dict[str, Any]) -> list[list[AuditEntry]]:
@@ -1214,29 +1236,54 @@ class AuditLog:
         if pending:
             self._submit([req for _, req in pending])
         else:
-            self._lead_queued()
+            try:
+                self._lead_queued()
+            except _CheckpointFailed:  # logged by _lead; this process's callers already returned
+                pass
         for i, req in pending:
             if req.error is not None:
                 replies[i] = committer.error_reply(req.error)
             else:
                 rows = [[e.seq, e.ts, e.prev_hash, e.entry_hash] for e in req.entries]
-                replies[i] = {"entries": rows, "view": req.entries[0].server_view if req.entries else None}
+                reply: dict[str, Any] = {"entries": rows, "view": req.entries[0].server_view if req.entries else None}
+                if req.checkpoint_error is not None:  # committed; the sender raises AuditCheckpointError
+                    reply["checkpoint_error"] = committer.error_reply(req.checkpoint_error)["error"]
+                replies[i] = reply
         return [r if r is not None else committer.error_reply(AuditError("not processed")) for r in replies]
 
     def _pending_from_request(self, request: dict[str, Any]) -> _Pending:
-        """Validate another process's request exactly as a local append validates its events."""
+        """Validate another process's request exactly as a local append validates its events.
+
+        ``details`` must arrive in the canonical form the rules give it: the sender hashes what it
+        sent, so details rewritten here (a float made a string, keys reordered) would be stored and
+        then refused by the sender as an entry that does not hash from its event. Such a request
+        is refused instead, and nothing is stored.
+        """
         who, events = request.get("who"), request.get("events")
         if not (isinstance(who, list) and len(who) == 3 and isinstance(events, list) and events):
             raise AuditEventError("malformed request to the audit committer")
-        actor = canon._check_text("actor", who[0], limit=256)
-        hostname = canon._check_text("hostname", who[1], limit=256)
-        mac = canon._check_text("mac", who[2], limit=256)
+        key = tuple(who) if all(type(v) is str for v in who) else None
+        identity = self._who_checked.get(key) if key is not None else None
+        if identity is None:  # the same few identities on every request: checked once each
+            identity = (canon._check_text("actor", who[0], limit=256), canon._check_text("hostname", who[1], limit=256),
+                        canon._check_text("mac", who[2], limit=256))
+            if len(self._who_checked) >= 1024:
+                self._who_checked.clear()
+            self._who_checked[identity] = identity
         prepared = []
         for ev in events:
-            if not (isinstance(ev, list) and len(ev) == 4 and isinstance(ev[3], str)):
+            if not (type(ev) is list and len(ev) == 4 and type(ev[3]) is str):
                 raise AuditEventError("malformed event in a request to the audit committer")
-            prepared.append(_prepared_event(ev[0], ev[1], ev[2], json.loads(ev[3])))
-        return _Pending(prepared, who=(actor, hostname, mac))
+            try:
+                details = json.loads(ev[3])
+            except ValueError:
+                raise AuditEventError("the details of an event sent to the audit committer are not JSON") from None
+            event = _prepared_event(ev[0], ev[1], ev[2], details)
+            if event[4] != ev[3]:
+                raise AuditEventError("the details of an event sent to the audit committer are not in canonical "
+                                      "form; refused rather than rewritten (the sender hashes what it sent)")
+            prepared.append(event)
+        return _Pending(prepared, who=identity)
 
     def _stop_serving(self, timeout: float = 60.0) -> None:
         """Stop committing for other processes; they commit themselves or find another committer."""
@@ -1303,8 +1350,11 @@ class AuditLog:
             batch = self._lead()
         except BaseException as exc:  # noqa: BLE001
             with self._gc_cond:
-                self._gc_async_error = exc if isinstance(exc, AuditError) else AuditError(
-                    f"asynchronous audit flush failed: {type(exc).__name__}")
+                if isinstance(exc, _CheckpointFailed):  # committed; the checkpoint after it failed
+                    self._gc_async_error = self._gc_async_error or exc.error
+                else:
+                    self._gc_async_error = exc if isinstance(exc, AuditError) else AuditError(
+                        f"asynchronous audit flush failed: {type(exc).__name__}")
             raise
         failed = next((r.error for r in batch if r.error is not None), None)
         if failed is not None:  # kept by _lead: it fails every later call, never dropped silently
@@ -1321,7 +1371,10 @@ class AuditLog:
                     err = self._gc_async_error
                     break
                 self._gc_leader = True
-            batch = self._lead()
+            try:
+                batch = self._lead()
+            except _CheckpointFailed as exc:  # what was queued is committed; the checkpoint failed
+                raise exc.error from exc.__cause__
             failed = next((r.error for r in batch if r.error is not None), None)
             if failed is not None:
                 with cond:
@@ -1836,10 +1889,29 @@ def _prepared_event(action: Any, resource: Any, outcome: Any, details: Any) -> t
     return action, resource, outcome, clean, details_bytes.decode()
 
 
+class _CheckpointFailed(Exception):
+    """Raised by ``_lead`` when its batch is committed but the checkpoint due after it failed
+    (``error``); never leaves the log: callers get :class:`AuditCheckpointError`."""
+
+    def __init__(self, error: AuditError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _checkpoint_failed(entries: list[AuditEntry], cause: AuditError) -> AuditCheckpointError:
+    first = f"seq {entries[0].seq}" if entries else "the entries"
+    err = AuditCheckpointError(
+        f"audit entries recorded ({first}, {len(entries)} in all; do not append them again), but the checkpoint "
+        f"due after them failed: {type(cause).__name__}: {cause.args[0] if cause.args else ''}",
+        entries=entries, hint=cause.hint or "run 'securetrain audit verify'; the next checkpoint is tried again")
+    err.__cause__ = cause
+    return err
+
+
 class _Pending:
     """One caller's events waiting for a group commit."""
 
-    __slots__ = ("events", "who", "entries", "error", "done")
+    __slots__ = ("events", "who", "entries", "error", "done", "checkpoint_error")
 
     def __init__(self, events: list[tuple[Any, ...]], who: tuple[str, str, str] | None = None) -> None:
         self.events = events
@@ -1847,6 +1919,8 @@ class _Pending:
         self.entries: list[AuditEntry] = []
         self.error: BaseException | None = None
         self.done = False
+        # Committed, but the checkpoint this caller's append was due to sign failed (see _lead).
+        self.checkpoint_error: AuditError | None = None
 
 
 def handover_rows_query(start: int, stop: int) -> Any:

@@ -371,7 +371,7 @@ def test_unexpected_end_of_stream_after_sending_is_reported_not_retried(tmp_path
     def dying_server() -> None:  # greets, reads one request, then vanishes without a reply
         conn, _ = listener.accept()
         committer._send(conn, committer.HELLO)
-        got.append(committer._recv(conn))
+        got.append(committer.FrameReader().read(conn))
         conn.close()
 
     thread = threading.Thread(target=dying_server)
