@@ -149,8 +149,8 @@ def test_kept_csv_columns_are_written_as_they_were(tmp_path: Path) -> None:
     assert as_parquet.column("zip").to_pylist() == ["01234", "00001", "007"]
     assert as_parquet.column("account").to_pylist()[0] == "12345678901234567890"
     assert as_parquet.column("note").to_pylist() == [None, "", 'a,"b"']  # missing vs empty
-    # On disk: a missing cell is empty, an empty string quoted, as they came.
-    assert (tmp_path / "out.csv").read_text().splitlines()[1].endswith(',"12345678901234567890",')
+    # On disk: a missing cell is empty, an empty string quoted, as they came; other cells unquoted.
+    assert (tmp_path / "out.csv").read_text().splitlines()[1].endswith(',01234,1.10,1e3,TRUE,NA, 7 ,12345678901234567890,')
     assert (tmp_path / "out.csv").read_text().splitlines()[2].endswith(',""')
     # Pseudonyms are of the text as written: 01234 is not 1234, 0x1F is not 31.
     ids = as_parquet.column("id").to_pylist()

@@ -417,7 +417,7 @@ def test_csv_output_of_types_csv_cannot_hold(tmp_path: Path) -> None:
     m = TabularMasker(p, KEY)
     pq.write_table(pa.table({"id": ["a"], "sv": pa.array(["x"], pa.string_view())}), tmp_path / "a.parquet")
     m.mask_file(tmp_path / "a.parquet", tmp_path / "a.csv")
-    assert (tmp_path / "a.csv").read_text().splitlines()[1].endswith(',"x"')
+    assert (tmp_path / "a.csv").read_text().splitlines()[1].endswith(',x')
     pq.write_table(pa.table({"id": ["a"], "tags": pa.array([[1, 2]])}), tmp_path / "b.parquet")
     (tmp_path / "b.csv").write_bytes(b"previous")
     with pytest.raises(MalformedTableError, match=r"CSV.*tags \(list<"):

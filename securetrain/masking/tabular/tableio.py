@@ -16,6 +16,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
@@ -166,15 +167,133 @@ def serialize_table(table: pa.Table, fmt: Format, *, unique_columns: Collection[
     """``table`` as CSV or Parquet (zstd) bytes. ``unique_columns``: Parquet columns known to hold
     (almost) only distinct values, such as keyed tokens; they are written without dictionary
     encoding, which Parquet would build and then abandon for them (about a quarter of the write
-    time of a table with four such columns; the file is no larger)."""
-    sink = pa.BufferOutputStream()
+    time of a table with four such columns; the file is no larger). CSV: see :func:`csv_bytes`."""
     if fmt == "csv":
-        pacsv.write_csv(_csv_writable(table), sink)
-    else:
-        plain = set(unique_columns)
-        use_dictionary: bool | list[str] = [c for c in table.column_names if c not in plain] if plain else True
-        pq.write_table(table, sink, compression="zstd", use_dictionary=use_dictionary)
+        return csv_bytes(table)
+    sink = pa.BufferOutputStream()
+    plain = set(unique_columns)
+    use_dictionary: bool | list[str] = [c for c in table.column_names if c not in plain] if plain else True
+    pq.write_table(table, sink, compression="zstd", use_dictionary=use_dictionary)
     return sink.getvalue().to_pybytes()
+
+
+# Rows formatted per step of the CSV writer (bounds the memory of the text and keeps 32-bit offsets).
+_CSV_BATCH_ROWS = 1 << 16
+_CSV_SPECIAL = (b",", b'"', b"\r", b"\n")
+_EMPTY = pa.scalar("", pa.string())
+
+
+def csv_bytes(table: pa.Table) -> bytes:
+    """``table`` as UTF-8 CSV text, each cell written as Python's ``csv.QUOTE_MINIMAL`` writes it:
+    quoted only where it holds a comma, a double quote (doubled) or a line break, so a kept cell
+    is written exactly as it was read (``01234``, not ``"01234"``). A missing value (null) is an
+    empty unquoted cell and the empty string is ``""``, so the two stay apart as in the input;
+    in a one-column table a missing value is written ``""`` too (as Python's csv module does), as
+    an empty line is skipped by CSV readers and the row would be lost. The header is quoted the
+    same way; lines end with ``\\n``. Numbers, booleans, dates and times are written as pyarrow
+    formats them (its CSV writer's text). Nested columns are refused by name
+    (:class:`MalformedTableError`), as are binary columns that are not UTF-8 text.
+
+    Where no cell needs quotes (the common case: a memchr over each text column's bytes says so),
+    pyarrow's writer writes the rows unquoted; otherwise the cells are quoted here, column by
+    column, and joined into lines with pyarrow's kernels."""
+    table = _csv_writable(table)
+    if table.num_columns == 0:
+        return b""
+    head = io.StringIO()
+    csv.writer(head, quoting=csv.QUOTE_MINIMAL, lineterminator="\n").writerow(table.column_names)
+    sink = pa.BufferOutputStream()
+    sink.write(head.getvalue().encode("utf-8"))
+    one_column = table.num_columns == 1
+    quoted = [_needs_quotes(table.schema.field(i), table.column(i), one_column) for i in range(table.num_columns)]
+    if not any(quoted):
+        try:
+            pacsv.write_csv(table, sink, write_options=pacsv.WriteOptions(include_header=False, quoting_style="none"))
+            return sink.getvalue().to_pybytes()
+        except pa.ArrowInvalid:  # pragma: no cover - checked above; its message quotes a cell: dropped
+            sink = pa.BufferOutputStream()
+            sink.write(head.getvalue().encode("utf-8"))
+            quoted = [True] * table.num_columns
+    for first in range(0, table.num_rows, _CSV_BATCH_ROWS):
+        part = table.slice(first, _CSV_BATCH_ROWS)
+        cells = [_csv_cells(part.schema.field(i), part.column(i), quote, one_column)
+                 for i, quote in enumerate(quoted)]
+        cells[-1] = pc.binary_join_element_wise(cells[-1], _EMPTY, "\n")  # the line's end
+        lines = cells[0] if one_column else pc.binary_join_element_wise(*cells, ",")
+        start, end = _text_bounds(lines)
+        sink.write(lines.buffers()[2][start:end])
+    return sink.getvalue().to_pybytes()
+
+
+def _text_bounds(arr: pa.Array) -> tuple[int, int]:
+    """Where a string array's values lie in its data buffer (they are contiguous)."""
+    offsets = np.frombuffer(arr.buffers()[1], np.int32, count=len(arr) + 1, offset=4 * arr.offset)
+    return int(offsets[0]), int(offsets[-1])
+
+
+def _special_chars(arr: pa.Array) -> list[str]:
+    """Which of a comma, a quote and the line breaks occur in a string array's values (one
+    memchr pass over its bytes each, so a column without them costs no per-value test)."""
+    data = arr.buffers()[2]
+    if data is None or not len(arr):
+        return []
+    start, end = _text_bounds(arr)
+    text = bytes(memoryview(data)[start:end])
+    return [ch.decode() for ch in _CSV_SPECIAL if ch in text]
+
+
+def _as_text(field: pa.Field, arr: pa.Array) -> pa.Array | None:
+    """A text-like array (string, binary, a dictionary of them) as a string array; None for the
+    other types, whose text (pyarrow's formatting of a number, date, time...) never needs quotes.
+    Binary that is not UTF-8 is refused by name."""
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.cast(arr.type.value_type)
+    if pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type) or pa.types.is_large_string(arr.type):
+        try:
+            return pc.cast(arr, pa.string())
+        except pa.ArrowInvalid:
+            raise MalformedTableError(
+                f"cannot write column {field.name!r} as CSV: it holds bytes that are not UTF-8 text",
+                hint="write the output as .parquet, or drop or convert that column") from None
+        except pa.ArrowCapacityError:
+            raise MalformedTableError(
+                f"cannot write column {field.name!r} as CSV: its text is too large",
+                hint="write the output as .parquet") from None
+    return arr if pa.types.is_string(arr.type) else None
+
+
+def _needs_quotes(field: pa.Field, column: pa.ChunkedArray, one_column: bool) -> bool:
+    """Whether any cell of ``column`` is written quoted (a comma, quote or line break in it, the
+    empty string, or a missing value that is a whole line)."""
+    if one_column and column.null_count:
+        return True
+    for chunk in column.chunks:
+        text = _as_text(field, chunk) if len(chunk) else None
+        if text is None:
+            continue
+        if _special_chars(text) or text.null_count < len(text) and pc.min(pc.binary_length(text)).as_py() == 0:
+            return True
+    return False
+
+
+def _csv_cells(field: pa.Field, column: pa.ChunkedArray, quote: bool, one_column: bool) -> pa.Array:
+    """One column's cells as CSV text (no nulls). ``quote``: some of them need quotes; those
+    holding a comma, a quote or a line break, and empty ones, are quoted (a missing one stays an
+    empty cell, except in a one-column table, where it is written ``""``)."""
+    arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    text = _as_text(field, arr)
+    arr = pc.cast(arr, pa.string()) if text is None else text  # pyarrow's CSV writer formats values so
+    if one_column and arr.null_count:
+        arr = pc.fill_null(arr, "")  # an empty line would be skipped: written ""
+    if quote and len(arr):
+        chars = _special_chars(arr)
+        mask = pc.equal(pc.binary_length(arr), 0)  # "" is quoted (a missing value is the empty cell)
+        for ch in chars:
+            mask = pc.or_(mask, pc.match_substring(arr, ch))
+        if pc.any(mask).as_py():
+            escaped = pc.replace_substring(arr, '"', '""') if '"' in chars else arr
+            arr = pc.if_else(mask, pc.binary_join_element_wise('"', escaped, '"', ""), arr)
+    return pc.fill_null(arr, "") if arr.null_count else arr
 
 
 def _csv_writable(table: pa.Table) -> pa.Table:
