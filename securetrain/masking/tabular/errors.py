@@ -26,4 +26,5 @@ class MalformedTableError(TabularMaskingError):
 
 
 class UnsupportedFormatError(TabularMaskingError):
-    """The file suffix is not one we read or write (.csv, .parquet, .pq)."""
+    """The file suffix is not one we read or write (.csv, .parquet, .pq), or a .csv file is not
+    comma-separated (semicolon, tab or pipe)."""

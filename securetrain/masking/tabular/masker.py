@@ -51,10 +51,10 @@ from securetrain.masking.tabular.policy import (
     load_policy,
 )
 from securetrain.masking.tabular.tableio import (
-    csv_header,
     detect_format,
     parse_table,
     read_bytes,
+    read_csv_header,
     serialize_table,
 )
 
@@ -251,8 +251,12 @@ class TabularMasker:
         missing = [c for c, r in plan.items() if r is None]
         if missing:
             unnamed = [c for c in missing if not c.strip()]
-            shown = ", ".join(f"{c!r} (unnamed)" if not c.strip() else c for c in missing)
+            odd = [c for c in missing if c.strip() and (c != c.strip() or not c.isprintable())]
+            shown = ", ".join(f"{c!r} (unnamed)" if not c.strip() else repr(c) if c in odd else c for c in missing)
             hint = "add rules for them (keep/drop/redact/...) or set a 'default' action in the policy"
+            if odd:
+                hint += ("; names are matched exactly: a name with spaces around it or a line break in it "
+                         "(shown quoted) needs the header fixed, or a rule for that exact name")
             if unnamed:
                 hint += ("; a column without a name is often a pandas index written by to_csv: "
                          "write the file with index=False, or name the column")
@@ -571,7 +575,7 @@ class TabularMasker:
         data, digest = read_bytes(src)
         string_cols = None
         if fmt == "csv":
-            header = csv_header(data)
+            header = read_csv_header(data, Path(src).name)
             string_cols = self.string_columns(header) if header else None
         # CSV: every column as written (types only where needed: csvtext), so what is kept is the
         # text of the file and what is masked is computed from that text.

@@ -63,6 +63,51 @@ def csv_header(data: bytes) -> list[str]:
         return []
 
 
+_OTHER_DELIMITERS = {";": "semicolon", "\t": "tab", "|": "pipe"}
+_UTF16_HINT = "; from UTF-16 (Excel's 'Unicode text'): iconv -f utf-16 -t utf-8 in.csv > out.csv"
+
+
+def read_csv_header(data: bytes, name: str) -> list[str]:
+    """The column names of a CSV (:func:`csv_header`), refused before any policy decision where
+    the file is not what masking reads: a header that is not UTF-8 (Latin-1, UTF-16: names with
+    replacement characters or NULs) and a file separated by something else than commas (one
+    column named after the whole header, which a policy with a default could keep, every
+    identifier inside)."""
+    header = csv_header(data)
+    garbled = [n for n in header if "\x00" in n or ("\ufffd" in n and n.encode() not in data)]
+    if garbled:
+        raise MalformedTableError(
+            f"cannot read {name} as CSV: its header line is not valid UTF-8 text (it looks like Latin-1 or "
+            "UTF-16); the column names cannot be matched to the policy",
+            hint=_NOT_UTF8_HINT + _UTF16_HINT)
+    if len(header) == 1:
+        for sep, word in _OTHER_DELIMITERS.items():
+            if sep in header[0]:
+                raise UnsupportedFormatError(
+                    f"cannot read {name}: it looks {word}-separated ({sep!r} in its one-column header); "
+                    "masking reads comma-separated CSV only",
+                    hint="export the file comma-separated with '.' as the decimal point, e.g. "
+                         f"pandas.read_csv(path, sep={sep!r}, dtype=str, keep_default_na=False)"
+                         ".to_csv(out, index=False), or write Parquet")
+    return header
+
+
+def _csv_parse_options(data: bytes) -> pacsv.ParseOptions:
+    """Quoted values may hold line breaks (RFC 4180). pyarrow's reader only splits its parse blocks
+    correctly around them with ``newlines_in_values`` (else a long file is refused, or rows are cut
+    inside a quoted value); that costs about a quarter of the parse, so it is set only for a
+    file that has a double quote at all (without one, no value can hold a line break)."""
+    return pacsv.ParseOptions(newlines_in_values=b'"' in data)
+
+
+def _one_line_terminated(data: bytes) -> bytes:
+    """A file that is one line without a line end (a header only) gets one: pyarrow's reader
+    calls it empty otherwise. Only such a file is copied."""
+    if data.strip(b" \t\xef\xbb\xbf") and b"\n" not in data and b"\r" not in data:
+        return data + b"\n"
+    return data
+
+
 def parse_table(data: bytes, fmt: Format, *, name: str, string_columns: Collection[str] | None = None,
                 verbatim: bool = False) -> pa.Table:
     """Parse bytes; ``string_columns`` are read as text in CSV so ids keep leading zeros etc., and
@@ -76,15 +121,17 @@ def parse_table(data: bytes, fmt: Format, *, name: str, string_columns: Collecti
     nulls: dict[str, Any]
     try:
         if fmt == "csv":
+            data = _one_line_terminated(data)
             if verbatim:
-                header = csv_header(data)
+                header = read_csv_header(data, name)
                 types = {c: pa.string() for c in header}
                 nulls = dict(VERBATIM_NULLS)
             else:
                 types = {c: pa.string() for c in text}
                 nulls = {"strings_can_be_null": False}
             table = pacsv.read_csv(
-                pa.BufferReader(data), convert_options=pacsv.ConvertOptions(column_types=types, **nulls))
+                pa.BufferReader(data), parse_options=_csv_parse_options(data),
+                convert_options=pacsv.ConvertOptions(column_types=types, **nulls))
         else:
             return pq.read_table(pa.BufferReader(data))
     except (pa.ArrowException, OSError, ValueError) as exc:
@@ -127,8 +174,8 @@ def _not_utf8_columns(data: bytes) -> list[str]:
     """The columns of a CSV whose bytes are not UTF-8 (only on the error path: read as binary)."""
     try:
         header = csv_header(data)
-        table = pacsv.read_csv(pa.BufferReader(data), convert_options=pacsv.ConvertOptions(
-            column_types={c: pa.binary() for c in header}))
+        table = pacsv.read_csv(pa.BufferReader(data), parse_options=_csv_parse_options(data),
+                               convert_options=pacsv.ConvertOptions(column_types={c: pa.binary() for c in header}))
     except (pa.ArrowException, OSError, ValueError):
         return []
     bad = []
