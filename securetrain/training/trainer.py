@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 import logging
 import os
 import signal
@@ -58,7 +59,7 @@ from securetrain.training.errors import ResumeMismatchError, TrainingError, Unch
 from securetrain.training.schedulers import build_scheduler
 from securetrain.training.stop import StopReason
 from securetrain.training.seeding import capture_rng_state, restore_rng_state, seed_everything
-from securetrain.training.validation import BestTracker, MetricsFn, PredictFn, classification_metrics, collect_outputs
+from securetrain.training.validation import BestTracker, MetricsFn, PredictFn, collect_outputs, default_metrics, gather_outputs, primary_output
 
 log = logging.getLogger("securetrain.training")
 
@@ -86,9 +87,13 @@ def split_batch(batch: Any) -> tuple[Any, torch.Tensor]:
         return batch[0], batch[1]
     if isinstance(batch, Mapping):
         x = next((batch[k] for k in INPUT_KEYS if k in batch), None)
-        y = next((batch[k] for k in TARGET_KEYS if k in batch), None)
-        if x is not None and y is not None:
-            return x, y
+        target_key = next((k for k in TARGET_KEYS if k in batch), None)
+        if x is None and target_key is not None and len(batch) > 1:
+            # {"image": ..., "clinical": ..., "label": ...}: every other entry is an input, passed to
+            # the model by name (call_model) when its forward takes those names.
+            x = {k: v for k, v in batch.items() if k != target_key}
+        if x is not None and target_key is not None:
+            return x, batch[target_key]
         raise TrainingError(
             f"cannot find inputs/targets in batch keys {sorted(map(str, batch))}",
             hint=f"use input keys {INPUT_KEYS} and target keys {TARGET_KEYS}, or pass loss_fn",
@@ -117,15 +122,74 @@ def _is_empty(data: Any) -> bool:
         return False
 
 
+_SIGNATURES: dict[type, inspect.Signature | None] = {}
+
+
+def _forward_signature(model: nn.Module) -> inspect.Signature | None:
+    """The signature of the user's ``forward`` (under DDP's ``.module`` / Opacus' ``._module``)."""
+    inner: Any = model
+    for _ in range(4):
+        nxt = getattr(inner, "module", None) if isinstance(inner, nn.parallel.DistributedDataParallel) else None
+        nxt = nxt if nxt is not None else inner.__dict__.get("_modules", {}).get("_module")
+        if not isinstance(nxt, nn.Module):
+            break
+        inner = nxt
+    kind = type(inner)
+    if kind not in _SIGNATURES:
+        try:
+            _SIGNATURES[kind] = inspect.signature(inner.forward)
+        except (TypeError, ValueError):
+            _SIGNATURES[kind] = None
+    return _SIGNATURES[kind]
+
+
+def call_model(model: nn.Module, x: Any) -> Any:
+    """``model(x)``; inputs for a ``forward`` with several parameters are spread over them: a tuple/list
+    as positional arguments (``forward(self, image, clinical)`` with ``x = (image, clinical)``), a dict
+    as keyword arguments when its keys are the parameter names. Any other forward gets ``x`` whole."""
+    if isinstance(x, torch.Tensor):
+        return model(x)
+    sig = _forward_signature(model)
+    if sig is not None and isinstance(x, (tuple, list, Mapping)):
+        params = list(sig.parameters.values())
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        required = [p for p in positional if p.default is p.empty]
+        var_pos = any(p.kind is p.VAR_POSITIONAL for p in params)
+        if isinstance(x, (tuple, list)) and (
+                (len(required) >= 2 and len(required) <= len(x) <= len(positional)) or (var_pos and not required)):
+            return model(*x)
+        if isinstance(x, Mapping) and all(isinstance(k, str) for k in x):
+            names = {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+            var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
+            needed = {p.name for p in params if p.default is p.empty
+                      and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+            if needed <= set(x) and (set(x) <= names or var_kw) and (len(names) >= 2 or set(x) == names):
+                return model(**x)
+    return model(x)
+
+
 def cross_entropy_loss(model: nn.Module, batch: Any) -> torch.Tensor:
-    """Default loss: ``F.cross_entropy(model(x), y)``."""
+    """Default loss: ``F.cross_entropy(model(x), y)`` on class ids (also per pixel: ``[N, C, H, W]``
+    logits with ``[N, H, W]`` ids) or on probability rows (soft labels); refuses targets that are
+    neither (multi-hot labels, regression values) and one logit per sample, naming the loss to use."""
     x, y = split_batch(batch)
-    out = model(x)
-    if not isinstance(out, torch.Tensor):
+    out = primary_output(call_model(model, x))
+    if out.dim() < 2 or out.shape[1] < 2:
         raise TrainingError(
-            f"the model returned {type(out).__name__}; the default loss is cross-entropy on a logits tensor",
-            hint="pass loss_fn(model, batch) (and predict_fn for validation) that picks the logits from it",
-        )
+            f"the model returns outputs of shape {list(out.shape)}; the default loss is cross-entropy, which needs "
+            "[N, classes] logits with at least 2 classes (or [N, classes, ...] per position)",
+            hint="regression: pass loss_fn (e.g. nn.MSELoss()); one logit per sample for a binary label: "
+                 "loss_fn=nn.BCEWithLogitsLoss() with float targets, or return [N, 2] logits")
+    if isinstance(y, torch.Tensor) and y.shape == out.shape:
+        # Same shape as the logits: only rows of class probabilities (soft labels) are cross-entropy targets.
+        probability_rows = y.is_floating_point() and bool(
+            (y >= 0).all() & ((y.sum(dim=1) - 1).abs() <= 1e-3).all())
+        if not probability_rows:
+            raise TrainingError(
+                f"the targets have the shape of the outputs ({list(out.shape)}) but are not rows of class "
+                "probabilities (multi-hot labels or regression values?); the default loss is cross-entropy",
+                hint="multi-label: pass loss_fn=nn.BCEWithLogitsLoss() (float 0/1 targets); regression: "
+                     "loss_fn=nn.MSELoss(); the default validation metrics follow the targets")
     if isinstance(y, torch.Tensor) and y.is_floating_point() and y.dim() == out.dim() - 1:
         # Class ids read from a CSV or numpy arrive as floats (1.0); torch wants integers here. Soft
         # targets (one probability per class, y shaped like the logits) go through unchanged.
@@ -138,10 +202,34 @@ def cross_entropy_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     return F.cross_entropy(out, y)
 
 
-def default_predict(model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Default validation step: ``(model(x), y)`` with ``x, y`` from :func:`split_batch`."""
+#: Losses that take float targets: integer labels are cast to the outputs' dtype for them.
+_FLOAT_TARGET_LOSSES = (nn.BCEWithLogitsLoss, nn.BCELoss, nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss)
+
+
+def criterion_loss(criterion: nn.Module) -> LossFn:
+    """``loss_fn`` for a loss module: ``criterion(model(x), y)`` (logits picked as by the default
+    loss). ``[N, 1]`` outputs meet ``[N]`` targets as ``[N]`` (MSELoss would otherwise broadcast them
+    to ``[N, N]`` and train on the wrong loss), and integer targets become floats for BCE/MSE-type losses."""
+    def loss(model: nn.Module, batch: Any) -> torch.Tensor:
+        x, y = split_batch(batch)
+        out = primary_output(call_model(model, x))
+        if isinstance(y, torch.Tensor):
+            if out.dim() == 2 and out.shape[1] == 1 and y.dim() == 1:
+                out = out.squeeze(1)
+            if isinstance(criterion, _FLOAT_TARGET_LOSSES) and not y.is_floating_point():
+                y = y.to(out.dtype)
+        return criterion(out, y)
+
+    loss.__qualname__ = f"criterion_loss({type(criterion).__name__})"
+    return loss
+
+
+def default_predict(model: nn.Module, batch: Any) -> tuple[Any, Any]:
+    """Default validation step: ``(model(x), y)`` with ``x, y`` from :func:`split_batch` (the model
+    called as by :func:`call_model`); a tuple/dict output is kept whole for ``metrics_fn`` (the
+    default metrics score its ``logits`` entry)."""
     x, y = split_batch(batch)
-    return model(x), y
+    return call_model(model, x), y
 
 
 def to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
@@ -238,7 +326,7 @@ class Trainer:
         *,
         optimizer: torch.optim.Optimizer | OptimizerFactory | None = None,
         scheduler: torch.optim.lr_scheduler.LRScheduler | SchedulerFactory | None = None,
-        loss_fn: LossFn | None = None,
+        loss_fn: LossFn | nn.Module | None = None,
         eval_data: Any = None,
         metrics_fn: MetricsFn | None = None,
         predict_fn: PredictFn | None = None,
@@ -258,8 +346,14 @@ class Trainer:
                                 hint="pass held-out samples, or eval_data=None to train without validation")
         self._optimizer_arg = optimizer
         self._scheduler_arg = scheduler
-        self.loss_fn: LossFn = loss_fn or cross_entropy_loss
-        self.metrics_fn: MetricsFn = metrics_fn or classification_metrics
+        # A loss module (nn.CrossEntropyLoss(weight=w), nn.MSELoss(), nn.BCEWithLogitsLoss(pos_weight=...))
+        # is applied to (model(x), y) and moved to the device with the model (class weights included).
+        self.criterion: nn.Module | None = loss_fn if isinstance(loss_fn, nn.Module) else None
+        if self.criterion is not None:
+            self.loss_fn: LossFn = criterion_loss(self.criterion)
+        else:
+            self.loss_fn = cast("LossFn | None", loss_fn) or cross_entropy_loss
+        self.metrics_fn: MetricsFn = metrics_fn or default_metrics
         self.predict_fn: PredictFn = predict_fn or default_predict
         # Secure by default: with no recorder given, $SECURETRAIN_AUDIT_URL (if set) records the run;
         # with no store given, checkpoints are encrypted whenever a key source is configured.
@@ -295,6 +389,7 @@ class Trainer:
         self._profiler: Any = None
         self._sharded = False
         self._state_checked_after_step = False
+        self._plateau = False  # a ReduceLROnPlateau scheduler: stepped per validation, not per step
         self._closure = False  # optimizer.step(closure): micro-batches wait in _pending for the closure
         self._pending: list[Any] = []
         self.batch_size = self.config.batch_size
@@ -700,6 +795,8 @@ class Trainer:
         self.num_workers = self._effective_num_workers(backend)
         seed_everything(cfg.seed + self.dist.rank)
         self.model.to(device)
+        if self.criterion is not None:
+            self.criterion.to(device)
         self._sharded = self.dist.enabled and (cfg.strategy == "fsdp" or sharded.is_fsdp(self.model))
         if self._sharded:
             self._check_fsdp(precision)
@@ -717,6 +814,11 @@ class Trainer:
         self.feeder = self._make_feeder(backend, device)
         self._plan_length(self.feeder)
         self.scheduler = self._build_scheduler()
+        self._plateau = isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        if self._plateau and self.eval_data is None:
+            raise TrainingError("ReduceLROnPlateau steps on a validation metric, and this run has no eval_data",
+                                hint="pass eval_data (it is stepped with validation.metric after every validation), "
+                                     "or use another scheduler")
         self._fingerprint_value = self._fingerprint(self.dist.world_size, precision, self.feeder.dataset_length)
         resumed_from = self._resume() if cfg.resume else None
         if self.dist.enabled and not self._sharded:
@@ -740,6 +842,8 @@ class Trainer:
         info: CheckpointInfo | None = None
         try:
             self._check_checkpointable("found before the first step")
+            if self.eval_data is not None and not self._early_stop:
+                self._preflight_validation()
             with self._profiling():
                 reason = StopReason(self._train_loop())
             if (reason in self.final_validation_reasons and self.eval_data is not None
@@ -900,7 +1004,7 @@ class Trainer:
                 scaler.update()
             else:
                 optimizer.step()
-        if self.scheduler is not None:
+        if self.scheduler is not None and not self._plateau:
             self.scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         self.progress.step += 1
@@ -1060,12 +1164,50 @@ class Trainer:
                 hook = getattr(cb, "on_validation", None)
                 if hook is not None:
                     hook(self, {"epoch": p.epoch, "step": p.step, **metrics})
+        if self._plateau and self.scheduler is not None:
+            # ReduceLROnPlateau: stepped per validation with its metric (the same value on every rank).
+            value = metrics.get(self.tracker.metric) if self.is_main else None
+            value = self.dist.broadcast_object(value)
+            if value is not None and value == value:
+                cast(Any, self.scheduler).step(float(value))
         if self._sharded and self.dist.broadcast_object(improved):
             self._save_best(metrics)  # collective: every rank gathers
         if self.dist.enabled:
             self._early_stop = bool(self.dist.broadcast_object(self._early_stop))
         self._validated_step = self.progress.step
         return metrics
+
+    def _preflight_validation(self) -> None:
+        """Run ``predict_fn`` and ``metrics_fn`` on the first held-out batch before training, so a
+        model output, predict_fn or metrics_fn the validation cannot use, or a ``validation.metric``
+        the metrics lack, fails now instead of after the first epoch. RNG streams and train mode are
+        restored; nothing is recorded."""
+        assert self.backend is not None
+        error: BaseException | None = None
+        if self.is_main or self._sharded:
+            rng_t, rng_m = capture_rng_state(self.backend.device_type)
+            model = self.unwrapped_model
+            model.eval()
+            try:
+                first = list(itertools.islice(iter(self._eval_loader()), 1))
+                with torch.no_grad():
+                    outputs, targets = gather_outputs(model, first, self.predict_fn, self._eval_to_device)
+                if self.is_main and first:
+                    metrics = self.metrics_fn(outputs, targets)
+                    if self.tracker.metric not in metrics:
+                        raise TrainingError(
+                            f"validation.metric {self.tracker.metric!r} is not one of the validation metrics "
+                            f"({', '.join(sorted(metrics))}; checked on the first held-out batch before training)",
+                            hint="name one of them in training.validation.metric, or return it from metrics_fn")
+            except Exception as exc:  # noqa: BLE001 - re-raised below, after the ranks agree
+                error = exc
+            finally:
+                model.train()
+                restore_rng_state(rng_t, rng_m, self.backend.device_type)
+        if self.dist.any_flag(error is not None):
+            if error is not None:
+                raise error
+            raise TrainingError("the validation check on rank 0 failed before training (see its error)")
 
     def _eval_to_device(self, batch: Any) -> Any:
         assert self.device is not None

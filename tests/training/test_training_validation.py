@@ -211,8 +211,8 @@ def test_secure_defaults_follow_the_configured_key_source_and_audit_url(tmp_path
 
 
 def test_default_loss_and_metrics_refuse_outputs_they_cannot_score(tmp_path: Path) -> None:
-    """A user's regression model (outputs [N], float targets) with its own loss_fn but the default
-    metrics, or a model returning a tuple/dict with the default loss, fails with a TrainingError
+    """classification_metrics on outputs it cannot score, or a model returning a tuple with the
+    default loss, fails with a TrainingError
     that says what to pass, not torch's IndexError/TypeError from inside the engine."""
     from torch.utils.data import TensorDataset
 
@@ -239,8 +239,9 @@ def test_default_loss_and_metrics_refuse_outputs_they_cannot_score(tmp_path: Pat
     def mse(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         return torch.nn.functional.mse_loss(model(batch[0]), batch[1])
 
-    with pytest.raises(TrainingError, match="metrics_fn"):
-        Trainer(Regressor(), data, _cfg(tmp_path / "r", epochs=1), loss_fn=mse, eval_data=data).fit()
+    # The default metrics (default_metrics) score float targets of one output per sample as regression.
+    scored = Trainer(Regressor(), data, _cfg(tmp_path / "r", epochs=1), loss_fn=mse, eval_data=data).fit()
+    assert {"loss", "mae", "rmse", "r2"} <= set(scored.validation[-1])
     result = Trainer(Regressor(), data, _cfg(tmp_path / "ok", epochs=1), loss_fn=mse, eval_data=data,
                      metrics_fn=lambda out, y: {"loss": float(((out - y) ** 2).mean())}).fit()
     assert result.validation[-1]["loss"] >= 0

@@ -15,8 +15,9 @@ A task is an object with:
     Default: cross-entropy on ``model(x)``.
 ``metrics(outputs, targets) -> dict`` (optional)
     Validation metrics from the concatenated model outputs and targets of the held-out split.
-    Default: :func:`securetrain.training.validation.classification_metrics` (loss, accuracy,
-    macro AUC, class counts, confusion matrix).
+    Default: :func:`securetrain.training.validation.default_metrics` (for class ids
+    :func:`~securetrain.training.validation.classification_metrics`: loss, accuracy, macro AUC,
+    class counts, confusion matrix; regression and multi-label metrics by the targets' shape).
 """
 
 from __future__ import annotations

@@ -1,0 +1,198 @@
+"""A user's own model and task through the Trainer's defaults: outputs that are tuples/dicts,
+regression, multi-label, segmentation, several inputs, loss modules with class weights,
+ReduceLROnPlateau, and validation problems found before training instead of after an epoch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+from securetrain.training import MetricsHistory, Trainer, TrainingConfig, TrainingError
+from securetrain.training.validation import default_metrics
+
+torch.set_num_threads(1)
+
+G = torch.Generator().manual_seed(0)
+X = torch.randn(40, 6, generator=G)
+Y = torch.randint(0, 3, (40,), generator=G)
+CLS = TensorDataset(X, Y)
+
+
+def _cfg(tmp: Path, **kw: Any) -> TrainingConfig:
+    base: dict[str, Any] = dict(epochs=2, batch_size=8, seed=1, output_dir=tmp, device="cpu", log_every=1)
+    return TrainingConfig(**(base | kw))
+
+
+class DictNet(nn.Module):
+    """Returns a dict with 'logits' (as Hugging Face models do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"logits": self.lin(x), "embedding": x}
+
+
+class TupleNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.lin(x)
+        return out, out.sum(dim=1)
+
+
+def test_dict_output_with_logits_trains_and_validates_by_default(tmp_path: Path) -> None:
+    r = Trainer(DictNet(), CLS, _cfg(tmp_path), eval_data=CLS).fit()
+    assert r.validation[-1]["samples"] == 40 and "auc" in r.validation[-1]
+
+
+def test_tuple_output_with_own_loss_predict_and_metrics(tmp_path: Path) -> None:
+    """Validation joins tuple outputs per element (before: AttributeError 'tuple' has no 'float')."""
+    seen: list[Any] = []
+
+    def metrics(outputs: Any, targets: torch.Tensor) -> dict[str, Any]:
+        seen.append(outputs)
+        logits, total = outputs
+        return {"loss": float(F.cross_entropy(logits, targets)), "total": float(total.mean())}
+
+    r = Trainer(TupleNet(), CLS, _cfg(tmp_path), eval_data=CLS, metrics_fn=metrics,
+                loss_fn=lambda m, b: F.cross_entropy(m(b[0])[0], b[1])).fit()
+    assert r.reason == "completed" and isinstance(seen[-1], tuple) and seen[-1][0].shape == (40, 3)
+
+
+def test_tuple_output_with_default_validation_is_refused_before_training(tmp_path: Path) -> None:
+    steps = MetricsHistory()
+    with pytest.raises(TrainingError, match="returned tuple"):
+        Trainer(TupleNet(), CLS, _cfg(tmp_path), eval_data=CLS, callbacks=[steps],
+                loss_fn=lambda m, b: F.cross_entropy(m(b[0])[0], b[1])).fit()
+    assert steps.history == []
+
+
+def test_missing_validation_metric_is_refused_before_training(tmp_path: Path) -> None:
+    steps = MetricsHistory()
+    reg = TensorDataset(X, X[:, :1])
+    trainer = Trainer(nn.Linear(6, 1), reg, _cfg(tmp_path), eval_data=reg, loss_fn=nn.MSELoss(), callbacks=[steps],
+                      metrics_fn=lambda o, t: {"mse": float(F.mse_loss(o, t))})
+    with pytest.raises(TrainingError, match="'loss' is not one of the validation metrics.*before training"):
+        trainer.fit()
+    assert steps.history == [] and trainer.progress.step == 0
+
+
+def test_regression_with_mse_module_and_default_metrics(tmp_path: Path) -> None:
+    """[N, 1] predictions of [N] targets: the loss module sees [N] vs [N] (no [N, N] broadcast)."""
+    y = X[:, 0] * 2 + 0.5
+    data = TensorDataset(X, y)
+    r = Trainer(nn.Linear(6, 1), data, _cfg(tmp_path, epochs=20, lr=0.05), loss_fn=nn.MSELoss(), eval_data=data).fit()
+    last = r.validation[-1]
+    assert {"loss", "mae", "rmse", "r2"} <= set(last) and last["r2"] > 0.9
+
+
+@pytest.mark.parametrize("target", ["float_1d", "multi_hot"])
+def test_default_loss_refuses_regression_and_multilabel_targets(tmp_path: Path, target: str) -> None:
+    """Before: a [N] float output was read as one sample of N classes, multi-hot rows as soft labels
+    (softmax cross-entropy): both trained silently on the wrong objective."""
+    if target == "float_1d":
+        model: nn.Module = nn.Sequential(nn.Linear(6, 1), nn.Flatten(0))
+        data = TensorDataset(X, X[:, 0])
+        match = "outputs of shape \\[8\\]"
+    else:
+        model, data, match = nn.Linear(6, 4), TensorDataset(X, (X[:, :4] > 0).float()), "BCEWithLogitsLoss"
+    with pytest.raises(TrainingError, match=match):
+        Trainer(model, data, _cfg(tmp_path)).fit()
+
+
+def test_multilabel_with_bce_and_default_metrics(tmp_path: Path) -> None:
+    data = TensorDataset(X, (X[:, :4] > 0).float())
+    r = Trainer(nn.Linear(6, 4), data, _cfg(tmp_path, epochs=10, lr=0.05), loss_fn=nn.BCEWithLogitsLoss(),
+                eval_data=data).fit()
+    last = r.validation[-1]
+    assert {"loss", "accuracy", "exact_match", "auc", "label_counts"} <= set(last) and last["auc"] > 0.8
+
+
+def test_segmentation_outputs_are_scored_per_pixel(tmp_path: Path) -> None:
+    xs = torch.randn(16, 1, 8, 8, generator=G)
+    data = TensorDataset(xs, (xs[:, 0] > 0).long())
+    r = Trainer(nn.Conv2d(1, 2, 3, padding=1), data, _cfg(tmp_path, epochs=5, lr=0.05), eval_data=data).fit()
+    last = r.validation[-1]
+    assert last["samples"] == 16 and sum(last["class_counts"]) == 16 * 64
+    assert last["accuracy"] > 0.8 and 0 < last["mean_iou"] <= 1 and 0 < last["dice"] <= 1
+
+
+class TwoInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.image = nn.Linear(6, 3)
+        self.clinical = nn.Linear(2, 3)
+
+    def forward(self, image: torch.Tensor, clinical: torch.Tensor) -> torch.Tensor:
+        return self.image(image) + self.clinical(clinical)
+
+
+T2 = torch.randn(40, 2, generator=G)
+
+
+class PairData(Dataset):
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> Any:
+        return (X[i], T2[i]), Y[i]
+
+
+class NamedData(Dataset):
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> Any:
+        return {"image": X[i], "clinical": T2[i], "label": Y[i]}
+
+
+@pytest.mark.parametrize("data", [PairData(), NamedData()], ids=["tuple", "dict"])
+def test_model_with_two_inputs_gets_them_spread(tmp_path: Path, data: Dataset) -> None:
+    model = TwoInputs()
+    r = Trainer(model, data, _cfg(tmp_path, num_workers=0), eval_data=data).fit()
+    assert r.reason == "completed" and r.validation[-1]["samples"] == 40
+
+
+def test_class_weights_through_a_loss_module(tmp_path: Path) -> None:
+    w = torch.tensor([1.0, 2.0, 3.0])
+    a, b = nn.Linear(6, 3), nn.Linear(6, 3)
+    b.load_state_dict(a.state_dict())
+    Trainer(a, CLS, _cfg(tmp_path / "a"), loss_fn=nn.CrossEntropyLoss(weight=w)).fit()
+    Trainer(b, CLS, _cfg(tmp_path / "b"), loss_fn=lambda m, bt: F.cross_entropy(m(bt[0]), bt[1], weight=w)).fit()
+    assert torch.equal(a.weight, b.weight)
+
+
+def test_reduce_lr_on_plateau_steps_per_validation(tmp_path: Path) -> None:
+    model = nn.Linear(6, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max", patience=0, factor=0.5,
+                                                         threshold=10.0, threshold_mode="abs")
+    cfg = _cfg(tmp_path, epochs=4, validation={"metric": "accuracy"})
+    r = Trainer(model, CLS, cfg, optimizer=opt, scheduler=plateau, eval_data=CLS).fit()
+    assert r.reason == "completed"
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 ** 3)  # every validation after the first: no gain
+    with pytest.raises(TrainingError, match="ReduceLROnPlateau"):
+        m2 = nn.Linear(6, 3)
+        o2 = torch.optim.SGD(m2.parameters(), lr=0.1)
+        Trainer(m2, CLS, _cfg(tmp_path / "x"), optimizer=o2,
+                scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau(o2)).fit()
+
+
+def test_default_metrics_pick_by_shape() -> None:
+    z = torch.randn(10, 3)
+    assert "confusion" in default_metrics(z, torch.randint(0, 3, (10,)))
+    assert "r2" in default_metrics(torch.randn(10, 1), torch.randn(10))
+    assert "exact_match" in default_metrics(z, (torch.randn(10, 3) > 0).float())
+    assert "exact_match" in default_metrics(torch.randn(10, 1), torch.randint(0, 2, (10,)))
+    soft = torch.softmax(torch.randn(10, 3), dim=1)
+    assert "confusion" in default_metrics(z, soft)
