@@ -973,6 +973,9 @@ def check_complete(ds: Dataset, label: str, size: int | None = None) -> None:
         raise UnreadableDicomError(f"{label}: image attributes but no pixel data (truncated file?)")
     if TAG_PIXEL_DATA not in ds:
         return
+    problem = pixel_encoding_problem(ds)
+    if problem is not None:
+        raise UnreadableDicomError(f"{label}: {problem} (corrupt file?)")
     tsyntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
     try:
         if tsyntax is not None and tsyntax.is_compressed:
@@ -993,6 +996,42 @@ def check_complete(ds: Dataset, label: str, size: int | None = None) -> None:
     actual = len(ds.get_item(TAG_PIXEL_DATA).value or b"")
     if actual < expected:
         raise UnreadableDicomError(f"{label}: pixel data is {actual} bytes, {expected} expected (truncated file?)")
+
+
+_ITEM_TAG_LE = b"\xfe\xff\x00\xe0"  # (FFFE,E000): every encapsulated Pixel Data starts with an item
+
+
+def pixel_encoding_problem(ds: Dataset) -> str | None:
+    """Why (7FE0,0010) Pixel Data contradicts the transfer syntax the object names, or None.
+
+    A compressed (encapsulated) syntax needs undefined-length Pixel Data made of items (it starts
+    with the Basic Offset Table item); a native syntax needs plain, defined-length bytes. A tool
+    that decompressed without updating the syntax, or the reverse, leaves a file that names a
+    compression it does not have (or hides one it has): no reader decodes it. Private or unknown
+    syntaxes are not judged."""
+    elem: Any = ds._dict.get(BaseTag(TAG_PIXEL_DATA))
+    if elem is None:
+        return None
+    meta = getattr(ds, "file_meta", None)
+    tsyntax = meta.get("TransferSyntaxUID") if meta is not None else None
+    if tsyntax is None:
+        implicit, little = ds.original_encoding if ds.original_encoding[0] is not None else (False, True)
+        tsyntax = ImplicitVRLittleEndian if implicit else (ExplicitVRLittleEndian if little else ExplicitVRBigEndian)
+    try:
+        encapsulated = tsyntax.is_encapsulated
+        name = tsyntax.name
+    except (ValueError, AttributeError):
+        return None
+    raw = getattr(elem, "is_raw", False)
+    undefined = elem.length == 0xFFFFFFFF if raw else bool(elem.is_undefined_length)
+    value = elem.value
+    if encapsulated:
+        if not isinstance(value, bytes | bytearray) or bytes(value[:4]) != _ITEM_TAG_LE:
+            return f"pixel data is not encapsulated although the transfer syntax ({name}) is compressed"
+        return None
+    if undefined:
+        return f"pixel data holds encapsulated fragments although the transfer syntax ({name}) is not compressed"
+    return None
 
 
 def _is_deflated(ds: Dataset) -> bool:
@@ -1031,6 +1070,9 @@ def encode_dataset(ds: Dataset) -> bytes:
     The common case is written directly (preamble, meta, data set): ``dcmwrite`` deep-copies the
     file meta and re-validates it, which costs as much as the whole de-identification pass. Still-raw
     elements are copied as they were read. Deflated and unusual syntaxes go through ``dcmwrite``."""
+    problem = pixel_encoding_problem(ds)
+    if problem is not None:  # never write a file that names a compression it does not have
+        raise DeidError(f"cannot encode the de-identified object: {problem}")
     meta = getattr(ds, "file_meta", None)
     tsyntax = meta.get("TransferSyntaxUID") if meta is not None else None
     try:
