@@ -82,9 +82,6 @@ def _read(path: Path) -> bytes:
         raise HEFormatError(f"cannot read {path}: {exc.strerror}") from exc
 
 
-OUTPUTS = ("logits", "probabilities", "encrypted-probabilities")
-
-
 def _plan_from_model(model: Path, output: str):  # noqa: ANN202
     """(plan, SHA-256 of the model *file*, activation the data owner applies after decryption).
 
@@ -92,18 +89,24 @@ def _plan_from_model(model: Path, output: str):  # noqa: ANN202
     softmax after decryption. ``encrypted-probabilities``: a fitted polynomial sigmoid under
     encryption (only correct while logits stay inside its interval; nobody can check that on the
     evaluator's side). The plan's own digest is ``plan.sha256()``."""
-    from securetrain.he.errors import HEModelError
     from securetrain.he.model_io import load_sequential
     from securetrain.he.plan import compile_model
 
-    if output not in OUTPUTS:
-        raise HEModelError(f"--output must be one of {', '.join(OUTPUTS)}, got {output!r}")
+    _check_output(output)
     seq, file_sha = load_sequential(model)
     plan, final, _ = compile_model(seq, output="probabilities" if output == "encrypted-probabilities" else "logits")
     owner_final = None
     if output == "probabilities":
         owner_final = "sigmoid" if final == "sigmoid" or plan.n_outputs == 1 else "softmax"
     return plan, file_sha, owner_final
+
+
+def _check_output(output: str) -> None:
+    from securetrain.he.errors import HEModelError
+    from securetrain.he.roles import OUTPUT_MODES
+
+    if output not in OUTPUT_MODES:
+        raise HEModelError(f"--output must be one of {', '.join(OUTPUT_MODES)}, got {output!r}")
 
 
 def _warn(message: str) -> None:
@@ -235,27 +238,52 @@ def encrypt(
         help="Model file: run it in plaintext on these features and record the calibrated value bound, so the "
              "evaluator's overflow check uses it instead of the worst case."),
     decimals: int = typer.Option(5, "--decimals", help="With --calibrate-model: " + _DECIMALS_HELP),
-    output: str = typer.Option(
-        "logits", "--output",
-        help="With --calibrate-model: the --output the evaluator will run (logits | probabilities | "
-             "encrypted-probabilities); encrypted-probabilities calibrates the polynomial sigmoid's values too."),
+    value_bound_option: Optional[float] = typer.Option(
+        None, "--value-bound",
+        help="Instead of --calibrate-model: your own bound on every value the evaluation holds (rounded up to a "
+             "power of two); the evaluator's overflow check and `he decrypt --encrypted-inputs` enforce it."),
+    output: Optional[str] = typer.Option(
+        None, "--output",
+        help="The --output the evaluator must run (logits | probabilities | encrypted-probabilities), recorded in "
+             "the bundle: `he evaluate` with another --output is refused. With --calibrate-model (default logits) "
+             "encrypted-probabilities calibrates the polynomial sigmoid's values too."),
 ) -> None:
-    """Data owner: encrypt a feature matrix feature-major (samples in the slots)."""
+    """Data owner: encrypt a feature matrix feature-major (samples in the slots).
+
+    The bundle always carries a value bound (--calibrate-model MODEL, or --value-bound), and with
+    --calibrate-model the plan it holds for: the evaluator refuses another model or --output."""
     import math
 
     from securetrain.cli.console import console, progress_bar
+    from securetrain.he.calibration import pow2_ceil
+    from securetrain.he.errors import HEParameterError
     from securetrain.io.atomic import atomic_write_bytes
 
+    if calibrate_model is not None and value_bound_option is not None:
+        raise HEParameterError("pass --calibrate-model or --value-bound, not both")
+    if calibrate_model is None and value_bound_option is None:
+        raise HEParameterError(
+            "no value bound: the evaluator's overflow check and `he decrypt --encrypted-inputs` need your bound on "
+            "every value the evaluation holds; nothing was encrypted",
+            hint="pass --calibrate-model MODEL (the model the evaluator runs; computed from these features), or "
+                 "--value-bound B if you know it")
+    if value_bound_option is not None and not (math.isfinite(value_bound_option) and value_bound_option > 0):
+        raise HEParameterError(f"--value-bound must be a positive number, got {value_bound_option}")
+    if output is not None:
+        _check_output(output)
     owner = _load_owner(context, keyring)
     x = _load_array(features, "features")
     bs = batch_size or owner.params.slots
-    value_bound = None
+    value_bound = None if value_bound_option is None else pow2_ceil(value_bound_option)
+    plan_sha = None
     if calibrate_model is not None:
         from securetrain.he.calibration import calibrate
         from securetrain.he.errors import HEModelError
 
+        output = output or "logits"
         # the plan the evaluator runs: its every intermediate value must be under the bound
         cplan = _plan_from_model(calibrate_model, output)[0]
+        plan_sha = cplan.sha256()
         if x.ndim != 2 or x.shape[1] != cplan.n_inputs:
             raise HEModelError(f"{calibrate_model} takes {cplan.n_inputs} features, {features} has shape {x.shape}")
         value_bound = calibrate(cplan, x).value_bound
@@ -269,10 +297,13 @@ def encrypt(
     with progress_bar() as bar:
         task = bar.add_task("encrypting", total=total, status="")
         bundle = owner.encrypt(x, batch_size=batch_size, progress=lambda k: bar.advance(task, k),
-                               value_bound=value_bound, pack=pack)
+                               value_bound=value_bound, pack=pack, plan_sha256=plan_sha, output=output)
     atomic_write_bytes(out, bundle, mode=0o644)
     console.print(f"wrote {out}: {len(x)} samples × {x.shape[1]} features, {len(bundle):,} bytes "
                   f"(sha256 {hashlib.sha256(bundle).hexdigest()[:16]}…)")
+    bound_for = f"plan {plan_sha}" if plan_sha else "any plan (your --value-bound)"
+    console.print(f"value bound {value_bound:g} for {bound_for}, --output {output or 'any'}",
+                  highlight=False, soft_wrap=True)
 
 
 def evaluate(
@@ -408,7 +439,7 @@ def _decrypt_bound(owner, outputs_info: dict, encrypted_inputs: Optional[Path], 
     import math
 
     from securetrain.he.errors import HEFormatError, HEKeyError, HEParameterError
-    from securetrain.he.roles import bundle_info
+    from securetrain.he.roles import bundle_info, check_outputs_binding
 
     if encrypted_inputs is not None and max_abs is not None:
         raise HEParameterError("pass --encrypted-inputs or --max-abs, not both")
@@ -432,6 +463,7 @@ def _decrypt_bound(owner, outputs_info: dict, encrypted_inputs: Optional[Path], 
     if h.get("n_samples") != outputs_info.get("n_samples"):
         raise HEFormatError(f"{encrypted_inputs} holds {h.get('n_samples')} samples, the scores "
                             f"{outputs_info.get('n_samples')}")
+    check_outputs_binding(h, outputs_info, str(encrypted_inputs))
     bound = h.get("value_bound")
     if bound is None:
         raise HEParameterError(f"{encrypted_inputs} carries no calibrated value bound",

@@ -28,6 +28,12 @@ class HEModelError(HEError, ConfigError):
     """The model cannot be turned into an HE evaluation plan (unsupported layer, bad shapes)."""
 
 
+class HEPlanMismatchError(HEModelError):
+    """The plan an evaluator runs (its model, approximations or ``--output``) is not the one the
+    data owner encrypted the inputs for: their value bound was calibrated on another computation,
+    or the data owner would receive other scores than it asked for."""
+
+
 class HEFormatError(HEError, IntegrityError):
     """A context/ciphertext/model file is malformed, truncated, corrupted, or of the wrong kind."""
 

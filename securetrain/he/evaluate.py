@@ -284,7 +284,8 @@ def evaluate_encrypted(
         secret_len = len(owner.secret_context())
         evaluator = Evaluator(public, threads=threads)  # from public bytes only
         t1 = time.perf_counter()
-        inputs = owner.encrypt(x, batch_size=batch_size, threads=threads, value_bound=value_bound, pack=pack)
+        inputs = owner.encrypt(x, batch_size=batch_size, threads=threads, value_bound=value_bound, pack=pack,
+                               plan_sha256=model_sha)  # the bound holds for this plan only
         t2 = time.perf_counter()
         outputs = evaluator.evaluate(plan, inputs)
         t3 = time.perf_counter()

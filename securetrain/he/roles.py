@@ -25,7 +25,7 @@ import numpy as np
 
 from securetrain.he import container
 from securetrain.he._lazy import require_tenseal
-from securetrain.he.errors import HEFormatError, HEKeyError, HEModelError, HEParameterError
+from securetrain.he.errors import HEFormatError, HEKeyError, HEModelError, HEParameterError, HEPlanMismatchError
 from securetrain.he.params import HEParams
 from securetrain.he.plan import HEPlan, LinearStep, PolyStep
 from securetrain.he.strategy import Node, NullBackend, Ops, max_abs_bound, run_plan
@@ -36,6 +36,9 @@ CONTEXT_KIND = "he-context"
 CIPHERTEXTS_KIND = "he-ciphertexts"
 FORMAT_VERSION = 1
 MAX_DECIMALS = 8
+#: What an evaluator returns (``he evaluate --output``): logits; logits the data owner turns into
+#: probabilities (exact sigmoid/softmax) after decryption; a polynomial sigmoid under encryption.
+OUTPUT_MODES = ("logits", "probabilities", "encrypted-probabilities")
 
 Progress = Callable[[int], None]  # called with the number of units just completed
 
@@ -199,7 +202,8 @@ class DataOwner:
 
     # -- data ----------------------------------------------------------------------------------
     def encrypt(self, features: Any, *, batch_size: int | None = None, threads: int | None = None,
-                progress: Progress | None = None, value_bound: float | None = None, pack: bool = False) -> bytes:
+                progress: Progress | None = None, value_bound: float | None = None, pack: bool = False,
+                plan_sha256: str | None = None, output: str | None = None) -> bytes:
         """Encrypt ``features`` (n_samples, n_features) feature-major: one CKKSVector per feature
         and batch, samples in the slots.
 
@@ -207,7 +211,12 @@ class DataOwner:
         one block of n slots each ("feature-packed" layout); only single-affine-step plans run on
         it (see :meth:`Evaluator.evaluate`). ``value_bound`` is the data owner's calibrated bound on
         every intermediate |value| (:func:`securetrain.he.calibration.calibrate`); the evaluator
-        then checks headroom against it instead of the worst case implied by ``input_abs_max``."""
+        then checks headroom against it instead of the worst case implied by ``input_abs_max``.
+
+        ``plan_sha256`` (the digest of the plan ``value_bound`` was calibrated on) and ``output``
+        (one of :data:`OUTPUT_MODES`, what the evaluator is to return) bind the bundle: the
+        evaluator refuses another plan or output (:class:`HEPlanMismatchError`), and so does the
+        data owner at decryption (:func:`check_outputs_binding`)."""
         ts = require_tenseal()
         x = as_array(features)
         if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
@@ -220,6 +229,11 @@ class DataOwner:
         n, cols = x.shape
         if value_bound is not None and not (math.isfinite(value_bound) and value_bound > 0):
             raise HEParameterError(f"value_bound must be a positive number, got {value_bound}")
+        if plan_sha256 is not None and not (isinstance(plan_sha256, str) and len(plan_sha256) == 64
+                                            and all(c in "0123456789abcdef" for c in plan_sha256)):
+            raise HEParameterError("plan_sha256 must be a plan digest (64 lower-case hex characters, HEPlan.sha256())")
+        if output is not None and output not in OUTPUT_MODES:
+            raise HEParameterError(f"output must be one of {', '.join(OUTPUT_MODES)}, got {output!r}")
         blocks = 1
         if pack:
             if n > self.params.slots // 2:
@@ -262,6 +276,10 @@ class DataOwner:
             fields["blocks"] = blocks
         if value_bound is not None:
             fields["value_bound"] = float(value_bound)
+        if plan_sha256 is not None:
+            fields["plan_sha256"] = plan_sha256
+        if output is not None:
+            fields["output"] = output
         return container.encode(CIPHERTEXTS_KIND, fields, frames)
 
     def decrypt(self, bundle: bytes, *, decimals: int = 5, source: str = "ciphertexts",
@@ -355,6 +373,42 @@ def _blocks(h: dict[str, Any], source: str = "ciphertexts") -> int:
     return blocks
 
 
+def output_mode(plan_output: Any, final_activation: Any) -> str:
+    """The :data:`OUTPUT_MODES` entry of an evaluation: its plan's output and the final activation
+    left to the data owner (an outputs header's ``output`` and ``final_activation``)."""
+    if final_activation is not None:
+        return "probabilities"
+    return "encrypted-probabilities" if plan_output == "probabilities" else "logits"
+
+
+def check_plan_binding(inputs_header: dict[str, Any], plan_sha256: str, mode: str, source: str = "inputs") -> None:
+    """Refuse (:class:`HEPlanMismatchError`) a plan digest or output mode other than the ones the
+    data owner recorded in its inputs bundle (``plan_sha256``, ``output``; absent: not bound)."""
+    want_plan, want_mode = inputs_header.get("plan_sha256"), inputs_header.get("output")
+    if want_plan is not None and want_plan != plan_sha256:
+        raise HEPlanMismatchError(
+            f"{source} was encrypted for plan {str(want_plan)[:16]}…, this evaluation runs plan {plan_sha256[:16]}…: "
+            "its value bound was calibrated on another model (or other approximations or --output); "
+            "nothing is evaluated or released",
+            hint="evaluate the model file the data owner calibrated with (`he plan --model M --output O` prints "
+                 "its plan sha256), or have the data owner re-encrypt with `he encrypt --calibrate-model` for this one")
+    if want_mode is not None and want_mode != mode:
+        raise HEPlanMismatchError(
+            f"{source} was encrypted for --output {want_mode}, this evaluation is --output {mode}; "
+            "nothing is evaluated or released",
+            hint=f"run `he evaluate --output {want_mode}`, or have the data owner re-encrypt with "
+                 f"`he encrypt --output {mode}`")
+
+
+def check_outputs_binding(inputs_header: dict[str, Any], outputs_header: dict[str, Any],
+                          source: str = "outputs") -> None:
+    """At decryption, before anything is decrypted: the outputs (the evaluator's word) must come from
+    the plan and output mode recorded in the data owner's own inputs bundle."""
+    check_plan_binding(inputs_header, str(outputs_header.get("model_sha256")),
+                       output_mode(outputs_header.get("output"), outputs_header.get("final_activation")),
+                       source=f"the inputs of {source}")
+
+
 def bundle_info(data: bytes, source: str = "ciphertexts") -> dict[str, Any]:
     """The header of a ciphertext bundle (no key needed)."""
     return container.decode(data, expect_kind=CIPHERTEXTS_KIND, source=source).header
@@ -442,6 +496,7 @@ class Evaluator:
         h, frames = _parse_bundle(inputs, self.context_id, source)
         if h.get("role") != "inputs":
             raise HEFormatError(f"{source} holds {h.get('role')!r}, expected encrypted inputs")
+        check_plan_binding(h, plan.sha256(), output_mode(plan.output, final_activation), source)
         if h["n_columns"] != plan.n_inputs:
             raise HEModelError(f"the model expects {plan.n_inputs} features, {source} has {h['n_columns']}")
         self.check_plan(plan, h.get("input_abs_max"), value_bound=h.get("value_bound"))

@@ -224,7 +224,7 @@ def test_cli_end_to_end(tmp_path, data, mlp, monkeypatch) -> None:  # noqa: ANN0
     assert r.exit_code == 0, r.output
     assert (keys / "secret.stctx").stat().st_mode & 0o077 == 0
     r = run(app, ["he", "encrypt", "--context", str(keys / "secret.stctx"), "--features", str(tmp_path / "x.npy"),
-                  "--out", str(tmp_path / "in.stcts")])
+                  "--out", str(tmp_path / "in.stcts"), "--value-bound", "256"])
     assert r.exit_code == 0, r.output
     r = run(app, ["he", "evaluate", "--context", str(keys / "secret.stctx"), "--model", str(tmp_path / "mlp.safetensors"),
                   "--input", str(tmp_path / "in.stcts"), "--out", str(tmp_path / "out.stcts")])
@@ -275,7 +275,8 @@ def test_cli_probabilities_are_exact_at_decryption_and_calibration_is_recorded(t
     assert r.exit_code == 0, r.output
     assert "calibrated value bound: 128" in r.output and "[50, 40, 50]" in r.output  # searched, not [60, 40, 60]
     r = run(app, ["he", "encrypt", "--context", str(keys / "secret.stctx"), "--features", str(tmp_path / "x.npy"),
-                  "--out", str(tmp_path / "in.stcts"), "--calibrate-model", str(tmp_path / "m.safetensors"), "--pack"])
+                  "--out", str(tmp_path / "in.stcts"), "--calibrate-model", str(tmp_path / "m.safetensors"), "--pack",
+                  "--output", "probabilities"])
     assert r.exit_code == 0, r.output
     info = bundle_info((tmp_path / "in.stcts").read_bytes())
     assert info["value_bound"] >= np.abs(logits).max() and info["layout"] == "feature-packed" and info["blocks"] == 5

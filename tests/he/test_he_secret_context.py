@@ -200,7 +200,7 @@ def test_cli_round_trip_with_sealed_secret(files, tmp_path, monkeypatch) -> None
     assert _leaked_chunks(plain, on_disk) == 0
     assert container.decode(public_file.read_bytes()).header["has_secret_key"] is False  # public stays plain
 
-    r = _run(["encrypt", "--context", secret_file, "--features", root / "x.npy", "--out", tmp_path / "in.stcts"])
+    r = _run(["encrypt", "--value-bound", "64", "--context", secret_file, "--features", root / "x.npy", "--out", tmp_path / "in.stcts"])
     assert r.exit_code == 0, r.output
     assert "WARNING" not in r.output
 
@@ -235,7 +235,7 @@ def test_cli_round_trip_with_sealed_secret(files, tmp_path, monkeypatch) -> None
     r = _run(["decrypt", "--context", secret_file, "--input", tmp_path / "out.stcts"])
     assert isinstance(r.exception, WrongKeyError) and isinstance(r.exception, IntegrityError)
     monkeypatch.delenv("SECURETRAIN_KEK")
-    r = _run(["encrypt", "--context", secret_file, "--features", root / "x.npy", "--out", tmp_path / "in2.stcts"])
+    r = _run(["encrypt", "--value-bound", "64", "--context", secret_file, "--features", root / "x.npy", "--out", tmp_path / "in2.stcts"])
     assert isinstance(r.exception, HEKeySourceError)
     assert not (tmp_path / "in2.stcts").exists()
 
@@ -265,7 +265,7 @@ def test_insecure_plaintext_flag_warns_and_seal_secret_upgrades(files, tmp_path,
     data = secret_file.read_bytes()
     assert data.startswith(container.MAGIC) and secret_file.stat().st_mode & 0o077 == 0
 
-    r = _run(["encrypt", "--context", secret_file, "--features", files["root"] / "x.npy", "--out", tmp_path / "i"])
+    r = _run(["encrypt", "--value-bound", "64", "--context", secret_file, "--features", files["root"] / "x.npy", "--out", tmp_path / "i"])
     assert r.exit_code == 0, r.output
     assert "UNENCRYPTED secret context" in r.output  # a plaintext secret still loads, loudly
 
@@ -278,7 +278,7 @@ def test_insecure_plaintext_flag_warns_and_seal_secret_upgrades(files, tmp_path,
     sealed = secret_file.read_bytes()
     assert sealed.startswith(SEALED_MAGIC) and _leaked_chunks(data, sealed) == 0
     assert open_secret_context(sealed, _provider(KEK_A))[0] == data
-    r = _run(["encrypt", "--context", secret_file, "--features", files["root"] / "x.npy", "--out", tmp_path / "i2"])
+    r = _run(["encrypt", "--value-bound", "64", "--context", secret_file, "--features", files["root"] / "x.npy", "--out", tmp_path / "i2"])
     assert r.exit_code == 0 and "WARNING" not in r.output, r.output
     r = _run(["seal-secret", "--context", keys / "public.stctx"])
     assert isinstance(r.exception, HEFormatError)  # refuses to "seal" a public context
@@ -300,6 +300,6 @@ def test_keygen_with_keyring_file(tmp_path, monkeypatch) -> None:  # noqa: ANN00
     plain, _ = open_secret_context(sealed, LocalKeyring.load(tmp_path / "ring.json"))
     assert DataOwner.from_secret_context(plain).params == choose_params(1)
     monkeypatch.setenv("SECURETRAIN_KEYRING_PASSPHRASE", "wrong passphrase!")
-    r = _run(["encrypt", "--context", tmp_path / "k" / "secret.stctx", "--keyring", tmp_path / "ring.json",
+    r = _run(["encrypt", "--value-bound", "64", "--context", tmp_path / "k" / "secret.stctx", "--keyring", tmp_path / "ring.json",
               "--features", tmp_path / "none.npy", "--out", tmp_path / "o"])
     assert isinstance(r.exception, ConfigError) and not (tmp_path / "o").exists()
