@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
-from securetrain.training.seeding import epoch_seed, worker_init_fn
+from securetrain.training.seeding import epoch_seed, seed_sample, worker_init_fn
 
 
 class ResumableSampler(Sampler[int]):
@@ -57,6 +57,25 @@ class ResumableSampler(Sampler[int]):
         return iter(order[self.rank : total : self.world_size][self.start :])
 
 
+class SampleSeeded(Dataset[Any]):
+    """A map-style dataset whose every ``__getitem__`` first seeds torch/numpy/random from
+    ``(seed, epoch, index)`` (:func:`seed_sample`). Used for DataLoader workers only (their RNG is
+    their own): a sample's random augmentation then depends on the sample, not on which worker
+    loaded it after how many others, so a run resumed mid-epoch draws the same augmentations."""
+
+    def __init__(self, data: Dataset[Any], seed: int) -> None:
+        self.data = data
+        self.seed = seed
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return len(self.data)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        seed_sample(self.seed, self.epoch, int(index))
+        return self.data[index]
+
+
 class EpochFeeder:
     """Yields one epoch of batches at a time, resumable at a micro-batch offset."""
 
@@ -76,6 +95,7 @@ class EpochFeeder:
         self.seed = seed
         self.generator = torch.Generator()
         self.sampler: ResumableSampler | None = None
+        self.seeded: SampleSeeded | None = None
         self.passthrough: DataLoader[Any] | None = None
         collate_fn = None
         if isinstance(data, DataLoader):
@@ -96,8 +116,12 @@ class EpochFeeder:
             return
         self.batch_size = batch_size
         self.sampler = ResumableSampler(len(data), seed=seed, shuffle=shuffle, rank=rank, world_size=world_size)  # type: ignore[arg-type]
+        # Workers: per-sample seeding, so augmentation is the same however the epoch's samples are
+        # dealt out to workers (a resumed epoch deals only the remaining ones). In-process loading
+        # draws from the global RNG, which the checkpoint restores exactly.
+        self.seeded = SampleSeeded(data, seed) if num_workers > 0 else None
         self.loader = DataLoader(
-            data,
+            self.seeded if self.seeded is not None else data,
             batch_size=batch_size,
             sampler=self.sampler,
             drop_last=drop_last,
@@ -127,6 +151,8 @@ class EpochFeeder:
         self.generator.manual_seed(epoch_seed(self.seed, epoch) ^ 0x5EED)
         if self.sampler is not None:
             self.sampler.set_epoch(epoch, start=skip_batches * self.batch_size)
+            if self.seeded is not None:
+                self.seeded.epoch = epoch  # workers copy the dataset when the iterator starts them
             return iter(self.loader)
         assert self.passthrough is not None
         it: Iterator[Any] = iter(self.passthrough)

@@ -23,6 +23,22 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return (seed * _EPOCH_MIX + epoch) % 2**63
 
 
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """A 63-bit seed for one sample of one epoch (splitmix64 of the three), for per-sample augmentation."""
+    z = (epoch_seed(seed, epoch) * 0x100000001B3 + index + 0x9E3779B97F4A7C15) % 2**64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+    return (z ^ (z >> 31)) % 2**63
+
+
+def seed_sample(seed: int, epoch: int, index: int) -> None:
+    """Seed torch, numpy and random for one sample (in a DataLoader worker: its RNG is its own)."""
+    s = sample_seed(seed, epoch, index)
+    torch.manual_seed(s)
+    np.random.seed(s % 2**32)
+    random.seed(s)
+
+
 def worker_init_fn(worker_id: int) -> None:
     """DataLoader workers: derive numpy/random seeds from torch's per-worker seed (itself drawn from
     the loader's seeded generator), so augmentation randomness is reproducible and differs per worker."""

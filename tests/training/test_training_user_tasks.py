@@ -196,3 +196,47 @@ def test_default_metrics_pick_by_shape() -> None:
     assert "exact_match" in default_metrics(torch.randn(10, 1), torch.randint(0, 2, (10,)))
     soft = torch.softmax(torch.randn(10, 3), dim=1)
     assert "confusion" in default_metrics(z, soft)
+
+
+class Augmented(Dataset):
+    """Random augmentation in __getitem__ (torch, numpy and random draws), as image pipelines do."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> Any:
+        import random
+
+        import numpy as np
+
+        noise = 0.1 * torch.randn(6) + float(np.random.normal()) * 0.01 + random.random() * 0.01
+        return X[i] + noise, Y[i]
+
+
+class _StopAt(MetricsHistory):
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.stop = step
+
+    def on_step(self, trainer: Trainer, metrics: Any) -> None:
+        super().on_step(trainer, metrics)
+        if metrics.step == self.stop:
+            trainer.request_stop()
+
+
+def test_augmentation_in_loader_workers_resumes_bit_identically(tmp_path: Path) -> None:
+    """With num_workers > 0 a resumed epoch hands the remaining samples to the workers in another
+    order of draws; each sample's randomness is now seeded from (seed, epoch, index)."""
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+
+    ref = model()
+    Trainer(ref, Augmented(), _cfg(tmp_path / "ref", num_workers=2)).fit()
+    first = Trainer(model(), Augmented(), _cfg(tmp_path / "run", num_workers=2), callbacks=[_StopAt(3)]).fit()
+    assert first.reason == "preempted"
+    resumed = model()
+    second = Trainer(resumed, Augmented(), _cfg(tmp_path / "run", num_workers=2)).fit()
+    assert second.resumed_from == 3
+    for k, v in ref.state_dict().items():
+        assert torch.equal(v, resumed.state_dict()[k]), k
