@@ -209,3 +209,42 @@ def test_identical_frames_are_read_once_and_masks_reach_every_frame() -> None:
     after = frames_of(ds)
     for r in outcome.regions:  # the same boxes are black in all four frames
         assert (after[:, r.y0 : r.y1, r.x0 : r.x1] == arr.min()).all()
+
+
+class _TextOnFirstRead(ScriptedEngine):
+    """Reads a word on its first call only: text that masking removes."""
+
+    def read(self, images: list[np.ndarray]) -> list[list[Word]]:
+        self.calls += 1
+        return [[Word("DOEJOHN", 90, 4, 4, 30, 10)] if self.calls == 1 else [] for _ in images]
+
+
+@pytest.mark.parametrize("modality, verified", [("US", True), ("SC", True), ("CT", False)])
+def test_verify_declared_no_ocrs_flagged_no_files_of_suspect_modalities(modality: str, verified: bool) -> None:
+    """Burned In Annotation NO is the writer's claim. With burned_in_ocr.verify_declared_no a file
+    of a modality that usually burns text in is OCR'd and cleaned all the same; other modalities
+    keep being trusted. Before, a NO file was never OCR'd, whatever the policy said."""
+    ds, _ = make_image([], flag="NO", modality=modality, rows=48, cols=64, bg="noise")
+    if modality == "CT":  # the SOP class agrees (the renderer writes Ultrasound's or SC's)
+        ds.SOPClassUID = ds.file_meta.MediaStorageSOPClassUID = "1.2.840.10008.5.1.4.1.1.2"
+    before = frames_of(ds).copy()
+    engine = _TextOnFirstRead()
+    cleaner = BurnedInCleaner(policy(burned_in="clean", burned_in_ocr={"verify_declared_no": True}), engine=engine)
+    outcome = cleaner.process(ds)
+    after = frames_of(ds)
+    if verified:
+        assert engine.calls >= 2 and outcome.action == "cleaned" and outcome.regions
+        box = outcome.regions[0]
+        assert (after[:, box.y0:box.y1, box.x0:box.x1] == before.min()).all()
+        assert outcome.status == "no"  # what the file declared, reported as such
+    else:
+        assert engine.calls == 0 and outcome.action == "none" and np.array_equal(after, before)
+    assert ds.BurnedInAnnotation == "NO"
+
+
+def test_declared_no_is_trusted_by_default() -> None:
+    ds, _ = make_image([], flag="NO", modality="US", rows=48, cols=64, bg="noise")
+    pixels = ds.PixelData
+    engine = _TextOnFirstRead()
+    outcome = BurnedInCleaner(policy(burned_in="clean"), engine=engine).process(ds)
+    assert engine.calls == 0 and outcome.action == "none" and ds.PixelData == pixels

@@ -53,16 +53,22 @@ def burned_in_status(ds: Dataset, suspect_modalities: Iterable[str]) -> str:
         if text == "NO":
             return "no"
         return "flagged"
+    return "suspected" if usually_burned_in(ds, suspect_modalities) else "no"
+
+
+def usually_burned_in(ds: Dataset, suspect_modalities: Iterable[str]) -> bool:
+    """Whether ``ds``'s Modality, or the modality its SOP class stands for, is one of
+    ``suspect_modalities`` (those whose devices usually burn text into the pixels)."""
     suspects = {m.strip().upper() for m in suspect_modalities}
     modality = str(ds.get("Modality", "") or "").strip().upper()
     if modality in suspects:
-        return "suspected"
+        return True
     meta = getattr(ds, "file_meta", None)
     for sop_class in (ds.get("SOPClassUID"), meta.get("MediaStorageSOPClassUID") if meta is not None else None):
         implied = _SOP_CLASS_MODALITY.get(str(sop_class or "").strip("\x00 "))
         if implied is not None and implied in suspects:
-            return "suspected"
-    return "no"
+            return True
+    return False
 
 
 def matching_masks(ds: Dataset, masks: Iterable[PixelMask]) -> list[PixelMask]:

@@ -158,6 +158,10 @@ class BurnedInOcr(BaseModel):
     max_masked_fraction: float = Field(default=0.5, gt=0, le=1)
     # Mask, re-OCR and mask again up to this many times before the final verifying OCR.
     rounds: int = Field(default=3, ge=1, le=5)
+    # Also OCR (and clean) files that declare Burned In Annotation NO when their modality, or the
+    # one their SOP class stands for, is in burned_in_modalities: the flag is the writer's claim, and
+    # some devices and secondary-capture tools set NO on frames that carry text.
+    verify_declared_no: bool = False
 
 
 class DicomPolicy(BaseModel):

@@ -31,7 +31,7 @@ from securetrain.masking.dicom.burned_in.ocr import OcrEngine, OcrUnavailableErr
 from securetrain.masking.dicom.burned_in.preprocess import to_gray, window_to_uint8
 from securetrain.masking.dicom.burned_in.regions import Region, covered_fraction, merge_regions
 from securetrain.masking.dicom.errors import BurnedInAnnotationError, OcrUnavailable
-from securetrain.masking.dicom.pixels import apply_pixel_masks, burned_in_status, matching_masks
+from securetrain.masking.dicom.pixels import apply_pixel_masks, burned_in_status, matching_masks, usually_burned_in
 from securetrain.masking.dicom.policy import DicomPolicy
 from securetrain.masking.dicom.profile_table import CID7050, Option
 
@@ -182,6 +182,12 @@ class BurnedInCleaner:
                     )
             if masks:
                 self._legacy_masks(ds, report, outcome, masks)
+            return
+        if (status == "no" and mode == "clean" and self.settings.verify_declared_no and flag is not None
+                and usually_burned_in(ds, policy.burned_in_modalities)):
+            # Declared NO, but of a modality that usually burns text in, and the policy checks the
+            # claim: OCR'd and cleaned like a suspected file (status stays "no": what it declared).
+            self._clean(ds, report, outcome, self._known_regions(ds, masks))
             return
         if status == "no" or mode == "allow-flagged":
             known = self._known_regions(ds, masks) if mode == "clean" else []
