@@ -140,3 +140,23 @@ def test_binary_that_is_not_utf8_is_refused_by_name() -> None:
     with pytest.raises(MalformedTableError, match="'raw'") as info:
         serialize_table(pa.table({"raw": pa.array([b"\xff\xfe"], pa.binary())}), "csv")
     assert "\\xff" not in str(info.value)
+
+
+def test_fixed_size_binary_is_text_or_refused() -> None:
+    """Found by a probe: fixed_size_binary went out raw and unquoted (a comma or line break in the
+    bytes split the row); it is text like binary now: quoted where needed, refused if not UTF-8."""
+    from securetrain.masking.tabular.errors import MalformedTableError
+
+    table = pa.table({"a": pa.array([b"x,y", b"abc", None], pa.binary(3)), "b": [1, 2, 3]})
+    assert serialize_table(table, "csv") == b'a,b\n"x,y",1\nabc,2\n,3\n'
+    with pytest.raises(MalformedTableError, match="'a'"):
+        serialize_table(pa.table({"a": pa.array([b"\xff\xfe\xfd"], pa.binary(3))}), "csv")
+
+
+def test_types_csv_cannot_hold_are_refused_by_name() -> None:
+    from securetrain.masking.tabular.errors import MalformedTableError
+
+    for arr in (pa.array([None], pa.month_day_nano_interval()), pa.array([bytes(16)], pa.uuid())):
+        with pytest.raises(MalformedTableError, match="odd \\(") as info:
+            serialize_table(pa.table({"ok": [1], "odd": arr}), "csv")
+        assert "parquet" in (info.value.hint or "")

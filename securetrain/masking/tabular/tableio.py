@@ -344,19 +344,34 @@ def _csv_cells(field: pa.Field, column: pa.ChunkedArray, quote: bool, one_column
 
 
 def _csv_writable(table: pa.Table) -> pa.Table:
-    """``table`` with view types cast to the plain ones pyarrow's CSV writer takes; nested columns
-    (lists, structs, maps), which CSV cannot hold, are refused by name and type."""
-    nested = [f"{f.name} ({f.type})" for f in table.schema if pa.types.is_nested(f.type)]
-    if nested:
+    """``table`` with view types and fixed-size binary cast to plain string/binary (text, quoted
+    where needed, refused if not UTF-8); columns CSV cannot hold are refused by name and type:
+    nested ones (lists, structs, maps), extension types (a UUID's bytes are not its text) and types
+    pyarrow cannot format as text (intervals)."""
+    refused = [f"{f.name} ({f.type})" for f in table.schema if not _csv_holds(f.type)]
+    if refused:
         raise MalformedTableError(
-            f"cannot write column(s) as CSV: {', '.join(nested)}",
+            f"cannot write column(s) as CSV: {', '.join(refused)}",
             hint="write the output as .parquet, or drop those columns",
         )
     for i, f in enumerate(table.schema):
-        if pa.types.is_string_view(f.type) or pa.types.is_binary_view(f.type):
-            plain = pa.string() if pa.types.is_string_view(f.type) else pa.binary()
-            table = table.set_column(i, f.name, pc.cast(table.column(i), plain))
+        if pa.types.is_string_view(f.type):
+            table = table.set_column(i, f.name, pc.cast(table.column(i), pa.string()))
+        elif pa.types.is_binary_view(f.type) or pa.types.is_fixed_size_binary(f.type):
+            table = table.set_column(i, f.name, pc.cast(table.column(i), pa.binary()))
     return table
+
+
+def _csv_holds(type_: pa.DataType) -> bool:
+    if pa.types.is_dictionary(type_):
+        type_ = type_.value_type
+    if pa.types.is_nested(type_) or isinstance(type_, pa.BaseExtensionType):
+        return False
+    try:
+        pc.cast(pa.array([], type_), pa.string())
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+        return False
+    return True
 
 
 def write_table(table: pa.Table, path: str | os.PathLike[str]) -> tuple[str, int]:
