@@ -24,7 +24,7 @@ import importlib
 import inspect
 import sys
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,8 @@ from torch import nn
 
 from securetrain.errors import SecureTrainError
 from securetrain.pipeline.errors import ModelOutputError, ModelTargetError, TaskError
+from securetrain.training.errors import TrainingError
+from securetrain.training.validation import primary_output
 
 ENTRY_POINT_GROUP = "securetrain.models"
 
@@ -228,7 +230,13 @@ def check_model_output(model: nn.Module, inputs: Any, num_classes: int, *, targe
                         hint="map each label to its index in TaskData.class_names in the dataset")
     source = inputs if targets is None else targets
     batch = source.shape[0] if hasattr(source, "shape") else None
-    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != batch or out.shape[1] != num_classes:
+    with suppress(TrainingError):  # a dict / named tuple with 'logits', as the Trainer reads it
+        out = primary_output(out)
+    # [N, C] logits, or per position [N, C, d1, ...] for [N, d1, ...] targets (segmentation masks).
+    dense = (isinstance(out, torch.Tensor) and isinstance(targets, torch.Tensor) and out.dim() > 2
+             and targets.dim() == out.dim() - 1 and tuple(targets.shape[1:]) == tuple(out.shape[2:]))
+    if (not isinstance(out, torch.Tensor) or (out.dim() != 2 and not dense) or out.shape[0] != batch
+            or out.shape[1] != num_classes):
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ModelOutputError(
             f"model {target!r} returns {shape} for a batch of {batch}; the task has {num_classes} classes, "

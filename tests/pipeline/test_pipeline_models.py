@@ -225,3 +225,29 @@ def test_a_factory_that_raises_fails_with_one_line(tmp_path: Path) -> None:
             build_model("picky:build", {"width": 4}, base_dir=tmp_path, num_classes=3)
     finally:
         sys.modules.pop("picky", None)
+
+
+def test_output_check_accepts_what_the_trainer_trains() -> None:
+    """A model returning {'logits': ...} (Hugging Face style), and per-pixel logits [N, C, H, W] for
+    [N, H, W] masks, train with the Trainer's defaults, so the pipeline's one-batch check takes them."""
+    from securetrain.training.trainer import default_predict
+
+    class DictHead(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = torch.nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"logits": self.head(x)}
+
+    check_model_output(DictHead(), (torch.zeros(2, 4), torch.tensor([0, 2])), 3, target="m:dict",
+                       predict=default_predict)
+    seg = torch.nn.Conv2d(1, 2, 3, padding=1)
+    check_model_output(seg, (torch.zeros(2, 1, 8, 8), torch.zeros(2, 8, 8, dtype=torch.long)), 2, target="m:seg",
+                       predict=default_predict)
+    with pytest.raises(ModelOutputError, match="3 classes"):
+        check_model_output(seg, (torch.zeros(2, 1, 8, 8), torch.zeros(2, 8, 8, dtype=torch.long)), 3,
+                           target="m:seg", predict=default_predict)
+    with pytest.raises(ModelOutputError, match="must return"):  # dense outputs need dense targets
+        check_model_output(seg, (torch.zeros(2, 1, 8, 8), torch.zeros(2, dtype=torch.long)), 2,
+                           target="m:seg", predict=default_predict)
