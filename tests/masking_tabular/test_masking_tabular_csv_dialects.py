@@ -116,3 +116,23 @@ def test_column_names_with_edge_spaces_are_shown_quoted(tmp_path: Path) -> None:
     with pytest.raises(UnmaskedColumnError, match="' full_name'") as info:
         _masker().mask_file(src, tmp_path / "out.csv")
     assert "space" in (info.value.hint or "")
+
+
+@pytest.mark.parametrize("where", ["dropped", "kept"])
+def test_a_row_longer_than_the_readers_block(tmp_path: Path, where: str) -> None:
+    """Found by a probe: a cell of a few MB (a pasted statement in a notes column) was refused as
+    'ArrowInvalid' (the row straddled pyarrow's 1 MB parse blocks)."""
+    big = "x, " * 1_000_000
+    src, dst = tmp_path / "in.csv", tmp_path / "out.csv"
+    note, category = (big, "food") if where == "dropped" else ("n", big)
+    rows = [HEADER, ["007", "Ann Lee", note, "1", category], ["008", "Bob Ray", "y", "2", "travel"]]
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    src.write_text(buf.getvalue(), encoding="utf-8")
+    assert _masker().mask_file(src, dst).rows == 2
+    limit = csv.field_size_limit(10**8)  # Python's csv module reads fields of up to 128 KiB by default
+    try:
+        out = _rows(dst.read_bytes().decode("utf-8"))
+    finally:
+        csv.field_size_limit(limit)
+    assert [r[2:] for r in out[1:]] == [["1", category], ["2", "travel"]]

@@ -100,6 +100,24 @@ def _csv_parse_options(data: bytes) -> pacsv.ParseOptions:
     return pacsv.ParseOptions(newlines_in_values=b'"' in data)
 
 
+# pyarrow's CSV reader parses blocks of 1 MiB (default) and refuses a row longer than one.
+_MAX_BLOCK = 2**31 - 1
+
+
+def _read_csv(data: bytes, convert_options: pacsv.ConvertOptions) -> pa.Table:
+    """pyarrow's CSV reader on ``data`` (:func:`_csv_parse_options`); a file with a row longer than
+    a parse block (a cell of a few MB: a pasted statement in a notes column) is read again with
+    blocks as large as the file."""
+    parse = _csv_parse_options(data)
+    try:
+        return pacsv.read_csv(pa.BufferReader(data), parse_options=parse, convert_options=convert_options)
+    except pa.ArrowInvalid as exc:
+        if "straddl" not in str(exc) or len(data) >= _MAX_BLOCK:
+            raise
+    return pacsv.read_csv(pa.BufferReader(data), parse_options=parse, convert_options=convert_options,
+                          read_options=pacsv.ReadOptions(block_size=len(data) + 1))
+
+
 def _one_line_terminated(data: bytes) -> bytes:
     """A file that is one line without a line end (a header only) gets one: pyarrow's reader
     calls it empty otherwise. Only such a file is copied."""
@@ -129,9 +147,7 @@ def parse_table(data: bytes, fmt: Format, *, name: str, string_columns: Collecti
             else:
                 types = {c: pa.string() for c in text}
                 nulls = {"strings_can_be_null": False}
-            table = pacsv.read_csv(
-                pa.BufferReader(data), parse_options=_csv_parse_options(data),
-                convert_options=pacsv.ConvertOptions(column_types=types, **nulls))
+            table = _read_csv(data, pacsv.ConvertOptions(column_types=types, **nulls))
         else:
             return pq.read_table(pa.BufferReader(data))
     except (pa.ArrowException, OSError, ValueError) as exc:
@@ -174,8 +190,7 @@ def _not_utf8_columns(data: bytes) -> list[str]:
     """The columns of a CSV whose bytes are not UTF-8 (only on the error path: read as binary)."""
     try:
         header = csv_header(data)
-        table = pacsv.read_csv(pa.BufferReader(data), parse_options=_csv_parse_options(data),
-                               convert_options=pacsv.ConvertOptions(column_types={c: pa.binary() for c in header}))
+        table = _read_csv(data, pacsv.ConvertOptions(column_types={c: pa.binary() for c in header}))
     except (pa.ArrowException, OSError, ValueError):
         return []
     bad = []
