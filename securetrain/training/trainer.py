@@ -59,7 +59,7 @@ from securetrain.training.errors import ResumeMismatchError, TrainingError, Unch
 from securetrain.training.schedulers import build_scheduler
 from securetrain.training.stop import StopReason
 from securetrain.training.seeding import capture_rng_state, restore_rng_state, seed_everything
-from securetrain.training.validation import BestTracker, MetricsFn, PredictFn, collect_outputs, default_metrics, gather_outputs, primary_output
+from securetrain.training.validation import BestTracker, MetricsFn, PredictFn, collect_outputs, default_metrics, gather_outputs, plain_metrics, primary_output
 
 log = logging.getLogger("securetrain.training")
 
@@ -1145,7 +1145,7 @@ class Trainer:
             try:
                 outputs, targets = collect_outputs(model, self._eval_loader(), self.predict_fn, self._eval_to_device)
                 if self.is_main:
-                    metrics = self.metrics_fn(outputs, targets)
+                    metrics = plain_metrics(self.metrics_fn(outputs, targets))
             finally:
                 model.train()
                 restore_rng_state(rng_t, rng_m, self.backend.device_type)
@@ -1193,7 +1193,13 @@ class Trainer:
                 with torch.no_grad():
                     outputs, targets = gather_outputs(model, first, self.predict_fn, self._eval_to_device)
                 if self.is_main and first:
-                    metrics = self.metrics_fn(outputs, targets)
+                    metrics = plain_metrics(self.metrics_fn(outputs, targets))
+                    try:
+                        st.dumps(metrics)  # what every checkpoint stores in the validation history
+                    except UncheckpointableStateError as exc:
+                        raise UncheckpointableStateError(
+                            f"the validation metrics cannot be checkpointed (checked on the first held-out batch "
+                            f"before training): {exc.args[0]}", hint=exc.hint) from None
                     if self.tracker.metric not in metrics:
                         raise TrainingError(
                             f"validation.metric {self.tracker.metric!r} is not one of the validation metrics "

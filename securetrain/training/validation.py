@@ -175,6 +175,29 @@ def default_metrics(outputs: Any, targets: torch.Tensor) -> dict[str, Any]:
     return classification_metrics(out, targets)  # refuses what it cannot score, with a hint
 
 
+def plain_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """Metric values as plain Python, as history, checkpoints and result.json store them: tensors
+    (torchmetrics) and NumPy scalars/arrays (scikit-learn) become numbers and lists of them."""
+    def plain(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu()
+            return value.item() if value.dim() == 0 else value.tolist()
+        if isinstance(value, np.generic):
+            return value.item()
+        if isinstance(value, np.ndarray):
+            return value.tolist()
+        if isinstance(value, Mapping):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value
+
+    if not isinstance(metrics, Mapping):
+        raise TrainingError(f"metrics_fn returned {type(metrics).__name__}, not a dict of metrics",
+                            hint="return {name: value} (numbers or lists of numbers)")
+    return {k: plain(v) for k, v in metrics.items()}
+
+
 @dataclass
 class BestTracker:
     """Best value of ``metric`` so far and validations since it improved (JSON state)."""

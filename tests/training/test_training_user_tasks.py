@@ -240,3 +240,28 @@ def test_augmentation_in_loader_workers_resumes_bit_identically(tmp_path: Path) 
     assert second.resumed_from == 3
     for k, v in ref.state_dict().items():
         assert torch.equal(v, resumed.state_dict()[k]), k
+
+
+def test_custom_metrics_may_return_tensors_and_numpy_values(tmp_path: Path) -> None:
+    """torchmetrics returns tensors, scikit-learn numpy scalars and arrays: they are stored as plain
+    numbers and lists (before: the first checkpoint after a validation refused the tensor)."""
+    import numpy as np
+
+    def metrics(outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
+        per_class = torch.stack([(outputs.argmax(1)[targets == c] == c).float().mean() for c in range(3)])
+        return {"loss": F.cross_entropy(outputs, targets), "recall": per_class,
+                "f1": np.float32(0.5), "support": np.bincount(targets.numpy(), minlength=3), "n": np.int64(40)}
+
+    r = Trainer(nn.Linear(6, 3), CLS, _cfg(tmp_path), eval_data=CLS, metrics_fn=metrics).fit()
+    last = r.validation[-1]
+    assert type(last["loss"]) is float and type(last["f1"]) is float and type(last["n"]) is int
+    assert isinstance(last["recall"], list) and len(last["recall"]) == 3 and last["support"] == [11, 19, 10]
+    assert r.checkpoint is not None
+
+
+def test_metric_values_without_a_stored_form_are_refused_before_training(tmp_path: Path) -> None:
+    trainer = Trainer(nn.Linear(6, 3), CLS, _cfg(tmp_path), eval_data=CLS,
+                      metrics_fn=lambda o, t: {"loss": 1.0, "classes": {0, 1, 2}})
+    with pytest.raises(TrainingError, match="classes"):
+        trainer.fit()
+    assert trainer.progress.step == 0
