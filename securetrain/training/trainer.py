@@ -937,6 +937,7 @@ class Trainer:
                 if prm.grad is not None:
                     prm.grad.mul_(window_size / in_window)
             self._optimizer_step()
+            return self._after_optimizer_step()  # a step like any other: logged, checkpointed, counted
         return None
 
     def _micro_step(self, batch: Any, window_size: int, *, last: bool) -> None:

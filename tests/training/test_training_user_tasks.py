@@ -265,3 +265,23 @@ def test_metric_values_without_a_stored_form_are_refused_before_training(tmp_pat
     with pytest.raises(TrainingError, match="classes"):
         trainer.fit()
     assert trainer.progress.step == 0
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """Unsized data (a stream / database cursor): the epoch's last accumulation window is short."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        for i in range(40):
+            yield X[i], Y[i]
+
+
+def test_short_last_window_of_unsized_data_is_a_full_step(tmp_path: Path) -> None:
+    """5 micro-batches, accumulation 2: the third step (the short tail) is logged, checkpointed by
+    checkpoint_every and stops at max_steps like any other step (before: none of that)."""
+    history = MetricsHistory()
+    r = Trainer(nn.Linear(6, 3), Stream(), _cfg(tmp_path, grad_accumulation=2, checkpoint_every=3,
+                                                checkpoint_at_end=False, epochs=2, max_steps=3),
+                callbacks=[history]).fit()
+    assert r.steps == 3 and r.epoch == 0
+    assert [m.step for m in history.history] == [1, 2, 3]
+    assert [c.step for c in history.checkpoints] == [3]
