@@ -401,12 +401,12 @@ def check_plan_binding(inputs_header: dict[str, Any], plan_sha256: str, mode: st
 
 
 def check_outputs_binding(inputs_header: dict[str, Any], outputs_header: dict[str, Any],
-                          source: str = "outputs") -> None:
+                          source: str = "inputs") -> None:
     """At decryption, before anything is decrypted: the outputs (the evaluator's word) must come from
-    the plan and output mode recorded in the data owner's own inputs bundle."""
+    the plan and output mode recorded in the data owner's own inputs bundle (``source`` names it)."""
     check_plan_binding(inputs_header, str(outputs_header.get("model_sha256")),
                        output_mode(outputs_header.get("output"), outputs_header.get("final_activation")),
-                       source=f"the inputs of {source}")
+                       source=source)
 
 
 def bundle_info(data: bytes, source: str = "ciphertexts") -> dict[str, Any]:
