@@ -65,12 +65,70 @@ def _load_array(path: Path, what: str):  # noqa: ANN202
         if path.suffix == ".npy":
             return np.load(path, allow_pickle=False)
         if path.suffix == ".csv":
-            text = path.read_text(encoding="utf-8").splitlines()
-            skip = 1 if text and _is_csv_header(text[0]) else 0
-            return np.loadtxt(path, delimiter=",", skiprows=skip, ndmin=2 if what == "features" else 1)
-    except (OSError, ValueError) as exc:
-        raise HEFormatError(f"cannot read {what} from {path}: {exc}") from exc
+            return _load_csv(path.read_bytes(), path, what)
+    except OSError as exc:
+        raise HEFormatError(f"cannot read {what} from {path}: {exc.strerror}") from exc
+    except ValueError as exc:  # numpy's message can quote the data: never forwarded
+        raise HEFormatError(f"cannot read {what} from {path}: not a numeric array ({type(exc).__name__})") from None
     raise HEFormatError(f"{what} must be a .npy or .csv file, got {path.name}")
+
+
+def _load_csv(data: bytes, path: Path, what: str):  # noqa: ANN202
+    """A comma-separated file of numbers as float64, rows = samples (features: 2-D; labels: 1-D
+    when one column): UTF-8 with or without a byte order mark, any line ends, quoted or bare
+    cells, an optional header (:func:`_is_csv_header`). Refusals name rows and columns, never a
+    cell's value: the features are the data owner's private data."""
+    import csv
+    import io
+
+    import numpy as np
+
+    from securetrain.he.errors import HEFormatError
+
+    where = f"cannot read {what} from {path}"
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise HEFormatError(f"{where}: it is not UTF-8 text", hint="save it as UTF-8 CSV or as .npy") from None
+    try:
+        rows = [row for row in csv.reader(io.StringIO(text, newline="")) if row]
+    except csv.Error:
+        raise HEFormatError(f"{where}: malformed CSV (values withheld)", hint="check quoting and line ends") from None
+    if not rows:
+        raise HEFormatError(f"{where}: the file is empty")
+    width, first = len(rows[0]), "the first row"
+    if _is_csv_header(",".join(rows[0])):
+        rows, first = rows[1:], "the header"
+    if not rows:
+        raise HEFormatError(f"{where}: it has a header but no rows")
+    ragged = next((i for i, row in enumerate(rows) if len(row) != width), None)
+    if ragged is not None:
+        raise HEFormatError(f"{where}: data row {ragged + 1} has {len(rows[ragged])} cells, {first} {width}",
+                            hint="a comma-separated file of numbers is expected ('.' as the decimal point)")
+    cells = np.char.strip(np.array(rows, dtype=str))
+    empty = cells == ""
+    if empty.any():
+        r, c = (int(i) + 1 for i in np.argwhere(empty)[0])
+        raise HEFormatError(f"{where}: {int(empty.sum())} empty cell(s), the first in data row {r}, column {c}",
+                            hint="every sample needs every value: fill or drop the incomplete rows")
+    try:
+        out = cells.astype(np.float64)
+    except ValueError:
+        r, c = next((i + 1, j + 1) for i, row in enumerate(cells.tolist()) for j, v in enumerate(row)
+                    if not _is_number(v))
+        raise HEFormatError(f"{where}: the cell in data row {r}, column {c} is not a number (value withheld)",
+                            hint="a comma-separated file of numbers is expected ('.' as the decimal point)") from None
+    return out.ravel() if what != "features" and width == 1 else out
+
+
+def _is_number(cell: str) -> bool:
+    import numpy as np
+
+    try:
+        np.float64(cell)
+    except ValueError:
+        return False
+    return True
 
 
 def _read(path: Path) -> bytes:
