@@ -107,6 +107,9 @@ class TrainingConfig(BaseModel):
     seed: int = Field(0, ge=0, lt=2**32)
     precision: Precision = "auto"
     grad_clip: PositiveFloat | None = Field(1.0, description="Max global grad norm; None disables clipping.")
+    class_weights: list[PositiveFloat] | Literal["balanced"] | None = Field(
+        None, description="Per-class weights of the default cross-entropy loss (one per class, in class-id order), "
+        "or 'balanced': samples / (classes x samples of the class), counted on the training labels.")
     grad_accumulation: PositiveInt = Field(1, description="Micro-batches per optimizer step.")
     closure: bool | None = Field(
         None, description="Call optimizer.step(closure) with a closure that recomputes the loss and gradients "
@@ -152,6 +155,8 @@ class TrainingConfig(BaseModel):
             raise ValueError("nnodes > 1 needs rdzv.endpoint (host:port of the rendezvous store every node reaches)")
         if self.strategy == "fsdp" and getattr(self, "privacy", None) is not None:
             raise ValueError("privacy (DP-SGD) works with strategy ddp only (Opacus wraps the model in its DDP)")
+        if isinstance(self.class_weights, list) and len(self.class_weights) < 2:
+            raise ValueError("class_weights needs one weight per class (at least 2), or 'balanced'")
         if self.node_rank is not None and self.node_rank >= self.nnodes:
             raise ValueError(f"node_rank {self.node_rank} must be below nnodes {self.nnodes}")
         return self

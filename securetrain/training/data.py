@@ -9,11 +9,12 @@ seed from the *global* torch RNG, which would make a resumed run's dropout masks
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, Subset, TensorDataset
 
 from securetrain.training.seeding import epoch_seed, seed_sample, worker_init_fn
 
@@ -55,6 +56,32 @@ class ResumableSampler(Sampler[int]):
         if total > len(order) and order:
             order = (order * (-(-total // len(order))))[:total]
         return iter(order[self.rank : total : self.world_size][self.start :])
+
+
+def dataset_labels(data: Any, read: Callable[[Any], Any]) -> torch.Tensor:
+    """The class ids of a map-style dataset (or a DataLoader's / Subset's) without loading its inputs
+    where it says them: a 1-D ``targets`` or ``labels`` attribute, ``TensorDataset``'s second tensor,
+    or ``items`` of ``(path, label)`` (:class:`~securetrain.masking.dicom.dataset.DicomDataset`);
+    otherwise every item is read and ``read(item)`` gives its label."""
+    if isinstance(data, DataLoader):
+        data = data.dataset
+    if isinstance(data, Subset):
+        return dataset_labels(data.dataset, read)[torch.as_tensor(list(data.indices), dtype=torch.long)]
+    if isinstance(data, TensorDataset) and len(data.tensors) >= 2 and data.tensors[1].dim() == 1:
+        return data.tensors[1].long()
+    for name in ("targets", "labels"):
+        value = getattr(data, name, None)
+        if isinstance(value, (torch.Tensor, list, tuple, np.ndarray)):
+            labels = torch.as_tensor(value)
+            if labels.dim() == 1 and len(labels) == len(data):
+                return labels.long()
+    items = getattr(data, "items", None)
+    if (isinstance(items, list) and items and all(isinstance(i, tuple) and len(i) == 2 for i in items)
+            and all(isinstance(label, int) for _, label in items)):
+        return torch.tensor([label for _, label in items], dtype=torch.long)
+    if isinstance(data, IterableDataset) or not hasattr(data, "__len__"):
+        raise TypeError("an iterable dataset has no labels to count")
+    return torch.stack([torch.as_tensor(read(data[i])).reshape(()) for i in range(len(data))]).long()
 
 
 class SampleSeeded(Dataset[Any]):

@@ -52,7 +52,7 @@ from securetrain.training import state as st
 from securetrain.training.callbacks import StepMetrics, TrainerCallback
 from securetrain.training.checkpoint_store import CheckpointInfo, CheckpointStore
 from securetrain.training.config import TrainingConfig
-from securetrain.training.data import EpochFeeder
+from securetrain.training.data import EpochFeeder, dataset_labels
 from securetrain.training.defaults import default_audit_log, default_checkpoint_store
 from securetrain.training.distributed import DistContext, init_distributed
 from securetrain.training.errors import ResumeMismatchError, TrainingError, UncheckpointableStateError
@@ -168,7 +168,13 @@ def call_model(model: nn.Module, x: Any) -> Any:
     return model(x)
 
 
-def cross_entropy_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+def cross_entropy_loss(model: nn.Module, batch: Any, *, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Default loss: ``F.cross_entropy(model(x), y)`` (``weight``: one per class); see :func:`_cross_entropy`."""
+    return _cross_entropy(model, batch, lambda classes: weight)
+
+
+def _cross_entropy(model: nn.Module, batch: Any,
+                   weight_for: Callable[[int], torch.Tensor | None]) -> torch.Tensor:
     """Default loss: ``F.cross_entropy(model(x), y)`` on class ids (also per pixel: ``[N, C, H, W]``
     logits with ``[N, H, W]`` ids) or on probability rows (soft labels); refuses targets that are
     neither (multi-hot labels, regression values) and one logit per sample, naming the loss to use."""
@@ -199,7 +205,39 @@ def cross_entropy_loss(model: nn.Module, batch: Any) -> torch.Tensor:
                 hint="yield integer class ids, or pass loss_fn (e.g. MSE for regression) and metrics_fn",
             )
         y = y.long()
-    return F.cross_entropy(out, y)
+    weight = weight_for(int(out.shape[1]))
+    if weight is not None and weight.shape[0] != out.shape[1]:
+        raise TrainingError(f"the model returns {out.shape[1]} classes but training.class_weights has "
+                            f"{weight.shape[0]} class weights", hint="give one weight per class, in class-id order")
+    return F.cross_entropy(out, y, weight=weight)
+
+
+class _WeightedCrossEntropy:
+    """The default loss with ``training.class_weights``: given weights, or 'balanced' ones made from
+    the training labels' counts once the first logits say how many classes there are."""
+
+    def __init__(self, weights: list[float] | None, counts: torch.Tensor | None) -> None:
+        self.weights, self.counts = weights, counts
+        self.weight: torch.Tensor | None = None
+
+    def __call__(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        return _cross_entropy(model, batch, lambda classes: self._weight(classes, model))
+
+    def _weight(self, classes: int, model: nn.Module) -> torch.Tensor:
+        if self.weight is None:
+            device = next((p.device for p in model.parameters()), torch.device("cpu"))
+            if self.weights is not None:
+                self.weight = torch.tensor(self.weights, dtype=torch.float32, device=device)
+            else:
+                assert self.counts is not None
+                classes = max(classes, len(self.counts))
+                counts = torch.zeros(classes, dtype=torch.float64)
+                counts[: len(self.counts)] = self.counts.double()
+                total = float(counts.sum())
+                # A class absent from the training labels gets weight 1 (it never weighs a sample).
+                weight = torch.where(counts > 0, total / (classes * counts.clamp(min=1)), torch.ones_like(counts))
+                self.weight = weight.float().to(device)
+        return self.weight
 
 
 #: Losses that take float targets: integer labels are cast to the outputs' dtype for them.
@@ -349,6 +387,10 @@ class Trainer:
         # A loss module (nn.CrossEntropyLoss(weight=w), nn.MSELoss(), nn.BCEWithLogitsLoss(pos_weight=...))
         # is applied to (model(x), y) and moved to the device with the model (class weights included).
         self.criterion: nn.Module | None = loss_fn if isinstance(loss_fn, nn.Module) else None
+        if self.config.class_weights is not None and loss_fn is not None:
+            raise TrainingError("training.class_weights weights the default cross-entropy loss, and this run passes "
+                                "its own loss_fn", hint="put the weights in your loss (e.g. "
+                                "loss_fn=nn.CrossEntropyLoss(weight=...)) or unset training.class_weights")
         if self.criterion is not None:
             self.loss_fn: LossFn = criterion_loss(self.criterion)
         else:
@@ -471,6 +513,24 @@ class Trainer:
                 hint=f"use one of {', '.join(backend.supported_precisions)} or precision=auto",
             )
         return wanted, {"bf16": torch.bfloat16, "fp16": torch.float16}.get(wanted)
+
+    def _weighted_loss(self) -> LossFn:
+        """The default loss with ``config.class_weights`` (counting the labels for 'balanced')."""
+        spec = self.config.class_weights
+        if spec != "balanced":
+            return _WeightedCrossEntropy(list(cast(list, spec)), None)
+        try:
+            labels = dataset_labels(self.train_data, lambda item: split_batch(item)[1])
+        except (TypeError, TrainingError) as exc:
+            raise TrainingError(f"training.class_weights: balanced needs the training labels, which this data does "
+                                f"not give ({exc})", hint="give the weights as a list, one per class") from None
+        if labels.numel() == 0 or bool((labels < 0).any()):
+            raise TrainingError("training.class_weights: balanced needs class ids 0..C-1 in the training labels",
+                                hint="give the weights as a list, one per class")
+        counts = torch.bincount(labels)
+        if self.is_main:
+            log.info("class_weights balanced: class counts %s", counts.tolist())
+        return _WeightedCrossEntropy(None, counts)
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         arg = self._optimizer_arg
@@ -801,6 +861,8 @@ class Trainer:
         if self._sharded:
             self._check_fsdp(precision)
             self.model = sharded.wrap_fsdp(self.model, self.dist.world_size, device)
+        if cfg.class_weights is not None:
+            self.loss_fn = self._weighted_loss()
         self.optimizer = self._build_optimizer()
         self._closure = optimizer_needs_closure(self.optimizer) if cfg.closure is None else cfg.closure
         if self._closure and precision == "fp16":

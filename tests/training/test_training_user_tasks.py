@@ -285,3 +285,35 @@ def test_short_last_window_of_unsized_data_is_a_full_step(tmp_path: Path) -> Non
     assert r.steps == 3 and r.epoch == 0
     assert [m.step for m in history.history] == [1, 2, 3]
     assert [c.step for c in history.checkpoints] == [3]
+
+
+def test_class_weights_from_the_config(tmp_path: Path) -> None:
+    """training.class_weights: a list, or 'balanced' (n / (classes x count), from the training labels),
+    for the default loss, so config-only users (securetrain run / train) can weight rare classes."""
+    w = [1.0, 2.0, 3.0]
+    a, b = nn.Linear(6, 3), nn.Linear(6, 3)
+    b.load_state_dict(a.state_dict())
+    Trainer(a, CLS, _cfg(tmp_path / "a", class_weights=w)).fit()
+    Trainer(b, CLS, _cfg(tmp_path / "b"), loss_fn=nn.CrossEntropyLoss(weight=torch.tensor(w))).fit()
+    assert torch.equal(a.weight, b.weight)
+
+    counts = torch.bincount(Y, minlength=3).double()
+    balanced = (len(Y) / (3 * counts)).float()
+    c, d = nn.Linear(6, 3), nn.Linear(6, 3)
+    d.load_state_dict(c.state_dict())
+
+    class Rows(Dataset):  # no labels attribute: read by iterating
+        def __len__(self) -> int:
+            return 40
+
+        def __getitem__(self, i: int) -> Any:
+            return {"features": X[i], "label": Y[i]}
+
+    Trainer(c, Rows(), _cfg(tmp_path / "c", class_weights="balanced")).fit()
+    Trainer(d, CLS, _cfg(tmp_path / "d"), loss_fn=nn.CrossEntropyLoss(weight=balanced)).fit()
+    assert torch.allclose(c.weight, d.weight, atol=1e-6)
+
+    with pytest.raises(TrainingError, match="class_weights"):
+        Trainer(nn.Linear(6, 3), CLS, _cfg(tmp_path / "e", class_weights=w), loss_fn=nn.MSELoss()).fit()
+    with pytest.raises(TrainingError, match="3 classes.*2 class weights"):
+        Trainer(nn.Linear(6, 3), CLS, _cfg(tmp_path / "f", class_weights=[1.0, 2.0])).fit()
