@@ -136,3 +136,32 @@ def test_a_row_longer_than_the_readers_block(tmp_path: Path, where: str) -> None
     finally:
         csv.field_size_limit(limit)
     assert [r[2:] for r in out[1:]] == [["1", category], ["2", "travel"]]
+
+
+@pytest.mark.parametrize(("data", "what"), [
+    (b"PAR1\x15\x04\x15\x00,\x15\x12\nL\x15", "Parquet"),
+    (b"PK\x03\x04\x14\x00\x06\x00\x08\x00\x00\x00!\x00", "Excel"),
+    (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1\x00\x00", "Excel"),
+])
+@pytest.mark.parametrize("default_keep", [False, True])
+def test_other_file_kinds_named_csv(tmp_path: Path, data: bytes, what: str, default_keep: bool) -> None:
+    """Found by a probe: a Parquet file named .csv was refused as a column named 'PAR1\\x15...'."""
+    src = tmp_path / "in.csv"
+    src.write_bytes(data + bytes(range(256)) * 4)
+    with pytest.raises(UnsupportedFormatError, match=what):
+        _masker(default_keep).mask_file(src, tmp_path / "out.csv")
+
+
+def test_csv_named_parquet(tmp_path: Path) -> None:
+    src = tmp_path / "in.parquet"
+    src.write_bytes(b"customer_id,amount\n1,2\n")
+    with pytest.raises(MalformedTableError, match="not a Parquet file") as info:
+        _masker().mask_file(src, tmp_path / "out.csv")
+    assert ".csv" in (info.value.hint or "")
+
+
+def test_control_characters_in_the_header(tmp_path: Path) -> None:
+    src = tmp_path / "in.csv"
+    src.write_bytes(b"customer_id,amo\x01unt\n1,2\n")
+    with pytest.raises(MalformedTableError, match="control character"):
+        _masker(default_keep=True).mask_file(src, tmp_path / "out.csv")

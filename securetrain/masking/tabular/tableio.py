@@ -64,6 +64,13 @@ def csv_header(data: bytes) -> list[str]:
 
 
 _OTHER_DELIMITERS = {";": "semicolon", "\t": "tab", "|": "pipe"}
+_EXCEL_HINT = "export it from Excel as 'CSV UTF-8 (Comma delimited)', or write Parquet"
+# Files that are not text, by their first bytes: named .csv by mistake.
+_OTHER_KINDS = (
+    (b"PAR1", "a Parquet file", "name it .parquet"),
+    (b"PK\x03\x04", "a ZIP archive (an Excel .xlsx workbook?)", _EXCEL_HINT),
+    (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "an OLE2 file (an Excel .xls workbook?)", _EXCEL_HINT),
+)
 _UTF16_HINT = "; from UTF-16 (Excel's 'Unicode text'): iconv -f utf-16 -t utf-8 in.csv > out.csv"
 
 
@@ -73,6 +80,9 @@ def read_csv_header(data: bytes, name: str) -> list[str]:
     replacement characters or NULs) and a file separated by something else than commas (one
     column named after the whole header, which a policy with a default could keep, every
     identifier inside)."""
+    for magic, kind, hint in _OTHER_KINDS:
+        if data.startswith(magic):
+            raise UnsupportedFormatError(f"cannot read {name} as CSV: it is {kind}", hint=hint)
     header = csv_header(data)
     garbled = [n for n in header if "\x00" in n or ("\ufffd" in n and n.encode() not in data)]
     if garbled:
@@ -80,6 +90,10 @@ def read_csv_header(data: bytes, name: str) -> list[str]:
             f"cannot read {name} as CSV: its header line is not valid UTF-8 text (it looks like Latin-1 or "
             "UTF-16); the column names cannot be matched to the policy",
             hint=_NOT_UTF8_HINT + _UTF16_HINT)
+    if any(ord(ch) < 32 and ch not in "\t\r\n" for n in header for ch in n):
+        raise MalformedTableError(
+            f"cannot read {name} as CSV: its header holds control characters (it is not a text CSV file)",
+            hint="check the file: export the table as CSV UTF-8, or write Parquet")
     if len(header) == 1:
         for sep, word in _OTHER_DELIMITERS.items():
             if sep in header[0]:
@@ -149,6 +163,10 @@ def parse_table(data: bytes, fmt: Format, *, name: str, string_columns: Collecti
                 nulls = {"strings_can_be_null": False}
             table = _read_csv(data, pacsv.ConvertOptions(column_types=types, **nulls))
         else:
+            if not data.startswith(b"PAR1"):
+                raise MalformedTableError(
+                    f"cannot read {name}: it is not a Parquet file (no PAR1 magic number)",
+                    hint="a CSV file must be named .csv; else check that the file is complete")
             return pq.read_table(pa.BufferReader(data))
     except (pa.ArrowException, OSError, ValueError) as exc:
         reason = _safe_csv_reason(exc) if fmt == "csv" else type(exc).__name__
