@@ -179,6 +179,10 @@ def _cross_entropy(model: nn.Module, batch: Any,
     logits with ``[N, H, W]`` ids) or on probability rows (soft labels); refuses targets that are
     neither (multi-hot labels, regression values) and one logit per sample, naming the loss to use."""
     x, y = split_batch(batch)
+    if not isinstance(y, torch.Tensor):
+        raise TrainingError(
+            f"the targets are a {type(y).__name__} (e.g. label names collated into a list); the default loss needs "
+            "class ids (an integer tensor)", hint="map each label to its class id in the dataset, or pass loss_fn")
     out = primary_output(call_model(model, x))
     if out.dim() < 2 or out.shape[1] < 2:
         raise TrainingError(
@@ -1043,6 +1047,12 @@ class Trainer:
                         "has parameters its loss did not use", hint="set training.find_unused_parameters: true "
                         "(TrainingConfig(find_unused_parameters=True)), or freeze them with requires_grad_(False)",
                     ) from exc
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                what = (f"per-sample losses of shape {list(loss.shape)}" if isinstance(loss, torch.Tensor)
+                        else type(loss).__name__)
+                raise TrainingError(f"loss_fn returned {what}; the trainer needs one scalar loss tensor per batch",
+                                    hint="return loss_fn's mean (e.g. reduction='mean' or .mean()) as a tensor, "
+                                         "not a Python number (.item() detaches it from the graph)")
             scaled = loss / window_size if window_size != 1 else loss
             scaler.scale(scaled).backward() if scaler.is_enabled() else scaled.backward()
         return loss

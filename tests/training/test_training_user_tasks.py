@@ -317,3 +317,25 @@ def test_class_weights_from_the_config(tmp_path: Path) -> None:
         Trainer(nn.Linear(6, 3), CLS, _cfg(tmp_path / "e", class_weights=w), loss_fn=nn.MSELoss()).fit()
     with pytest.raises(TrainingError, match="3 classes.*2 class weights"):
         Trainer(nn.Linear(6, 3), CLS, _cfg(tmp_path / "f", class_weights=[1.0, 2.0])).fit()
+
+
+@pytest.mark.parametrize(("loss_fn", "match"), [
+    (lambda m, b: F.cross_entropy(m(b[0]), b[1], reduction="none"), "per-sample losses of shape \\[8\\]"),
+    (lambda m, b: float(F.cross_entropy(m(b[0]), b[1])), "returned float"),
+], ids=["unreduced", "float"])
+def test_a_loss_that_is_not_a_scalar_tensor_is_refused_with_a_hint(tmp_path: Path, loss_fn: Any, match: str) -> None:
+    with pytest.raises(TrainingError, match=match) as info:
+        Trainer(nn.Linear(6, 3), CLS, _cfg(tmp_path), loss_fn=loss_fn).fit()
+    assert "loss_fn" in str(info.value)
+
+
+def test_string_labels_are_refused_with_a_hint(tmp_path: Path) -> None:
+    class Named(Dataset):
+        def __len__(self) -> int:
+            return 40
+
+        def __getitem__(self, i: int) -> Any:
+            return X[i], ["benign", "malignant", "normal"][int(Y[i])]
+
+    with pytest.raises(TrainingError, match="targets.*list.*class ids"):
+        Trainer(nn.Linear(6, 3), Named(), _cfg(tmp_path)).fit()
