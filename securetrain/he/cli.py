@@ -80,6 +80,7 @@ def _load_csv(data: bytes, path: Path, what: str):  # noqa: ANN202
     cell's value: the features are the data owner's private data."""
     import csv
     import io
+    import warnings
 
     import numpy as np
 
@@ -90,20 +91,37 @@ def _load_csv(data: bytes, path: Path, what: str):  # noqa: ANN202
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise HEFormatError(f"{where}: it is not UTF-8 text", hint="save it as UTF-8 CSV or as .npy") from None
+    # numpy's parser (quotes, blank lines, any line ends) on the rows after a one-line header; the
+    # csv module below only where it fails (to name the row and column, or a multi-line header).
+    try:
+        first = next((row for row in csv.reader(io.StringIO(text, newline="")) if row), None)
+    except csv.Error:
+        first = None
+    if first is not None and text.split("\n", 1)[0].count('"') % 2 == 0:  # the first record is one line
+        skip = 1 if _is_csv_header(",".join(first)) else 0
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "Empty input file": refused below
+                fast = np.loadtxt(io.StringIO(text), delimiter=",", quotechar='"', skiprows=skip, ndmin=2,
+                                  dtype=np.float64)
+        except ValueError:
+            fast = None
+        if fast is not None and fast.size and fast.shape[1] == len(first):
+            return fast.ravel() if what != "features" and fast.shape[1] == 1 else fast
     try:
         rows = [row for row in csv.reader(io.StringIO(text, newline="")) if row]
     except csv.Error:
         raise HEFormatError(f"{where}: malformed CSV (values withheld)", hint="check quoting and line ends") from None
     if not rows:
         raise HEFormatError(f"{where}: the file is empty")
-    width, first = len(rows[0]), "the first row"
+    width, widest = len(rows[0]), "the first row"
     if _is_csv_header(",".join(rows[0])):
-        rows, first = rows[1:], "the header"
+        rows, widest = rows[1:], "the header"
     if not rows:
         raise HEFormatError(f"{where}: it has a header but no rows")
     ragged = next((i for i, row in enumerate(rows) if len(row) != width), None)
     if ragged is not None:
-        raise HEFormatError(f"{where}: data row {ragged + 1} has {len(rows[ragged])} cells, {first} {width}",
+        raise HEFormatError(f"{where}: data row {ragged + 1} has {len(rows[ragged])} cells, {widest} {width}",
                             hint="a comma-separated file of numbers is expected ('.' as the decimal point)")
     cells = np.char.strip(np.array(rows, dtype=str))
     empty = cells == ""

@@ -28,6 +28,7 @@ def _write(tmp_path: Path, data: bytes) -> Path:
     b'"a","b"\n"1.5","2.5"\n3.5,"4.5"\n',  # quoted header and numbers
     b"1.5,2.5\n3.5,4.5",  # no final newline
     b"0,1\n1.5,2.5\n3.5,4.5\n",  # pandas' header of an unnamed frame
+    b'"a\nmulti-line name",b\n1.5,2.5\n\n3.5,4.5\n',  # a header over two lines, a blank line
 ])
 def test_features_csv_dialects(tmp_path: Path, data: bytes) -> None:
     got = _load_array(_write(tmp_path, data), "features")
