@@ -21,6 +21,10 @@ class TaskError(PipelineError, ConfigError):
     """``task`` / ``task.target`` is unknown, or the task's data cannot be used as configured."""
 
 
+class SigningKeyError(PipelineError, ConfigError):
+    """A signing key the run needs (provenance) is missing, unsafe or not an Ed25519 PEM key."""
+
+
 #: Exit status of ``securetrain run``/``demo`` after a preemption (same as ``securetrain train``).
 PREEMPTED_EXIT_CODE = 75
 

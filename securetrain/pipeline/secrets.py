@@ -90,6 +90,32 @@ def _create_demo_signing_keys(config: PipelineConfig) -> None:
             logging.getLogger(__name__).info("demo secrets: created signing key %s", path.name)
 
 
+def check_provenance_key(config: PipelineConfig) -> None:
+    """With ``release.provenance`` (the default), the provenance signing key must load now, before any
+    work: the key is needed only at the end of the run, after training, so without this check a
+    production run without it trained for nothing."""
+    if not config.release.provenance:
+        return
+    from securetrain.audit.errors import AuditConfigError
+    from securetrain.audit.keys import load_signing_key
+    from securetrain.pipeline.errors import SigningKeyError
+    from securetrain.release.provenance import signing_key_path
+
+    path = signing_key_path(config)
+    public = path.with_name(path.name.removesuffix(".pem") + ".pub.pem")
+    if not path.exists():
+        raise SigningKeyError(
+            f"provenance signing key not found: {path} (release.provenance is on)",
+            hint=f"create it once with `securetrain release keygen {path} {public}` (or point "
+            "SECURETRAIN_PROVENANCE_KEY at your existing key), or set release.provenance: false",
+        )
+    try:
+        load_signing_key(path)
+    except AuditConfigError as exc:  # unsafe mode, not a PEM, not Ed25519: the same checks, its own name
+        raise SigningKeyError(exc.args[0].replace("audit signing key", "provenance signing key"),
+                              hint=exc.hint) from None
+
+
 def run_keyring_path(config: PipelineConfig) -> Path | None:
     """Where the run's KEK keyring lives; ``None`` when an env KEK or Vault holds the KEK."""
     if os.environ.get(ENV_KEYRING):
@@ -162,6 +188,7 @@ def load_run_secrets(config: PipelineConfig) -> RunSecrets:
         )
     if demo:
         _create_demo_signing_keys(config)
+    check_provenance_key(config)
     return RunSecrets(keyring, keyring_path, DeidKeys.from_secret(deid_secret), deid_secret)
 
 
