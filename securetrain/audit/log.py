@@ -522,7 +522,10 @@ class AuditLog:
         except DBAPIError as exc:
             raise classify(exc, backend=self.backend, operation="opening the audit log") from None
         if not present:
-            raise AuditConfigError("the database holds no securetrain audit log", hint="check --db / SECURETRAIN_AUDIT_URL")
+            if self.schema is None:
+                raise AuditConfigError("the database holds no securetrain audit log", hint="check --db / SECURETRAIN_AUDIT_URL")
+            raise AuditConfigError(f"the database holds no securetrain audit log in schema {self.schema!r}",
+                                   hint="check --db / SECURETRAIN_AUDIT_URL, and --schema: the run's audit.schema")
 
     def _note_columns(self, conn: Connection) -> None:
         names = {c["name"] for c in inspect(conn).get_columns(E.name, schema=self.schema)}

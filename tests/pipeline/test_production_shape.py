@@ -56,3 +56,109 @@ def test_unsafe_provenance_key_is_named_as_such(tmp_path: Path, production_env: 
     off = load_pipeline_config(data=small_config_data(tmp_path, secrets={"create_demo_secrets": False},
                                                       release={"provenance": False}))
     check_provenance_key(off)  # not needed, not checked
+
+
+@pytest.mark.postgres
+def test_audit_verify_names_the_schema_it_looked_in(pg_schema: str) -> None:
+    """A run's log lives in its audit.schema: verifying without --schema says where it looked."""
+    from securetrain.audit.errors import AuditConfigError
+    from securetrain.audit.log import AuditLog
+    from tests.conftest import POSTGRES_URL
+
+    with pytest.raises(AuditConfigError) as info:
+        AuditLog(POSTGRES_URL, schema=pg_schema, create=False)
+    assert repr(pg_schema) in str(info.value) and "--schema" in str(info.value)
+
+
+# --------------------------------------------------------------- a finance team's own table and model
+USER_TABLE_MODEL = '''
+from torch import nn
+
+
+def build(in_features, num_classes, hidden=8):
+    return nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+'''
+
+LOANS_POLICY = '''
+policy_version: "1.0.0"
+name: loans
+columns:
+  - {name: customer_id, action: tokenize, domain: customer}
+  - {name: full_name, action: tokenize, domain: person}
+  - {name: amount, action: keep}
+  - {name: segment, action: keep}
+  - {name: defaulted, action: keep}
+  - {name: risk, action: keep}
+  - {name: loss, action: keep}
+'''
+
+
+def write_loans_project(folder: Path, rows: int = 160) -> Path:
+    """A team's project folder: their CSV (not the repository's generator), policy and model."""
+    import csv
+    import random
+
+    rnd = random.Random(3)
+    folder.mkdir(parents=True)
+    with open(folder / "loans.csv", "w", newline="") as handle:
+        out = csv.writer(handle)
+        out.writerow(["customer_id", "full_name", "amount", "segment", "defaulted", "risk", "loss"])
+        for _ in range(rows):
+            cid = rnd.randrange(40)
+            amount = round(rnd.uniform(1, 500), 2)
+            out.writerow([f"C{cid:04d}", f"Person {cid}", amount, rnd.choice(["retail", "sme"]),
+                          "yes" if amount > 300 else "no", ["low", "mid", "high"][min(int(amount // 170), 2)],
+                          round(amount * 0.1 + rnd.gauss(0, 1), 3)])
+    (folder / "policy.yaml").write_text(LOANS_POLICY)
+    (folder / "loanmodels.py").write_text(USER_TABLE_MODEL)
+    return folder
+
+
+def loans_config(folder: Path, label: str, **sections: object) -> Path:
+    import yaml
+
+    data = {
+        "name": f"loans-{label}", "output_dir": str(folder / "runs"), "task": "tabular-classification",
+        "data": {"source": "loans.csv", "policy": "policy.yaml", "label_column": label, "split_by": "customer_id"},
+        "model": {"target": "loanmodels:build", "kwargs": {"hidden": 4}},
+        "training": {"epochs": 1, "batch_size": 32},
+        "he": {"enabled": False}, "release": {"provenance": False},
+        "secrets": {"create_demo_secrets": True},
+    }
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value  # type: ignore[dict-item]
+    path = folder / f"{label}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_own_csv_with_string_and_multiclass_targets(tmp_path: Path) -> None:
+    project = write_loans_project(tmp_path / "project")
+    binary = run_pipeline(load_pipeline_config(loans_config(project, "defaulted")))
+    assert binary.training.class_names == ["no", "yes"]
+    three = run_pipeline(load_pipeline_config(loans_config(project, "risk")))
+    assert three.training.class_names == ["high", "low", "mid"]
+    assert three.training.model_target == "loanmodels:build"
+
+
+def test_regression_target_is_refused_before_training(tmp_path: Path) -> None:
+    from securetrain.pipeline.errors import TaskError
+
+    project = write_loans_project(tmp_path / "project")
+    config = load_pipeline_config(loans_config(project, "loss"))
+    with pytest.raises(TaskError, match="non-integer numbers") as info:
+        run_pipeline(config)
+    assert "custom task" in str(info.value) and "data.classes" in str(info.value)
+    assert not (config.run_dir / "checkpoints").exists()
+
+
+def test_label_names_refuse_fractional_numbers_only() -> None:
+    from securetrain.pipeline.errors import TaskError
+    from securetrain.pipeline.tasks.base import label_names
+
+    assert label_names(["0.0", "1.0"], None, where="t") == ["0.0", "1.0"]  # integral: classes as before
+    assert label_names(["10", "2"], None, where="t") == ["2", "10"]
+    assert label_names(["a", "1.5"], None, where="t") == ["1.5", "a"]  # not all numbers: names
+    assert label_names(["0.5", "1.5"], ["0.5", "1.5"], where="t") == ["0.5", "1.5"]  # listed: class names
+    with pytest.raises(TaskError, match="non-integer"):
+        label_names(["0.5", "1", "2.25"], None, where="t")
