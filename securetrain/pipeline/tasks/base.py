@@ -86,10 +86,28 @@ def label_names(values: Iterable[str], classes: list[str] | None, *, where: str)
             raise TaskError(f"{where}: {len(unknown)} label value(s) not in data.classes",
                             hint="add them to data.classes or fix the labels")
         return list(classes)
+    fractional = [v for v in distinct if _is_number(v) and not float(v).is_integer()]
+    if fractional and all(_is_int(v) or _is_number(v) for v in distinct):
+        # A regression target (a price, a loss, a score) would otherwise train one class per value.
+        raise TaskError(
+            f"{where}: the label column holds non-integer numbers ({len(distinct)} distinct values, "
+            f"{len(fractional)} with a fraction): this task trains a classifier on class labels",
+            hint="for a regression target write a custom task with an MSE loss (docs/tasks.md); "
+            "to use these values as class names, list them in data.classes",
+        )
     try:
         return [str(v) for v in sorted({int(v) for v in distinct})] if all(_is_int(v) for v in distinct) else distinct
     except ValueError:  # pragma: no cover - guarded by _is_int
         return distinct
+
+
+def _is_number(value: str) -> bool:
+    import math
+
+    try:
+        return math.isfinite(float(value))
+    except ValueError:
+        return False
 
 
 def _is_int(value: str) -> bool:
