@@ -148,7 +148,7 @@ def test_regression_target_is_refused_before_training(tmp_path: Path) -> None:
     config = load_pipeline_config(loans_config(project, "loss"))
     with pytest.raises(TaskError, match="non-integer numbers") as info:
         run_pipeline(config)
-    assert "custom task" in str(info.value) and "data.classes" in str(info.value)
+    assert "classifiers only" in str(info.value) and "data.classes" in str(info.value)
     assert not (config.run_dir / "checkpoints").exists()
 
 

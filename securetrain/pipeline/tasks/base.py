@@ -92,8 +92,8 @@ def label_names(values: Iterable[str], classes: list[str] | None, *, where: str)
         raise TaskError(
             f"{where}: the label column holds non-integer numbers ({len(distinct)} distinct values, "
             f"{len(fractional)} with a fraction): this task trains a classifier on class labels",
-            hint="for a regression target write a custom task with an MSE loss (docs/tasks.md); "
-            "to use these values as class names, list them in data.classes",
+            hint="the pipeline trains classifiers only: bin a regression target into classes in your "
+            "data (e.g. low/mid/high), or list these values in data.classes to use them as class names",
         )
     try:
         return [str(v) for v in sorted({int(v) for v in distinct})] if all(_is_int(v) for v in distinct) else distinct
