@@ -12,6 +12,7 @@ Secrets never leave this object as text: ``repr`` shows only ids.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -36,6 +37,8 @@ AUDIT_KEY_FILE = "audit-signing.pem"
 KEYRING_FILE = "keyring.json"
 PASSPHRASE_FILE = "keyring.passphrase"
 DEID_KEY_FILE = "deid.key"
+#: The tabular masking key (``securetrain mask``, and the pipeline's tabular task).
+ENV_MASK_KEY = "SECURETRAIN_MASK_KEY"
 #: The public demo de-identification key (``secrets.demo_deid_key: fixed``): published here, so it
 #: protects nothing; it only makes a demo's pseudonyms and patient split repeat run to run.
 DEMO_DEID_KEY_HEX = hashlib.sha256(b"securetrain public demo de-identification key: synthetic data only").hexdigest()
@@ -176,11 +179,25 @@ def load_run_secrets(config: PipelineConfig) -> RunSecrets:
     deid_file = folder / DEID_KEY_FILE
     if os.environ.get(ENV_DEID_KEY):
         deid_secret = parse_key_text(os.environ[ENV_DEID_KEY].encode(), what=ENV_DEID_KEY, hex_only=True)
+    elif config.task.kind == "tabular-classification" and os.environ.get(ENV_MASK_KEY):
+        # A table needs only its masking key (read by the task itself); the run's other keyed values
+        # (the pseudonym-map key, the secret's id in result.json) derive from it, never the key itself.
+        from securetrain.keytext import decode_key
+        from securetrain.masking.tabular.errors import MaskKeyError
+
+        mask_key = decode_key(os.environ[ENV_MASK_KEY], what=ENV_MASK_KEY, error=MaskKeyError)
+        deid_secret = hmac.new(mask_key, b"securetrain/pipeline/tabular-run-secret", hashlib.sha256).digest()
     elif demo:
         if not deid_file.exists():
             fixed = config.secrets.demo_deid_key == "fixed"
             atomic_write_bytes(deid_file, (DEMO_DEID_KEY_HEX if fixed else secrets.token_hex(32)).encode())
         deid_secret = parse_key_text(_read_private(deid_file), what=str(deid_file))
+    elif config.task.kind == "tabular-classification":
+        raise DeidKeyError(
+            f"no masking secret: set {ENV_MASK_KEY} (the tabular masking key, 64 hex chars) or {ENV_DEID_KEY}"
+            " (the masking key is then derived from it)",
+            hint="or set secrets.create_demo_secrets: true for a throw-away demo",
+        )
     else:
         raise DeidKeyError(
             f"no de-identification secret: set {ENV_DEID_KEY} (64 hex chars)",

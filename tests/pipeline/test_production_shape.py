@@ -162,3 +162,26 @@ def test_label_names_refuse_fractional_numbers_only() -> None:
     assert label_names(["0.5", "1.5"], ["0.5", "1.5"], where="t") == ["0.5", "1.5"]  # listed: class names
     with pytest.raises(TaskError, match="non-integer"):
         label_names(["0.5", "1", "2.25"], None, where="t")
+
+
+def test_tabular_run_needs_only_the_masking_key(tmp_path: Path, production_env: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """finance.md: the masking key is SECURETRAIN_MASK_KEY, or derived from SECURETRAIN_DEID_KEY.
+    A finance team that sets only the masking key is not asked for a DICOM de-identification key."""
+    from securetrain.masking.dicom.errors import DeidKeyError
+
+    monkeypatch.delenv("SECURETRAIN_DEID_KEY")
+    monkeypatch.delenv("SECURETRAIN_MASK_KEY", raising=False)
+    project = write_loans_project(tmp_path / "project")
+    config = load_pipeline_config(loans_config(project, "defaulted", secrets={"create_demo_secrets": False}))
+    with pytest.raises(DeidKeyError, match="SECURETRAIN_MASK_KEY") as info:
+        run_pipeline(config)
+    assert "SECURETRAIN_DEID_KEY" in str(info.value)
+    assert not (config.run_dir / "data").exists()
+    key = os.urandom(32).hex()
+    monkeypatch.setenv("SECURETRAIN_MASK_KEY", key)
+    result = run_pipeline(config)
+    assert result.training.class_names == ["no", "yes"]
+    for path in config.run_dir.rglob("*"):  # the masking key is never written
+        if path.is_file():
+            assert key.encode() not in path.read_bytes() and bytes.fromhex(key) not in path.read_bytes()
