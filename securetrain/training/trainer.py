@@ -486,7 +486,13 @@ class Trainer:
             "callbacks": {k: cb.state_dict() for k, cb in self._stateful_callbacks().items()},
             "early_stopped": self._early_stop,
             "validated_step": self._validated_step,
+            "schedule_steps": self._schedule_steps(),
         }
+
+    def _schedule_steps(self) -> int | None:
+        """The run length a config-built cosine/onecycle schedule was planned for (None otherwise)."""
+        planned = self._scheduler_arg is None and self.config.scheduler.name in ("cosine", "onecycle")
+        return self._total_steps if planned else None
 
     def load_extra_state(self, state: Mapping[str, Any]) -> None:
         if (state.get("scheduler") is None) != (self.scheduler is None):
@@ -494,6 +500,13 @@ class Trainer:
                 "the checkpoint and this run disagree on whether a learning-rate scheduler is used",
                 hint="restore the original scheduler settings, use a fresh output_dir, or set resume=false",
             )
+        saved_steps, steps = state.get("schedule_steps"), self._schedule_steps()
+        if saved_steps is not None and steps is not None and saved_steps != steps:
+            raise ResumeMismatchError(
+                f"the checkpoint's {self.config.scheduler.name} learning-rate schedule is planned for {saved_steps} "
+                f"optimizer steps and this run for {steps} (epochs or max_steps changed); resumed, the schedule would "
+                "run past its end", hint="keep epochs/max_steps of that run, or train longer from a fresh output_dir "
+                "(or with a schedule that does not depend on the run length: constant, step)")
         if self.scheduler is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.tracker.load_state_dict(state["tracker"])

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
-from securetrain.training import MetricsHistory, Trainer, TrainingConfig, TrainingError
+from securetrain.training import MetricsHistory, ResumeMismatchError, Trainer, TrainingConfig, TrainingError
 from securetrain.training.validation import default_metrics
 
 torch.set_num_threads(1)
@@ -339,3 +339,19 @@ def test_string_labels_are_refused_with_a_hint(tmp_path: Path) -> None:
 
     with pytest.raises(TrainingError, match="targets.*list.*class ids"):
         Trainer(nn.Linear(6, 3), Named(), _cfg(tmp_path)).fit()
+
+
+@pytest.mark.parametrize("name", ["cosine", "onecycle"])
+def test_resume_with_a_longer_run_than_the_schedule_planned_is_refused(tmp_path: Path, name: str) -> None:
+    """cosine/onecycle are planned for the run's length; resumed with more epochs, the loaded
+    schedule ran past its end (cosine climbed back to the full lr; OneCycleLR raised ValueError
+    mid-run). Now refused at resume, naming both lengths; the same length still resumes."""
+    sched = {"name": name}
+    Trainer(nn.Linear(6, 3), CLS, _cfg(tmp_path, scheduler=sched)).fit()
+    again = Trainer(nn.Linear(6, 3), CLS, _cfg(tmp_path, scheduler=sched)).fit()
+    assert again.resumed_from == 10
+    with pytest.raises(ResumeMismatchError, match="planned for 10 optimizer steps.*20"):
+        Trainer(nn.Linear(6, 3), CLS, _cfg(tmp_path, epochs=4, scheduler=sched)).fit()
+    Trainer(nn.Linear(6, 3), CLS, _cfg(tmp_path / "constant")).fit()  # no length-planned schedule:
+    longer = Trainer(nn.Linear(6, 3), CLS, _cfg(tmp_path / "constant", epochs=4)).fit()  # may run longer
+    assert longer.resumed_from == 10 and longer.steps == 20
