@@ -185,3 +185,29 @@ def test_tabular_run_needs_only_the_masking_key(tmp_path: Path, production_env: 
     for path in config.run_dir.rglob("*"):  # the masking key is never written
         if path.is_file():
             assert key.encode() not in path.read_bytes() and bytes.fromhex(key) not in path.read_bytes()
+
+
+# ------------------------------------------------------------------ a labels file as teams save it
+def test_manifest_saved_by_a_spreadsheet_reads_as_written(tmp_path: Path) -> None:
+    """Excel's "CSV UTF-8" starts with a byte-order mark and ends lines with CRLF; people type
+    "path, diagnosis". All three read as path,diagnosis (the BOM was refused as a missing 'path')."""
+    from securetrain.pipeline.tasks.dicom import read_labelled_manifest
+
+    manifest = tmp_path / "labels.csv"
+    manifest.write_bytes("path, diagnosis \r\na/1.dcm,Normal\r\n/abs/2.dcm, pneumonia \r\n".encode("utf-8-sig"))
+    assert read_labelled_manifest(manifest, "diagnosis") == [
+        (tmp_path / "a" / "1.dcm", "Normal"), (Path("/abs/2.dcm"), "pneumonia")]
+
+
+def test_manifest_errors_say_what_is_wrong(tmp_path: Path) -> None:
+    from securetrain.pipeline.errors import TaskError
+    from securetrain.pipeline.tasks.dicom import read_labelled_manifest
+
+    manifest = tmp_path / "labels.csv"
+    manifest.write_bytes("path,diagnosis\na.dcm,tumeur maligne \xe9\n".encode("latin-1"))
+    with pytest.raises(TaskError, match="not UTF-8") as info:
+        read_labelled_manifest(manifest, "diagnosis")
+    assert "iconv" in str(info.value)
+    manifest.write_text("file,diagnosis\na.dcm,x\n")
+    with pytest.raises(TaskError, match=r"needs columns 'path' and 'label' \(its header has 'file', 'diagnosis'\)"):
+        read_labelled_manifest(manifest)

@@ -39,11 +39,16 @@ REFUSED_FILE = "refused.json"  # rejected + quarantined inputs of the last de-id
 def read_labelled_manifest(manifest: Path, label_column: str = "label") -> list[tuple[Path, str]]:
     """``(path, label)`` rows; labels as canonical strings. Errors name line numbers, never paths."""
     try:
-        with manifest.open(newline="", encoding="utf-8") as fh:
+        # utf-8-sig: spreadsheet exports ("CSV UTF-8") start with a byte-order mark, which would
+        # otherwise become part of the first column's name.
+        with manifest.open(newline="", encoding="utf-8-sig") as fh:
             reader = csv.DictReader(fh)
-            fields = reader.fieldnames or []
+            fields = [f.strip() for f in reader.fieldnames or []]  # "path, diagnosis" is path,diagnosis
+            reader.fieldnames = fields
             if "path" not in fields or label_column not in fields:
-                raise TaskError(f"manifest {manifest.name} needs columns 'path' and {label_column!r}",
+                found = ", ".join(repr(f) for f in fields[:20]) + (", ..." if len(fields) > 20 else "")
+                raise TaskError(f"manifest {manifest.name} needs columns 'path' and {label_column!r} "
+                                f"(its header has {found or 'no columns'})",
                                 hint="data.label_column names the label column")
             rows: list[tuple[Path, str]] = []
             for n, row in enumerate(reader, start=2):
@@ -58,6 +63,9 @@ def read_labelled_manifest(manifest: Path, label_column: str = "label") -> list[
             return rows
     except OSError as exc:
         raise ConfigError(f"cannot read manifest {manifest.name}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise TaskError(f"manifest {manifest.name} is not UTF-8 text (byte offset {exc.start})",
+                        hint=f"save it as UTF-8, e.g. iconv -f latin1 -t utf-8 {manifest.name} > utf8.csv") from None
 
 
 def _write_manifest(path: Path, rows: Sequence[tuple[str, int]]) -> None:
