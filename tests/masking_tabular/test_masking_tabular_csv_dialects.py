@@ -165,3 +165,20 @@ def test_control_characters_in_the_header(tmp_path: Path) -> None:
     src.write_bytes(b"customer_id,amo\x01unt\n1,2\n")
     with pytest.raises(MalformedTableError, match="control character"):
         _masker(default_keep=True).mask_file(src, tmp_path / "out.csv")
+
+
+@pytest.mark.parametrize("default_keep", [False, True])
+def test_semicolon_file_with_commas_in_its_names(tmp_path: Path, default_keep: bool) -> None:
+    """A ';'-separated export whose names hold commas ('amount, EUR') splits into a few garbled
+    columns at the commas; it is refused as semicolon-separated too. A comma CSV with one name
+    holding a ';' among several columns is read."""
+    src = tmp_path / "in.csv"
+    src.write_text("customer_id;full_name;amount, EUR;category\n007;Ann Lee;1,5;food\n", encoding="utf-8")
+    with pytest.raises(UnsupportedFormatError, match="semicolon"):
+        _masker(default_keep).mask_file(src, tmp_path / "out.csv")
+    src.write_text('customer_id,full_name,note,amount,"category; main"\n007,Ann,x,1,a\n', encoding="utf-8")
+    policy = load_policy(data={"policy_version": "1", "columns": [
+        {"name": "customer_id", "action": "tokenize"}, {"name": "full_name", "action": "tokenize"},
+        {"name": "note", "action": "drop"}], "default": {"action": "keep"}, "detectors": {"enabled": False}})
+    TabularMasker(policy, KEY).mask_file(src, tmp_path / "out.csv")
+    assert _rows((tmp_path / "out.csv").read_text())[0] == ["customer_id", "full_name", "amount", "category; main"]

@@ -94,15 +94,16 @@ def read_csv_header(data: bytes, name: str) -> list[str]:
         raise MalformedTableError(
             f"cannot read {name} as CSV: its header holds control characters (it is not a text CSV file)",
             hint="check the file: export the table as CSV UTF-8, or write Parquet")
-    if len(header) == 1:
-        for sep, word in _OTHER_DELIMITERS.items():
-            if sep in header[0]:
-                raise UnsupportedFormatError(
-                    f"cannot read {name}: it looks {word}-separated ({sep!r} in its one-column header); "
-                    "masking reads comma-separated CSV only",
-                    hint="export the file comma-separated with '.' as the decimal point, e.g. "
-                         f"pandas.read_csv(path, sep={sep!r}, dtype=str, keep_default_na=False)"
-                         ".to_csv(out, index=False), or write Parquet")
+    for sep, word in _OTHER_DELIMITERS.items():
+        # As many of them in the names as there are columns: the file is separated by them (a
+        # one-column header, or one cut at the commas inside its names: 'amount, EUR').
+        if header and sum(n.count(sep) for n in header) >= len(header):
+            raise UnsupportedFormatError(
+                f"cannot read {name}: it looks {word}-separated ({sep!r} between its column names); "
+                "masking reads comma-separated CSV only",
+                hint="export the file comma-separated with '.' as the decimal point, e.g. "
+                     f"pandas.read_csv(path, sep={sep!r}, dtype=str, keep_default_na=False)"
+                     ".to_csv(out, index=False), or write Parquet")
     return header
 
 
