@@ -435,6 +435,7 @@ class Trainer:
         self._profiler: Any = None
         self._sharded = False
         self._state_checked_after_step = False
+        self._probe_batchnorm = True  # check BatchNorm1d inputs on the first micro-batch (see _batchnorm_probe)
         self._plateau = False  # a ReduceLROnPlateau scheduler: stepped per validation, not per step
         self._closure = False  # optimizer.step(closure): micro-batches wait in _pending for the closure
         self._pending: list[Any] = []
@@ -1036,9 +1037,44 @@ class Trainer:
         w.loss_sum += loss.detach().float()
         w.micro_batches += 1
 
+    def _single_sample_tail(self) -> int | None:
+        """Samples per rank when every epoch of the engine's loader ends with a 1-sample batch."""
+        sampler = getattr(self.feeder, "sampler", None)
+        if sampler is None or getattr(self.feeder, "drop_last", True) or self.feeder.batch_size <= 1:
+            return None
+        return sampler.per_rank if sampler.per_rank % self.feeder.batch_size == 1 else None
+
+    @contextlib.contextmanager
+    def _batchnorm_probe(self) -> Any:
+        """First micro-batch only, when epochs end with a 1-sample batch: BatchNorm1d fed [N, C] then
+        fails ("Expected more than 1 value per channel") at the end of the epoch; refuse it now."""
+        per_rank = self._single_sample_tail() if self._probe_batchnorm else None
+        self._probe_batchnorm = False
+        layers = [(n, m) for n, m in self.unwrapped_model.named_modules() if isinstance(m, nn.BatchNorm1d)]
+        if per_rank is None or not layers:
+            yield
+            return
+        flat: list[str] = []
+        hooks = [m.register_forward_pre_hook(
+            lambda _m, args, name=name: flat.append(name) if args and getattr(args[0], "dim", lambda: 0)() == 2 else None)
+            for name, m in layers]
+        try:
+            yield
+        finally:
+            for h in hooks:
+                h.remove()
+        if flat:
+            raise TrainingError(
+                f"every epoch ends with a batch of 1 sample ({per_rank} samples per process, batch_size "
+                f"{self.feeder.batch_size}), which BatchNorm1d ({flat[0]}) cannot normalise on [N, C] inputs in training",
+                hint="set drop_last: true, or a batch_size that does not leave one sample over")
+
     def _forward_backward(self, batch: Any, window_size: int, *, last: bool) -> torch.Tensor:
         """``loss_fn`` under autocast, then backward of ``loss / window_size``; returns the loss."""
         assert self.device is not None and self.scaler is not None
+        if self._probe_batchnorm:
+            with self._batchnorm_probe():
+                return self._forward_backward(batch, window_size, last=last)
         model, scaler = self.model, self.scaler
         ddp = model if isinstance(model, nn.parallel.DistributedDataParallel) else None
         sync = contextlib.nullcontext() if (ddp is None or last or self._per_epoch is None) else ddp.no_sync()

@@ -355,3 +355,19 @@ def test_resume_with_a_longer_run_than_the_schedule_planned_is_refused(tmp_path:
     Trainer(nn.Linear(6, 3), CLS, _cfg(tmp_path / "constant")).fit()  # no length-planned schedule:
     longer = Trainer(nn.Linear(6, 3), CLS, _cfg(tmp_path / "constant", epochs=4)).fit()  # may run longer
     assert longer.resumed_from == 10 and longer.steps == 20
+
+
+def test_single_sample_last_batch_with_batchnorm_is_refused_at_the_first_step(tmp_path: Path) -> None:
+    """41 rows, batch_size 8: every epoch ends with a 1-sample batch, which BatchNorm1d cannot
+    normalise on [N, C] inputs; that ValueError came from torch at the end of the first epoch."""
+    x, y = torch.randn(41, 6, generator=G), torch.randint(0, 3, (41,), generator=G)
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
+    trainer = Trainer(model, TensorDataset(x, y), _cfg(tmp_path))
+    with pytest.raises(TrainingError, match="1 sample.*BatchNorm1d") as info:
+        trainer.fit()
+    assert "drop_last" in str(info.value) and trainer.progress.step == 0
+    r = Trainer(model, TensorDataset(x, y), _cfg(tmp_path / "ok", drop_last=True)).fit()
+    assert r.steps == 10
+    conv = nn.Sequential(nn.Conv1d(1, 4, 3, padding=1), nn.BatchNorm1d(4), nn.Flatten(), nn.Linear(24, 3))
+    r = Trainer(conv, TensorDataset(x.unsqueeze(1), y), _cfg(tmp_path / "ecg")).fit()  # [N, C, L]: fine
+    assert r.steps == 12
