@@ -171,7 +171,8 @@ def test_tabular_run_needs_only_the_masking_key(tmp_path: Path, production_env: 
     from securetrain.masking.dicom.errors import DeidKeyError
 
     monkeypatch.delenv("SECURETRAIN_DEID_KEY")
-    monkeypatch.delenv("SECURETRAIN_MASK_KEY", raising=False)
+    monkeypatch.setenv("SECURETRAIN_MASK_KEY", "")  # recorded, so the value the *_FILE sets is undone
+    monkeypatch.delenv("SECURETRAIN_MASK_KEY")
     project = write_loans_project(tmp_path / "project")
     config = load_pipeline_config(loans_config(project, "defaulted", secrets={"create_demo_secrets": False}))
     with pytest.raises(DeidKeyError, match="SECURETRAIN_MASK_KEY") as info:
@@ -179,7 +180,10 @@ def test_tabular_run_needs_only_the_masking_key(tmp_path: Path, production_env: 
     assert "SECURETRAIN_DEID_KEY" in str(info.value)
     assert not (config.run_dir / "data").exists()
     key = os.urandom(32).hex()
-    monkeypatch.setenv("SECURETRAIN_MASK_KEY", key)
+    key_file = production_env / "mask.key"  # as Compose / Kubernetes mount it: SECURETRAIN_MASK_KEY_FILE
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    monkeypatch.setenv("SECURETRAIN_MASK_KEY_FILE", str(key_file))
     result = run_pipeline(config)
     assert result.training.class_names == ["no", "yes"]
     for path in config.run_dir.rglob("*"):  # the masking key is never written
