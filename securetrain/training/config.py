@@ -7,7 +7,7 @@ Load from YAML/TOML with :func:`securetrain.config.loader.load_model` (env overr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
@@ -35,6 +35,18 @@ class SchedulerConfig(BaseModel):
     step_epochs: PositiveInt | None = Field(None, description="step: decay every N epochs.")
     step_steps: PositiveInt | None = Field(None, description="step: decay every N optimizer steps.")
     gamma: float = Field(0.1, gt=0.0, le=1.0, description="step: multiplicative decay.")
+
+
+class OptimizerConfig(BaseModel):
+    """``training.optimizer``: a ``torch.optim`` optimizer by class name (case-insensitive: ``adamw``,
+    ``sgd``, ``adam``, ``rmsprop``, ``lbfgs``, ...). ``lr`` and ``weight_decay`` come from the
+    training section (when the class takes them); ``kwargs`` are its other arguments
+    (``{momentum: 0.9, nesterov: true}``, ``{betas: [0.9, 0.99]}``, ``{max_iter: 5}``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("adamw", pattern=r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+    kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
 class ValidationConfig(BaseModel):
@@ -103,6 +115,8 @@ class TrainingConfig(BaseModel):
     max_steps: PositiveInt | None = Field(None, description="Stop after this many optimizer steps (wins over epochs).")
     batch_size: PositiveInt = Field(32, description="Per-process micro-batch size.")
     lr: PositiveFloat = 1e-3
+    optimizer: OptimizerConfig | None = Field(
+        None, description="A torch.optim optimizer by name with its kwargs; None: AdamW(lr, weight_decay).")
     weight_decay: float = Field(0.0, ge=0.0)
     seed: int = Field(0, ge=0, lt=2**32)
     precision: Precision = "auto"

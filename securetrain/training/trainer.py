@@ -391,6 +391,9 @@ class Trainer:
         # A loss module (nn.CrossEntropyLoss(weight=w), nn.MSELoss(), nn.BCEWithLogitsLoss(pos_weight=...))
         # is applied to (model(x), y) and moved to the device with the model (class weights included).
         self.criterion: nn.Module | None = loss_fn if isinstance(loss_fn, nn.Module) else None
+        if self.config.optimizer is not None and optimizer is not None:
+            raise TrainingError("both training.optimizer and an optimizer argument are given",
+                                hint="keep one: the argument (library) or training.optimizer (config)")
         if self.config.class_weights is not None and loss_fn is not None:
             raise TrainingError("training.class_weights weights the default cross-entropy loss, and this run passes "
                                 "its own loss_fn", hint="put the weights in your loss (e.g. "
@@ -553,6 +556,8 @@ class Trainer:
     def _build_optimizer(self) -> torch.optim.Optimizer:
         arg = self._optimizer_arg
         params = [p for p in self.model.parameters() if p.requires_grad]
+        if arg is None and self.config.optimizer is not None:
+            return _configured_optimizer(self.config, params)
         if arg is None:
             return torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay)
         if isinstance(arg, torch.optim.Optimizer):
@@ -1376,6 +1381,36 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_step(self, metrics)
         self._window = self._new_window()
+
+
+def _configured_optimizer(config: TrainingConfig, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    """``config.optimizer``: the ``torch.optim`` class of that name with lr / weight_decay / kwargs."""
+    spec = config.optimizer
+    assert spec is not None
+    classes = {name.lower(): cls for name, cls in vars(torch.optim).items()
+               if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer}
+    cls = classes.get(spec.name.lower())
+    if cls is None:
+        raise TrainingError(f"training.optimizer {spec.name!r} is not a torch.optim optimizer",
+                            hint=f"use one of {', '.join(sorted(classes))}")
+    try:
+        accepted = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        accepted = {}  # type: ignore[assignment]
+    kwargs: dict[str, Any] = {}
+    if "lr" in accepted:
+        kwargs["lr"] = config.lr
+    if "weight_decay" in accepted:
+        kwargs["weight_decay"] = config.weight_decay
+    elif config.weight_decay:
+        raise TrainingError(f"training.optimizer {spec.name!r} has no weight_decay, and training.weight_decay is "
+                            f"{config.weight_decay}", hint="set training.weight_decay: 0 for this optimizer")
+    kwargs.update(spec.kwargs)
+    try:
+        return cls(params, **kwargs)
+    except (TypeError, ValueError) as exc:
+        raise TrainingError(f"training.optimizer {spec.name!r} rejected its arguments: {exc}",
+                            hint=f"see torch.optim.{cls.__name__} for the arguments it takes") from None
 
 
 def _check_model_state(model: nn.Module, saved: Mapping[str, torch.Tensor], name: str) -> None:

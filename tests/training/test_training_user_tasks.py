@@ -371,3 +371,29 @@ def test_single_sample_last_batch_with_batchnorm_is_refused_at_the_first_step(tm
     conv = nn.Sequential(nn.Conv1d(1, 4, 3, padding=1), nn.BatchNorm1d(4), nn.Flatten(), nn.Linear(24, 3))
     r = Trainer(conv, TensorDataset(x.unsqueeze(1), y), _cfg(tmp_path / "ecg")).fit()  # [N, C, L]: fine
     assert r.steps == 12
+
+
+def test_optimizer_from_the_config(tmp_path: Path) -> None:
+    """training.optimizer picks any torch.optim class by name (config-only users had AdamW only),
+    with lr / weight_decay from the config and the rest from kwargs; LBFGS gets its closure."""
+    a, b = nn.Linear(6, 3), nn.Linear(6, 3)
+    b.load_state_dict(a.state_dict())
+    cfg = _cfg(tmp_path / "a", lr=0.1, optimizer={"name": "sgd", "kwargs": {"momentum": 0.9, "nesterov": True}})
+    trainer = Trainer(a, CLS, cfg)
+    trainer.fit()
+    assert isinstance(trainer.optimizer, torch.optim.SGD)
+    Trainer(b, CLS, _cfg(tmp_path / "b", lr=0.1),
+            optimizer=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True)).fit()
+    assert torch.equal(a.weight, b.weight)
+
+    loaded = TrainingConfig.model_validate({"optimizer": {"name": "LBFGS", "kwargs": {"max_iter": 3}},
+                                            "grad_clip": None, "epochs": 1, "batch_size": 8,
+                                            "output_dir": str(tmp_path / "l"), "device": "cpu"})
+    assert Trainer(nn.Linear(6, 3), CLS, loaded).fit().steps == 5
+    with pytest.raises(TrainingError, match="optimizer 'adamw' rejected its arguments.*momentum"):
+        Trainer(nn.Linear(6, 3), CLS, _cfg(tmp_path / "x", optimizer={"name": "adamw", "kwargs": {"momentum": 1}})).fit()
+    with pytest.raises(TrainingError, match="not a torch.optim optimizer.*sgd"):
+        Trainer(nn.Linear(6, 3), CLS, _cfg(tmp_path / "y", optimizer={"name": "sgdd"})).fit()
+    with pytest.raises(TrainingError, match="training.optimizer"):
+        Trainer(nn.Linear(6, 3), CLS, _cfg(tmp_path / "z", optimizer={"name": "sgd"}),
+                optimizer=lambda p: torch.optim.Adam(p))
