@@ -215,3 +215,17 @@ def test_manifest_errors_say_what_is_wrong(tmp_path: Path) -> None:
     manifest.write_text("file,diagnosis\na.dcm,x\n")
     with pytest.raises(TaskError, match=r"needs columns 'path' and 'label' \(its header has 'file', 'diagnosis'\)"):
         read_labelled_manifest(manifest)
+
+
+def test_a_misspelt_label_or_entity_column_is_named_as_missing(tmp_path: Path) -> None:
+    from securetrain.pipeline.errors import TaskError
+
+    project = write_loans_project(tmp_path / "project")
+    config = load_pipeline_config(loans_config(project, "Risk"))
+    with pytest.raises(TaskError, match=r"data.label_column 'Risk' is not a column of table loans.csv") as info:
+        run_pipeline(config)
+    assert "did you mean 'risk'" in str(info.value)
+    config = load_pipeline_config(loans_config(project, "risk", data={"split_by": "client"}))
+    with pytest.raises(TaskError, match=r"data.split_by 'client' is not a column") as info:
+        run_pipeline(config)
+    assert "'customer_id'" in str(info.value)

@@ -178,6 +178,14 @@ class TableEncoder:
                 "numeric": self.numeric, "categories": self.categories}
 
 
+def _not_a_column(setting: str, name: str, columns: list[str], table: str) -> TaskError:
+    """``setting`` names a column the table does not have: say so, with the near miss or the columns."""
+    near = [c for c in columns if c.strip().casefold() == name.strip().casefold()]
+    listed = ", ".join(repr(c) for c in columns[:30]) + (", ..." if len(columns) > 30 else "")
+    hint = f"did you mean {near[0]!r}? (column names are case-sensitive)" if near else f"its columns: {listed}"
+    return TaskError(f"{setting} {name!r} is not a column of table {table}", hint=hint)
+
+
 def _entity_column(actions: dict[str, str], policy: str) -> str:
     """Without ``data.split_by``: the one tokenised column named ``id`` or ``*_id``."""
     candidates = [c for c, a in actions.items() if a in TOKEN_ACTIONS and (c.lower() == "id" or c.lower().endswith("_id"))]
@@ -255,6 +263,9 @@ class TabularClassification:
         masked, report = masker.read_masked(raw)  # unknown columns fail closed here
         actions = {c.column: c.action for c in report.columns}
         base_action = {c: a.split("+")[0] for c, a in actions.items()}
+        for setting, name in (("data.split_by", d.split_by), ("data.label_column", d.label_column)):
+            if name is not None and name not in base_action:
+                raise _not_a_column(setting, name, list(base_action), Path(raw).name)
         split_by = d.split_by or _entity_column(base_action, report.policy_name)
         if base_action.get(split_by) not in TOKEN_ACTIONS:
             raise TaskError(
