@@ -184,6 +184,8 @@ def _cross_entropy(model: nn.Module, batch: Any,
             f"the targets are a {type(y).__name__} (e.g. label names collated into a list); the default loss needs "
             "class ids (an integer tensor)", hint="map each label to its class id in the dataset, or pass loss_fn")
     out = primary_output(call_model(model, x))
+    if out.dim() == 2 and y.dim() == 2 and y.shape[1] == 1 and out.shape[1] > 1:
+        y = y.squeeze(1)  # class ids as a column ([N, 1], e.g. df[["label"]].values)
     if out.dim() < 2 or out.shape[1] < 2:
         raise TrainingError(
             f"the model returns outputs of shape {list(out.shape)}; the default loss is cross-entropy, which needs "

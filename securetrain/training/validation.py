@@ -158,6 +158,8 @@ def default_metrics(outputs: Any, targets: torch.Tensor) -> dict[str, Any]:
     if not isinstance(targets, torch.Tensor):
         raise TrainingError(f"the default validation metrics need a tensor of targets, got {type(targets).__name__}",
                             hint="pass metrics_fn(outputs, targets) -> dict")
+    if out.dim() == 2 and out.shape[1] > 1 and targets.dim() == 2 and targets.shape[1] == 1:
+        targets = targets.squeeze(1)  # class ids (or values) as a column, e.g. df[["label"]].values
     integral = not targets.is_floating_point() or torch.equal(targets, targets.round())
     one_per_sample = out.dim() == 1 or (out.dim() == 2 and out.shape[1] == 1)
     if one_per_sample and targets.numel() == out.shape[0]:

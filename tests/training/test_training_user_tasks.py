@@ -397,3 +397,12 @@ def test_optimizer_from_the_config(tmp_path: Path) -> None:
     with pytest.raises(TrainingError, match="training.optimizer"):
         Trainer(nn.Linear(6, 3), CLS, _cfg(tmp_path / "z", optimizer={"name": "sgd"}),
                 optimizer=lambda p: torch.optim.Adam(p))
+
+
+@pytest.mark.parametrize("dtype", [torch.long, torch.float32])
+def test_class_ids_in_a_column_vector_are_class_ids(tmp_path: Path, dtype: torch.dtype) -> None:
+    """Labels taken as df[["label"]].values are [N, 1]; the default loss and metrics read them as [N]
+    (before: refused by the metrics, and cross_entropy's 'multi-target not supported')."""
+    data = TensorDataset(X, Y.unsqueeze(1).to(dtype))
+    r = Trainer(nn.Linear(6, 3), data, _cfg(tmp_path), eval_data=data).fit()
+    assert r.validation[-1]["samples"] == 40 and "confusion" in r.validation[-1]
