@@ -165,6 +165,26 @@ def resumed_notice(training: TrainingSummary) -> str:
     return f'<p class="notice"><b>Resumed.</b> {html.escape(text)}</p>'
 
 
+def undefined_metric_text(metric: str | None, validation: list[dict[str, Any]] | None,
+                          best: dict[str, Any] | None) -> str | None:
+    """Why no best checkpoint was kept: the validation metric was undefined (None) at every validation,
+    e.g. AUC on a held-out split holding one class. ``None`` when there is nothing to say."""
+    if not metric or best or not validation or any(v.get(metric) is not None for v in validation):
+        return None
+    counts = validation[-1].get("class_counts")
+    why = f" (held-out class counts {counts})" if isinstance(counts, list) else ""
+    if metric == "auc" and isinstance(counts, list) and sum(1 for c in counts if c) < 2:
+        why = f" (AUC needs two classes in the held-out split; its class counts: {counts})"
+    return (f"validation metric {metric!r} was undefined at every validation{why}, so no best checkpoint was "
+            "kept: HE scoring and the signed provenance use the last weights. Hold out more patients/entities "
+            "(data.eval_fraction, or more data) or choose another training.validation.metric (loss, accuracy).")
+
+
+def undefined_metric_notice(training: TrainingSummary) -> str:
+    text = undefined_metric_text(training.validation_metric, training.validation, training.best)
+    return f'<p class="notice"><b>No best checkpoint.</b> {html.escape(text[0].upper() + text[1:])}</p>' if text else ""
+
+
 def best_validation(training: TrainingSummary) -> dict[str, Any] | None:
     """The validation entry of the best epoch (else the last one)."""
     if not training.validation:
@@ -297,6 +317,7 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
         ]),
         "<h2>Training</h2>",
         resumed_notice(t),
+        undefined_metric_notice(t),
         _table([
             ("device", t.device),
             ("steps / epochs", f"{t.steps} / {t.epochs_completed}"),

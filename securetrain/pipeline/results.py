@@ -96,6 +96,7 @@ class TrainingSummary(BaseModel):
     class_names: list[str] = Field(default_factory=list)  # class id -> name
     validation: list[dict[str, Any]] = Field(default_factory=list)  # per validation: epoch, step, loss, accuracy, auc, ...
     best: dict[str, Any] | None = None  # metric, value, epoch, step, checkpoint
+    validation_metric: str | None = None  # training.validation.metric, the one ``best`` is chosen by
     best_checkpoint: CheckpointSummary | None = None
     world_size: int = 1  # training processes (torchrun nproc_per_node x nnodes)
     strategy: str = "single"  # single | ddp | fsdp

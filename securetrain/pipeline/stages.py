@@ -248,6 +248,12 @@ def train(
     store = run_checkpoint_store(config, secrets, None)
     best_store = run_checkpoint_store(config, secrets, None, best=True)
     best_info = best_store.latest()
+    from securetrain.pipeline.report import undefined_metric_text
+
+    undefined = undefined_metric_text(config.training.validation.metric, _json_safe(result.validation),
+                                      result.best)
+    if undefined:
+        log.warning("%s", undefined)
     rates = [m.samples_per_s for m in history.history if m.samples_per_s > 0]
     return TrainingSummary(
         device=result.device,
@@ -264,6 +270,7 @@ def train(
         class_names=list(data.class_names),
         validation=[_json_safe(v) for v in result.validation],
         best=_json_safe(result.best) if result.best else None,
+        validation_metric=config.training.validation.metric,
         best_checkpoint=_summary(best_info) if best_info else None,
         world_size=result.world_size,
         strategy=config.training.strategy if result.world_size > 1 else "single",

@@ -229,3 +229,50 @@ def test_a_misspelt_label_or_entity_column_is_named_as_missing(tmp_path: Path) -
     with pytest.raises(TaskError, match=r"data.split_by 'client' is not a column") as info:
         run_pipeline(config)
     assert "'customer_id'" in str(info.value)
+
+
+# ------------------------------------------------------------------ an undefined validation metric
+def test_an_undefined_validation_metric_is_reported_not_silent() -> None:
+    """A held-out split of one class (few patients) leaves AUC undefined at every epoch: no best
+    checkpoint. The run says so (warning and a report notice) instead of showing 'AUC -' only."""
+    from securetrain.pipeline.report import undefined_metric_notice, undefined_metric_text
+    from securetrain.pipeline.results import TrainingSummary
+
+    one_class = [{"epoch": 1, "step": 4, "loss": 0.7, "auc": None, "class_counts": [0, 4]},
+                 {"epoch": 2, "step": 8, "loss": 0.6, "auc": None, "class_counts": [0, 4]}]
+    text = undefined_metric_text("auc", one_class, None)
+    assert text is not None and "AUC needs two classes" in text and "[0, 4]" in text
+    assert "data.eval_fraction" in text and "no best checkpoint" in text
+    summary = TrainingSummary(device="cpu", steps=8, epochs_completed=2, final_loss=0.6, samples_per_second=1.0,
+                              validation=one_class, validation_metric="auc")
+    assert "No best checkpoint" in undefined_metric_notice(summary)
+    # Nothing to say: a defined metric at some epoch, a best entry, or no validation at all.
+    assert undefined_metric_text("auc", [*one_class, {"auc": 0.5}], None) is None
+    assert undefined_metric_text("auc", one_class, {"metric": "auc"}) is None
+    assert undefined_metric_text("auc", [], None) is None
+    assert undefined_metric_notice(summary.model_copy(update={"validation_metric": None})) == ""
+
+
+def test_dicom_run_with_a_one_class_held_out_split_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import csv
+    import logging
+
+    from securetrain.masking.dicom.synthetic import generate_study_set
+
+    manifest = generate_study_set(tmp_path / "raw", n_patients=2, studies_per_patient=1, images_per_series=3,
+                                  image_size=16, seed=1, include_burned_in=False)
+    rows = list(csv.DictReader(manifest.open()))
+    with open(manifest, "w", newline="") as handle:  # patient 0 one class, patient 1 the other
+        out = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        out.writeheader()
+        for row in rows:
+            row["label"] = "a" if "p000" in row["path"] else "b"
+            out.writerow(row)
+    data = small_config_data(tmp_path, name="oneclass", data={"source": str(manifest), "eval_fraction": 0.4},
+                             training={"epochs": 1, "validation": {"metric": "auc"}},
+                             he={"enabled": False}, release={"provenance": False})
+    with caplog.at_level(logging.WARNING, logger="securetrain.pipeline"):
+        result = run_pipeline(load_pipeline_config(data=data))
+    assert result.training.best is None and result.training.validation_metric == "auc"
+    assert any("was undefined at every validation" in r.getMessage() for r in caplog.records)
+    assert "No best checkpoint" in Path(result.report_html).read_text()
