@@ -37,6 +37,8 @@ AUDIT_KEY_FILE = "audit-signing.pem"
 KEYRING_FILE = "keyring.json"
 PASSPHRASE_FILE = "keyring.passphrase"
 DEID_KEY_FILE = "deid.key"
+#: Worded so that the log redaction (``name: value`` looks like a secret) leaves it readable.
+DEMO_SECRETS_HINT = "for a throw-away demo, turn on secrets.create_demo_secrets in the config"
 #: The tabular masking key (``securetrain mask``, and the pipeline's tabular task).
 ENV_MASK_KEY = "SECURETRAIN_MASK_KEY"
 #: The public demo de-identification key (``secrets.demo_deid_key: fixed``): published here, so it
@@ -194,14 +196,14 @@ def load_run_secrets(config: PipelineConfig) -> RunSecrets:
         deid_secret = parse_key_text(_read_private(deid_file), what=str(deid_file))
     elif config.task.kind == "tabular-classification":
         raise DeidKeyError(
-            f"no masking secret: set {ENV_MASK_KEY} (the tabular masking key, 64 hex chars) or {ENV_DEID_KEY}"
-            " (the masking key is then derived from it)",
-            hint="or set secrets.create_demo_secrets: true for a throw-away demo",
+            f"no masking key for this tabular run (set {ENV_MASK_KEY} to the masking key, 64 hex chars, or "
+            f"{ENV_DEID_KEY} to derive it from)",
+            hint=DEMO_SECRETS_HINT,
         )
     else:
         raise DeidKeyError(
-            f"no de-identification secret: set {ENV_DEID_KEY} (64 hex chars)",
-            hint="or set secrets.create_demo_secrets: true for a throw-away demo",
+            f"no de-identification key (set {ENV_DEID_KEY}, 64 hex chars)",
+            hint=DEMO_SECRETS_HINT,
         )
     if demo:
         _create_demo_signing_keys(config)

@@ -276,3 +276,26 @@ def test_dicom_run_with_a_one_class_held_out_split_warns(tmp_path: Path, caplog:
     assert result.training.best is None and result.training.validation_metric == "auc"
     assert any("was undefined at every validation" in r.getMessage() for r in caplog.records)
     assert "No best checkpoint" in Path(result.report_html).read_text()
+
+
+def test_missing_key_errors_survive_log_redaction(tmp_path: Path, production_env: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefect logs pass through the redaction filter: 'secret: set X' read '[REDACTED] X' there."""
+    from securetrain.masking.dicom.errors import DeidKeyError
+    from securetrain.pipeline.secrets import load_run_secrets
+    from securetrain.redaction import redact
+
+    monkeypatch.delenv("SECURETRAIN_DEID_KEY")
+    monkeypatch.delenv("SECURETRAIN_MASK_KEY", raising=False)
+    project = write_loans_project(tmp_path / "project")
+    for config in (load_pipeline_config(data=small_config_data(tmp_path, secrets={"create_demo_secrets": False})),
+                   load_pipeline_config(loans_config(project, "risk", secrets={"create_demo_secrets": False}))):
+        with pytest.raises(DeidKeyError) as info:
+            load_run_secrets(config)
+        assert redact(str(info.value)) == str(info.value)
+        assert "secrets.create_demo_secrets" in str(info.value)
+    monkeypatch.setenv("SECURETRAIN_DEID_KEY", os.urandom(32).hex())
+    config = load_pipeline_config(data=small_config_data(tmp_path, secrets={"create_demo_secrets": False}))
+    with pytest.raises(SigningKeyError) as signing:
+        load_run_secrets(config)
+    assert redact(str(signing.value)) == str(signing.value)
