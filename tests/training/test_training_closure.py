@@ -135,3 +135,17 @@ def test_lbfgs_under_ddp_ranks_agree_and_resume_exactly(tmp_path: Path) -> None:
     assert [f[1:] for f in first] == [["2", "preempted"]] * 2
     resumed = [(tmp_path / "resumed" / f"rank{r}.txt").read_text().split() for r in (0, 1)]
     assert resumed[0] == resumed[1] == full[0]
+
+
+def test_auto_precision_falls_back_to_fp32_where_it_would_be_fp16(tmp_path: Path) -> None:
+    """On a backend whose auto precision is fp16 (older GPUs), a closure optimizer trains in fp32."""
+    from securetrain.devices.builtin import CpuBackend
+
+    class Fp16Cpu(CpuBackend):
+        @property
+        def autocast_dtype(self) -> torch.dtype | None:
+            return torch.float16
+
+    result = Trainer(make_mlp(8, 3, hidden=8, seed=1), _data(), _cfg(tmp_path, precision="auto", max_steps=2),
+                     optimizer=_lbfgs, backend=Fp16Cpu()).fit()
+    assert result.precision == "fp32" and result.steps == 2
