@@ -537,6 +537,37 @@ class Trainer:
             )
         return wanted, {"bf16": torch.bfloat16, "fp16": torch.float16}.get(wanted)
 
+    def _materialise_lazy(self, device: torch.device) -> None:
+        """Lazy modules (``nn.LazyLinear``, ``LazyConv2d``) get their shapes from a first forward, which
+        the optimizer needs before it can hold their parameters: run ``loss_fn`` once on the first
+        training batch (eval mode, no grad, every RNG stream restored, so nothing else changes)."""
+        from torch.nn.parameter import is_lazy
+        from torch.utils.data import DataLoader, IterableDataset, default_collate
+
+        model = self.model
+        if not any(is_lazy(t) for t in [*model.parameters(), *model.buffers()]):
+            return
+        assert self.backend is not None
+        data = self.train_data
+        if isinstance(data, DataLoader):
+            batch = next(iter(data))
+        elif isinstance(data, IterableDataset):
+            batch = next(iter(DataLoader(data, batch_size=2)))
+        else:
+            batch = default_collate([data[i] for i in range(min(2, len(data)))])
+        if device.type != "cpu":
+            batch = to_device(batch, device, False)
+        rng_t, rng_m = capture_rng_state(self.backend.device_type)
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                self.loss_fn(model, batch)
+        finally:
+            model.train(was_training)
+            restore_rng_state(rng_t, rng_m, self.backend.device_type)
+        model.to(device)
+
     def _weighted_loss(self) -> LossFn:
         """The default loss with ``config.class_weights`` (counting the labels for 'balanced')."""
         spec = self.config.class_weights
@@ -882,6 +913,7 @@ class Trainer:
         self.model.to(device)
         if self.criterion is not None:
             self.criterion.to(device)
+        self._materialise_lazy(device)
         self._sharded = self.dist.enabled and (cfg.strategy == "fsdp" or sharded.is_fsdp(self.model))
         if self._sharded:
             self._check_fsdp(precision)

@@ -406,3 +406,21 @@ def test_class_ids_in_a_column_vector_are_class_ids(tmp_path: Path, dtype: torch
     data = TensorDataset(X, Y.unsqueeze(1).to(dtype))
     r = Trainer(nn.Linear(6, 3), data, _cfg(tmp_path), eval_data=data).fit()
     assert r.validation[-1]["samples"] == 40 and "confusion" in r.validation[-1]
+
+
+def test_lazy_modules_are_materialised_before_the_optimizer(tmp_path: Path) -> None:
+    """nn.LazyLinear infers its sizes on the first forward; the optimizer (and the audit's parameter
+    count) came first and failed on the uninitialised parameters. One no-grad forward of the first
+    batch (eval mode, RNG restored) now materialises them; resume stays bit-identical."""
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.LazyLinear(8), nn.ReLU(), nn.Dropout(0.2), nn.LazyLinear(3))
+
+    ref = model()
+    r = Trainer(ref, CLS, _cfg(tmp_path / "ref"), eval_data=CLS).fit()
+    assert r.steps == 10 and ref[0].weight.shape == (8, 6)
+    Trainer(model(), CLS, _cfg(tmp_path / "run"), callbacks=[_StopAt(4)]).fit()
+    resumed = model()
+    Trainer(resumed, CLS, _cfg(tmp_path / "run")).fit()
+    for k, v in ref.state_dict().items():
+        assert torch.equal(v, resumed.state_dict()[k]), k
