@@ -449,9 +449,16 @@ def decrypt(
              "must have been computed from exactly that file."),
     max_abs: Optional[float] = typer.Option(
         None, "--max-abs", help="Refuse the decryption if any value exceeds this bound (instead of --encrypted-inputs)."),
+    no_value_bound: bool = typer.Option(
+        False, "--no-value-bound",
+        help="Release the decryption without any value bound (not recommended: evaluator-chosen ciphertexts "
+             "then decrypt to whatever they hold)."),
     audit_db: Optional[str] = _AUDIT,
 ) -> None:
-    """Data owner: decrypt scores (rounded before release) and compute metrics."""
+    """Data owner: decrypt scores (rounded before release) and compute metrics.
+
+    A value bound is required (``--encrypted-inputs`` or ``--max-abs``), as ``he encrypt`` requires
+    one: ``--no-value-bound`` is the explicit opt-out."""
     import numpy as np
 
     from securetrain.cli.console import console
@@ -460,13 +467,25 @@ def decrypt(
     from securetrain.he.roles import bundle_info
     from securetrain.io.atomic import atomic_writer
 
+    if encrypted_inputs is None and max_abs is None and not no_value_bound:
+        from securetrain.he.errors import HEParameterError
+
+        # Fail closed, before any key is opened: an outputs file spliced with other ciphertexts of
+        # the same parameters decrypts to values of ~1e7, released unless a bound stops them.
+        raise HEParameterError(
+            "he decrypt needs the value bound it enforces before releasing anything",
+            hint="pass --encrypted-inputs IN.stcts (your own copy of the inputs you encrypted) or --max-abs B; "
+                 "--no-value-bound releases without the check")
+    if no_value_bound and (encrypted_inputs is not None or max_abs is not None):
+        from securetrain.he.errors import HEParameterError
+
+        raise HEParameterError("--no-value-bound contradicts --encrypted-inputs/--max-abs: pass one of them")
     owner = _load_owner(context, keyring)
     data = _read(inputs)
     info = bundle_info(data, str(inputs))
     bound = _decrypt_bound(owner, info, encrypted_inputs, max_abs)
     if bound is None:
-        _warn("no value bound: decrypted values are released without the out-of-bound check; pass "
-              "--encrypted-inputs (your calibrated inputs bundle) or --max-abs")
+        _warn("no value bound (--no-value-bound): decrypted values are released without the out-of-bound check")
     scores = owner.decrypt(data, decimals=decimals, source=str(inputs), max_abs=bound)
     output = info.get("output")
     final = info.get("final_activation")

@@ -98,9 +98,16 @@ def test_encrypted_inputs_bound_releases_honest_scores(run) -> None:  # noqa: AN
 
 def test_spliced_outputs_are_refused_with_the_owners_bound(run, tmp_path) -> None:  # noqa: ANN001
     root = run["root"]
-    r = _decrypt(run, "spliced.stcts", "--out", tmp_path / "leak.csv")  # the old behaviour: released, now warned
+    # No bound: refused before anything is opened (it used to release the spliced values with a warning).
+    r = _decrypt(run, "spliced.stcts", "--out", tmp_path / "leak.csv")
+    assert isinstance(r.exception, HEParameterError), r.output
+    assert "--encrypted-inputs" in (r.exception.hint or "") and not (tmp_path / "leak.csv").exists()
+    # Only the explicit opt-out releases them, with a warning.
+    r = _decrypt(run, "spliced.stcts", "--no-value-bound", "--out", tmp_path / "leak.csv")
     assert r.exit_code == 0 and "no value bound" in r.output
     assert np.max(np.abs(np.loadtxt(tmp_path / "leak.csv", delimiter=","))) > 1e3
+    r = _decrypt(run, "spliced.stcts", "--no-value-bound", "--max-abs", "16")
+    assert isinstance(r.exception, HEParameterError) and "contradicts" in str(r.exception)
     for extra in (("--encrypted-inputs", root / "in.stcts"), ("--max-abs", "16")):
         r = _decrypt(run, "spliced.stcts", *extra, "--out", tmp_path / "s.csv")
         assert isinstance(r.exception, HEFormatError), r.output

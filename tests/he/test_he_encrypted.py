@@ -233,6 +233,7 @@ def test_cli_end_to_end(tmp_path, data, mlp, monkeypatch) -> None:  # noqa: ANN0
                   "--input", str(tmp_path / "in.stcts"), "--out", str(tmp_path / "out.stcts")])
     assert r.exit_code == 0, r.output
     r = run(app, ["he", "decrypt", "--context", str(keys / "secret.stctx"), "--input", str(tmp_path / "out.stcts"),
+                  "--encrypted-inputs", str(tmp_path / "in.stcts"),
                   "--labels", str(tmp_path / "y.npy"), "--out", str(tmp_path / "scores.csv")])
     assert r.exit_code == 0, r.output
     scores = np.loadtxt(tmp_path / "scores.csv", delimiter=",")
@@ -242,7 +243,7 @@ def test_cli_end_to_end(tmp_path, data, mlp, monkeypatch) -> None:  # noqa: ANN0
     # A label the one-column model has no score for: refused, not scored as a made-up AUC.
     np.save(tmp_path / "y3.npy", np.where(np.arange(300) % 7 == 0, 2, y[:300]))
     r = run(app, ["he", "decrypt", "--context", str(keys / "secret.stctx"), "--input", str(tmp_path / "out.stcts"),
-                  "--labels", str(tmp_path / "y3.npy")])
+                  "--encrypted-inputs", str(tmp_path / "in.stcts"), "--labels", str(tmp_path / "y3.npy")])
     assert r.exit_code != 0 and '"auc"' not in r.output
     assert "class ids 0..1" in str(r.exception) + r.output
 
@@ -284,6 +285,7 @@ def test_cli_probabilities_are_exact_at_decryption_and_calibration_is_recorded(t
                   "--input", str(tmp_path / "in.stcts"), "--out", str(tmp_path / "out.stcts"), "--output", "probabilities"])
     assert r.exit_code == 0, r.output
     r = run(app, ["he", "decrypt", "--context", str(keys / "secret.stctx"), "--input", str(tmp_path / "out.stcts"),
+                  "--encrypted-inputs", str(tmp_path / "in.stcts"),
                   "--labels", str(tmp_path / "y.npy"), "--out", str(tmp_path / "p.csv")])
     assert r.exit_code == 0, r.output
     probs = np.loadtxt(tmp_path / "p.csv", delimiter=",")

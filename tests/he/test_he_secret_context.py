@@ -222,7 +222,7 @@ def test_cli_round_trip_with_sealed_secret(files, tmp_path, monkeypatch) -> None
     assert ev["details"]["plan_sha256"] == plan.sha256() == ev["details"]["model_sha256"]
     assert ev["resource"] == f"he-model:{plan.sha256()[:16]}"
 
-    r = _run(["decrypt", "--context", secret_file, "--input", tmp_path / "out.stcts", "--out", tmp_path / "s.csv"])
+    r = _run(["decrypt", "--context", secret_file, "--input", tmp_path / "out.stcts", "--max-abs", "1e6", "--out", tmp_path / "s.csv"])
     assert r.exit_code == 0, r.output
     assert plan.sha256() in r.output
     (dec,) = [e for e in audit.events if e["action"] == "he.decrypt"]
@@ -232,7 +232,7 @@ def test_cli_round_trip_with_sealed_secret(files, tmp_path, monkeypatch) -> None
 
     # the same sealed file with the wrong KEK, or with no key source at all
     monkeypatch.setenv("SECURETRAIN_KEK", KEK_B)
-    r = _run(["decrypt", "--context", secret_file, "--input", tmp_path / "out.stcts"])
+    r = _run(["decrypt", "--context", secret_file, "--input", tmp_path / "out.stcts", "--max-abs", "1e6"])
     assert isinstance(r.exception, WrongKeyError) and isinstance(r.exception, IntegrityError)
     monkeypatch.delenv("SECURETRAIN_KEK")
     r = _run(["encrypt", "--value-bound", "64", "--context", secret_file, "--features", root / "x.npy", "--out", tmp_path / "in2.stcts"])
@@ -244,7 +244,7 @@ def test_cli_round_trip_with_sealed_secret(files, tmp_path, monkeypatch) -> None
     bad = bytearray(on_disk)
     bad[len(bad) // 2] ^= 0x40
     (tmp_path / "bad.stctx").write_bytes(bytes(bad))
-    r = _run(["decrypt", "--context", tmp_path / "bad.stctx", "--input", tmp_path / "out.stcts"])
+    r = _run(["decrypt", "--context", tmp_path / "bad.stctx", "--input", tmp_path / "out.stcts", "--max-abs", "1e6"])
     assert isinstance(r.exception, SegmentAuthError)
 
 
