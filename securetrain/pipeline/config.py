@@ -10,9 +10,11 @@ YAML example (``examples/demo.yaml``)::
     training: {epochs: 4, batch_size: 16, scheduler: {name: cosine, warmup_steps: 5}}
     he: {enabled: true}
 
-Environment overrides: ``SECURETRAIN_TRAINING__EPOCHS=2``. Paths that are relative are resolved
-against the working directory, then against the config file's folder; ``model.target`` and
-``task.target`` modules import from the config file's folder first.
+Environment overrides: ``SECURETRAIN_TRAINING__EPOCHS=2``. Relative paths of files the run reads
+(``data.source``, ``data.policy``, ``audit.signing_key``, ``audit.anchor_file``, ``secrets.dir``,
+``release.policy``) are resolved against the working directory, then against the config file's
+folder (where they exist); ``output_dir`` is relative to the working directory. ``model.target``
+and ``task.target`` modules import from the config file's folder first.
 """
 
 from __future__ import annotations
@@ -292,6 +294,16 @@ def load_pipeline_config(
         if not config.data.policy.is_file():
             raise ConfigError(f"data.policy: policy file {config.data.policy} not found",
                               hint="run from the repository root or give an absolute path")
+    # Files the run reads (keys, the release policy, the keys folder, an existing anchor file):
+    # relative to the working directory, else to the config file's folder, like data.source.
+    if config.audit.signing_key is not None:
+        config.audit.signing_key = _resolve(config.audit.signing_key, base)
+    if config.audit.anchor_file is not None:
+        config.audit.anchor_file = _resolve(config.audit.anchor_file, base)
+    if config.secrets.dir is not None:
+        config.secrets.dir = _resolve(config.secrets.dir, base)
+    if config.release.policy is not None:
+        config.release.policy = _resolve(config.release.policy, base)
     if config.data.source is not None:
         config.data.source = _resolve(config.data.source, base)
         if not config.data.source.exists():

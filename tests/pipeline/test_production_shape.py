@@ -299,3 +299,26 @@ def test_missing_key_errors_survive_log_redaction(tmp_path: Path, production_env
     with pytest.raises(SigningKeyError) as signing:
         load_run_secrets(config)
     assert redact(str(signing.value)) == str(signing.value)
+
+
+def test_relative_paths_of_files_the_run_reads_resolve_from_the_config_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`securetrain run /etc/team/run.yaml` from anywhere: keys/audit.pem next to the config is found."""
+    from securetrain.audit.keys import load_or_create_signing_key
+
+    project = write_loans_project(tmp_path / "project")
+    (project / "keys").mkdir(mode=0o700)
+    load_or_create_signing_key(project / "keys" / "audit.pem")
+    (project / "release.yaml").write_text("{}\n")
+    path = loans_config(project, "risk", audit={"signing_key": "keys/audit.pem", "anchor_file": "missing.notes"},
+                        secrets={"dir": "keys"}, release={"policy": "release.yaml"})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    config = load_pipeline_config(path)
+    assert config.audit.signing_key == project / "keys" / "audit.pem"
+    assert config.secrets.dir == project / "keys" and config.release.policy == project / "release.yaml"
+    assert config.audit.anchor_file == Path("missing.notes")  # not there: as written (the working directory)
+    (elsewhere / "keys").mkdir()
+    (elsewhere / "keys" / "audit.pem").write_text("")
+    assert load_pipeline_config(path).audit.signing_key == Path("keys/audit.pem")  # the working directory first
