@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 from securetrain.io.atomic import atomic_write_bytes
 from securetrain.release import provenance as prov
 from securetrain.release.errors import ProvenanceError, ReleaseError, ReleasePolicyError, ReleaseRefusedError
+from securetrain.training.config import lower_is_better
 
 APPROVAL_CONTEXT = b"securetrain-release-approval/v1\n"
 
@@ -282,7 +283,7 @@ def _check_metric(policy: ReleasePolicy, statement: dict[str, Any], failures: li
     value = best.get("value") if best.get("metric") == want.metric else last.get(want.metric)
     if statement["predicate"]["model"].get("checkpoint") == "last" and want.metric in last:
         value = last.get(want.metric)
-    maximize = want.mode == "max" or (want.mode == "auto" and "loss" not in want.metric)
+    maximize = want.mode == "max" or (want.mode == "auto" and not lower_is_better(want.metric))
     if value is None:
         failures.append(f"validation: the statement has no {want.metric!r} metric")
     elif (float(value) < want.value) if maximize else (float(value) > want.value):

@@ -6,6 +6,7 @@ Load from YAML/TOML with :func:`securetrain.config.loader.load_model` (env overr
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,6 +50,21 @@ class OptimizerConfig(BaseModel):
     kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
+#: Parts of a metric name that mean "lower is better" (validation.mode auto minimises them).
+LOWER_IS_BETTER = ("loss", "error", "err", "mae", "mse", "rmse", "msle", "mape", "smape", "mad", "brier",
+                   "perplexity", "nll", "distance", "hausdorff", "fpr", "fnr", "miss", "cost", "regret")
+
+
+def lower_is_better(metric: str) -> bool:
+    """Whether ``mode: auto`` minimises ``metric``: a name containing ``loss`` or ``error``, or a
+    part (split at ``_``, ``-``, ``.``, ``/``) naming an error measure (``mae``, ``val_rmse``, ``brier``)."""
+    name = metric.lower()
+    if "loss" in name or "error" in name:
+        return True
+    parts = set(re.split(r"[_\-./ ]+", name))
+    return bool(parts & set(LOWER_IS_BETTER))
+
+
 class ValidationConfig(BaseModel):
     """Validation on held-out data after every ``every_epochs`` epochs (when eval data is given)."""
 
@@ -56,7 +72,8 @@ class ValidationConfig(BaseModel):
 
     every_epochs: PositiveInt = 1
     metric: str = Field("loss", description="Metric that selects the best checkpoint: loss, accuracy, auc, or a custom task metric.")
-    mode: Literal["auto", "min", "max"] = Field("auto", description="auto: min for *loss*, max otherwise.")
+    mode: Literal["auto", "min", "max"] = Field(
+        "auto", description="auto: min for losses and error measures (loss, mae, rmse, brier, ...), max otherwise.")
     patience: PositiveInt | None = Field(None, description="Stop after this many validations without improvement.")
     min_delta: float = Field(0.0, ge=0.0, description="Smallest change that counts as an improvement.")
     batch_size: PositiveInt | None = Field(None, description="Default: training batch_size.")
@@ -65,7 +82,7 @@ class ValidationConfig(BaseModel):
     def maximize(self) -> bool:
         if self.mode != "auto":
             return self.mode == "max"
-        return "loss" not in self.metric
+        return not lower_is_better(self.metric)
 
 
 class RendezvousConfig(BaseModel):

@@ -424,3 +424,16 @@ def test_lazy_modules_are_materialised_before_the_optimizer(tmp_path: Path) -> N
     Trainer(resumed, CLS, _cfg(tmp_path / "run")).fit()
     for k, v in ref.state_dict().items():
         assert torch.equal(v, resumed.state_dict()[k]), k
+
+
+@pytest.mark.parametrize(("metric", "maximize"), [
+    ("loss", False), ("val_loss", False), ("mae", False), ("rmse", False), ("mse", False), ("mape", False),
+    ("error_rate", False), ("brier", False), ("perplexity", False), ("hausdorff_distance", False),
+    ("auc", True), ("accuracy", True), ("r2", True), ("dice", True), ("mean_iou", True), ("f1", True),
+])
+def test_auto_mode_minimises_error_metrics(metric: str, maximize: bool) -> None:
+    """validation.mode auto maximised every name without 'loss': a regression run selecting on mae
+    or rmse kept its worst checkpoint as 'best' and early-stopped on improvements."""
+    from securetrain.training.config import ValidationConfig
+
+    assert ValidationConfig(metric=metric).maximize is maximize
