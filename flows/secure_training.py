@@ -20,7 +20,12 @@ from securetrain.pipeline.prefect_tuning import plain_json_parameters, skip_hear
 from securetrain.pipeline.report import markdown_summary
 from securetrain.pipeline.results import AuditSummary, HESummary, PipelineResult, PreparedData, TrainingSummary
 from securetrain.pipeline.runner import assemble_result, config_digest, finish_report, open_run_audit, sign_provenance
-from securetrain.pipeline.secrets import export_passphrase_for_children, load_run_secrets, run_keyring_path
+from securetrain.pipeline.secrets import (
+    check_provenance_key,
+    export_passphrase_for_children,
+    load_run_secrets,
+    run_keyring_path,
+)
 from securetrain.pipeline.task_runners import build_task_runner
 from securetrain.pipeline.tasks.dicom_shards import ShardSpec, plan_shards, run_shard
 from securetrain.redaction import install_redaction
@@ -254,6 +259,7 @@ plain_json_parameters(secure_training)
 def _run_locked(config: PipelineConfig, clock: Any, logger: Any) -> dict[str, Any]:
     stages.preflight(config)  # a bad model/task target fails before any work
     load_run_secrets(config)  # fail fast (and create demo secrets) before any work
+    check_provenance_key(config)  # needed only at the end: checked now, not after training
     export_passphrase_for_children(config)  # after creation: the serializer reads it from the env
     with open_run_audit(config) as audit:
         audit.record("pipeline.start", f"run:{config.name}", details={"config_sha256": config_digest(config)})

@@ -8,7 +8,13 @@ from securetrain.pipeline import stages
 from securetrain.pipeline.config import PipelineConfig
 from securetrain.pipeline.report import plot_training_curve, write_html_report
 from securetrain.pipeline.results import PipelineResult
-from securetrain.pipeline.secrets import DEMO_DEID_KEY_HEX, keys_dir, load_run_secrets, run_audit_key_path
+from securetrain.pipeline.secrets import (
+    DEMO_DEID_KEY_HEX,
+    check_provenance_key,
+    keys_dir,
+    load_run_secrets,
+    run_audit_key_path,
+)
 
 
 def _stderr_line(line: str) -> None:
@@ -81,6 +87,7 @@ def _run_pipeline_locked(config: PipelineConfig, *, show_progress: bool) -> Pipe
     clock = StageClock()
     stages.preflight(config)
     secrets = load_run_secrets(config)
+    check_provenance_key(config)
     with open_run_audit(config) as audit:
         audit.record("pipeline.start", f"run:{config.name}", details={
             "config_sha256": config_digest(config), "task": config.task.target or config.task.kind,

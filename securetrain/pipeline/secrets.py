@@ -98,7 +98,9 @@ def _create_demo_signing_keys(config: PipelineConfig) -> None:
 def check_provenance_key(config: PipelineConfig) -> None:
     """With ``release.provenance`` (the default), the provenance signing key must load now, before any
     work: the key is needed only at the end of the run, after training, so without this check a
-    production run without it trained for nothing."""
+    production run without it trained for nothing. Called where a run starts (library and flow), after
+    :func:`load_run_secrets` (which made a demo's key), not by every reader of the run's secrets (a
+    release export on an approver's host needs no signing key)."""
     if not config.release.provenance:
         return
     from securetrain.audit.errors import AuditConfigError
@@ -207,7 +209,6 @@ def load_run_secrets(config: PipelineConfig) -> RunSecrets:
         )
     if demo:
         _create_demo_signing_keys(config)
-    check_provenance_key(config)
     return RunSecrets(keyring, keyring_path, DeidKeys.from_secret(deid_secret), deid_secret)
 
 
