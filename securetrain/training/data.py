@@ -21,12 +21,23 @@ from securetrain.training.seeding import epoch_seed, seed_sample, worker_init_fn
 
 class ResumableSampler(Sampler[int]):
     """Shuffled (or sequential) indices for one epoch, sharded over ranks like ``DistributedSampler``
-    (padded by wrapping so every rank gets the same count), starting at an offset."""
+    (padded by wrapping so every rank gets the same count), starting at an offset.
 
-    def __init__(self, length: int, *, seed: int, shuffle: bool = True, rank: int = 0, world_size: int = 1) -> None:
+    ``indices`` restricts the epoch to those dataset indices (a ``SubsetRandomSampler``'s);
+    ``weights`` draws ``num_samples`` indices by weight instead (a ``WeightedRandomSampler``'s), from
+    a generator seeded by ``(seed, epoch)`` like the shuffle, so both stay resumable."""
+
+    def __init__(self, length: int, *, seed: int, shuffle: bool = True, rank: int = 0, world_size: int = 1,
+                 indices: list[int] | None = None, weights: torch.Tensor | None = None,
+                 num_samples: int | None = None, replacement: bool = True) -> None:
         if not 0 <= rank < world_size:
             raise ValueError("rank must be in [0, world_size)")
         self.length = length
+        self.indices = indices
+        self.weights = weights
+        self.replacement = replacement
+        self.population = (num_samples or len(weights)) if weights is not None else (
+            len(indices) if indices is not None else length)
         self.seed = seed
         self.shuffle = shuffle
         self.rank = rank
@@ -41,17 +52,21 @@ class ResumableSampler(Sampler[int]):
 
     @property
     def per_rank(self) -> int:
-        return -(-self.length // self.world_size)
+        return -(-self.population // self.world_size)
 
     def __len__(self) -> int:
         return max(0, self.per_rank - self.start)
 
     def __iter__(self) -> Iterator[int]:
-        if self.shuffle:
-            g = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
-            order = torch.randperm(self.length, generator=g).tolist()
+        g = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
+        if self.weights is not None:
+            order = torch.multinomial(self.weights, self.population, self.replacement, generator=g).tolist()
+        elif self.shuffle:
+            order = torch.randperm(self.population, generator=g).tolist()
         else:
-            order = list(range(self.length))
+            order = list(range(self.population))
+        if self.indices is not None:
+            order = [self.indices[i] for i in order]
         total = self.per_rank * self.world_size
         if total > len(order) and order:
             order = (order * (-(-total // len(order))))[:total]
@@ -103,6 +118,24 @@ class SampleSeeded(Dataset[Any]):
         return self.data[index]
 
 
+def _sampler_arguments(sampler: Any) -> dict[str, Any] | None:
+    """What a passed DataLoader's sampler means for :class:`ResumableSampler`: ``{}`` for the plain
+    ones (sequential, random, distributed: replaced by the seeded, rank-sharded order), the indices of
+    a ``SubsetRandomSampler`` (a train/validation split must stay one), the weights of a
+    ``WeightedRandomSampler`` (oversampling must stay); ``None`` for any other kind (kept as is)."""
+    from torch.utils.data import RandomSampler, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler
+    from torch.utils.data.distributed import DistributedSampler
+
+    if isinstance(sampler, SubsetRandomSampler):
+        return {"indices": [int(i) for i in sampler.indices]}
+    if isinstance(sampler, WeightedRandomSampler):
+        return {"weights": torch.as_tensor(sampler.weights, dtype=torch.double), "num_samples": int(sampler.num_samples),
+                "replacement": bool(sampler.replacement)}
+    if isinstance(sampler, (RandomSampler, SequentialSampler, DistributedSampler)):
+        return {}
+    return None
+
+
 class EpochFeeder:
     """Yields one epoch of batches at a time, resumable at a micro-batch offset."""
 
@@ -125,12 +158,19 @@ class EpochFeeder:
         self.seeded: SampleSeeded | None = None
         self.passthrough: DataLoader[Any] | None = None
         collate_fn = None
+        sampling: dict[str, Any] | None = {}
         if isinstance(data, DataLoader):
             if isinstance(data.dataset, IterableDataset) or data.batch_size is None:
                 # Custom batch samplers / iterable datasets keep their own order; resume skips
                 # batches by iterating (exact only if that loader is itself deterministic).
                 self.passthrough = data
                 self.batch_size = data.batch_size or batch_size
+                return
+            sampling = _sampler_arguments(data.sampler)
+            if sampling is None:
+                # A sampler of the user's own kind: keep the loader (its order is the user's choice).
+                self.passthrough = data
+                self.batch_size = data.batch_size
                 return
             batch_size, collate_fn = data.batch_size, data.collate_fn
             drop_last, num_workers = data.drop_last, data.num_workers
@@ -142,7 +182,8 @@ class EpochFeeder:
             self.batch_size = batch_size
             return
         self.batch_size = batch_size
-        self.sampler = ResumableSampler(len(data), seed=seed, shuffle=shuffle, rank=rank, world_size=world_size)  # type: ignore[arg-type]
+        self.sampler = ResumableSampler(len(data), seed=seed, shuffle=shuffle, rank=rank, world_size=world_size,  # type: ignore[arg-type]
+                                        **(sampling or {}))
         # Workers: per-sample seeding, so augmentation is the same however the epoch's samples are
         # dealt out to workers (a resumed epoch deals only the remaining ones). In-process loading
         # draws from the global RNG, which the checkpoint restores exactly.

@@ -437,3 +437,55 @@ def test_auto_mode_minimises_error_metrics(metric: str, maximize: bool) -> None:
     from securetrain.training.config import ValidationConfig
 
     assert ValidationConfig(metric=metric).maximize is maximize
+
+
+class _Seen(Dataset):
+    """Records which indices training reads."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> Any:
+        self.seen.add(int(i))
+        return X[i], Y[i]
+
+
+def test_a_subset_sampler_keeps_the_held_out_rows_out_of_training(tmp_path: Path) -> None:
+    """DataLoader(full, sampler=SubsetRandomSampler(train_idx)) is a common train/validation split;
+    the engine replaced the sampler with its own over the whole dataset, so the held-out rows were
+    trained on. The subset is kept (order still resumable and seeded)."""
+    from torch.utils.data import DataLoader, SubsetRandomSampler
+
+    data, train_idx = _Seen(), list(range(0, 30))
+    loader = DataLoader(data, batch_size=8, sampler=SubsetRandomSampler(train_idx))
+    r = Trainer(nn.Linear(6, 3), loader, _cfg(tmp_path)).fit()
+    assert data.seen == set(train_idx) and r.steps == 2 * 4
+
+
+def test_a_weighted_sampler_is_kept_deterministic_and_resumable(tmp_path: Path) -> None:
+    """WeightedRandomSampler (oversampling a rare class) was replaced by a uniform shuffle. Now the
+    epoch draws by the weights, from a generator seeded by (seed, epoch), so resume is exact."""
+    from torch.utils.data import DataLoader, WeightedRandomSampler
+
+    weights = torch.where(Y == 2, 100.0, 1.0)
+    data = _Seen()
+
+    def loader() -> DataLoader:
+        return DataLoader(data, batch_size=8, sampler=WeightedRandomSampler(weights, num_samples=24))
+
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.2), nn.Linear(8, 3))
+
+    ref = model()
+    r = Trainer(ref, loader(), _cfg(tmp_path / "ref")).fit()
+    assert r.steps == 2 * 3
+    assert sum(int(Y[i] == 2) for i in data.seen) >= len(data.seen) // 2  # the rare class dominates
+    Trainer(model(), loader(), _cfg(tmp_path / "run"), callbacks=[_StopAt(2)]).fit()
+    resumed = model()
+    Trainer(resumed, loader(), _cfg(tmp_path / "run")).fit()
+    for k, v in ref.state_dict().items():
+        assert torch.equal(v, resumed.state_dict()[k]), k
