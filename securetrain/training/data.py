@@ -9,6 +9,7 @@ seed from the *global* torch RNG, which would make a resumed run's dropout masks
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,6 +18,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, Subset, TensorDataset
 
 from securetrain.training.seeding import epoch_seed, seed_sample, worker_init_fn
+
+log = logging.getLogger("securetrain.training")
 
 
 class ResumableSampler(Sampler[int]):
@@ -177,6 +180,10 @@ class EpochFeeder:
             pin_memory = pin_memory and data.pin_memory
             data = data.dataset
         if isinstance(data, IterableDataset):
+            if num_workers > 0:
+                log.warning("num_workers=%d with an IterableDataset: every worker iterates it from the start, so "
+                            "each sample is seen %d times per epoch unless the dataset shards itself by "
+                            "torch.utils.data.get_worker_info() (or set num_workers: 0)", num_workers, num_workers)
             self.passthrough = DataLoader(data, batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
                                           worker_init_fn=worker_init_fn, generator=self.generator)
             self.batch_size = batch_size

@@ -489,3 +489,14 @@ def test_a_weighted_sampler_is_kept_deterministic_and_resumable(tmp_path: Path) 
     Trainer(resumed, loader(), _cfg(tmp_path / "run")).fit()
     for k, v in ref.state_dict().items():
         assert torch.equal(v, resumed.state_dict()[k]), k
+
+
+def test_iterable_data_with_workers_warns_about_duplicates(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Every DataLoader worker iterates an IterableDataset from the start unless it shards itself by
+    get_worker_info(): with num_workers 2 each sample is trained on twice. Said once, as a warning."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="securetrain.training"):
+        r = Trainer(nn.Linear(6, 3), Stream(), _cfg(tmp_path, num_workers=2, epochs=1)).fit()
+    assert r.steps == 10  # 2 workers x 40 samples / 8
+    assert any("get_worker_info" in rec.getMessage() for rec in caplog.records)
