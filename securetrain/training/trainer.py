@@ -1353,8 +1353,16 @@ class Trainer:
                 first = list(itertools.islice(iter(self._eval_loader()), 1))
                 with torch.no_grad():
                     outputs, targets = gather_outputs(model, first, self.predict_fn, self._eval_to_device)
+                metrics: dict[str, Any] | None = None
                 if self.is_main and first:
-                    metrics = plain_metrics(self.metrics_fn(outputs, targets))
+                    try:
+                        metrics = plain_metrics(self.metrics_fn(outputs, targets))
+                    except TrainingError:
+                        raise  # the default metrics' refusals are about shapes: any batch has them
+                    except Exception as exc:  # noqa: BLE001 - e.g. AUC of a batch with one class
+                        log.warning("metrics_fn failed on the first held-out batch (%s: %s); it runs again on the "
+                                    "whole held-out split at the first validation", type(exc).__name__, exc)
+                if metrics is not None:
                     try:
                         st.dumps(metrics)  # what every checkpoint stores in the validation history
                     except UncheckpointableStateError as exc:

@@ -500,3 +500,18 @@ def test_iterable_data_with_workers_warns_about_duplicates(tmp_path: Path, caplo
         r = Trainer(nn.Linear(6, 3), Stream(), _cfg(tmp_path, num_workers=2, epochs=1)).fit()
     assert r.steps == 10  # 2 workers x 40 samples / 8
     assert any("get_worker_info" in rec.getMessage() for rec in caplog.records)
+
+
+def test_a_metrics_fn_that_needs_the_whole_split_is_not_refused_on_one_batch(tmp_path: Path) -> None:
+    """scikit-learn's roc_auc_score raises on a batch with one class; the check before training
+    runs metrics_fn on the first held-out batch only, so such a failure is a warning, not a refusal."""
+    order = torch.argsort(Y, stable=True)  # sorted by label: the first batch holds one class
+    held_out = TensorDataset(X[order], Y[order])
+
+    def metrics(outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
+        if len(set(targets.tolist())) < 2:
+            raise ValueError("Only one class present in y_true")
+        return {"loss": float(F.cross_entropy(outputs, targets))}
+
+    r = Trainer(nn.Linear(6, 3), CLS, _cfg(tmp_path), eval_data=held_out, metrics_fn=metrics).fit()
+    assert len(r.validation) == 2
