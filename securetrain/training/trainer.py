@@ -165,6 +165,10 @@ def call_model(model: nn.Module, x: Any) -> Any:
                       and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
             if needed <= set(x) and (set(x) <= names or var_kw) and (len(names) >= 2 or set(x) == names):
                 return model(**x)
+            if needed and needed <= set(x) and len(names) >= 2:
+                # forward(image, clinical) and a batch that also carries bookkeeping (record ids): the
+                # names forward takes, by keyword.
+                return model(**{k: v for k, v in x.items() if k in names})
     return model(x)
 
 

@@ -515,3 +515,18 @@ def test_a_metrics_fn_that_needs_the_whole_split_is_not_refused_on_one_batch(tmp
 
     r = Trainer(nn.Linear(6, 3), CLS, _cfg(tmp_path), eval_data=held_out, metrics_fn=metrics).fit()
     assert len(r.validation) == 2
+
+
+class WithIds(Dataset):
+    """A dict batch with the model's inputs by name plus bookkeeping the model does not take."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int) -> Any:
+        return {"image": X[i], "clinical": T2[i], "record_id": torch.tensor(i), "label": Y[i]}
+
+
+def test_dict_inputs_pass_only_the_names_forward_takes(tmp_path: Path) -> None:
+    r = Trainer(TwoInputs(), WithIds(), _cfg(tmp_path), eval_data=WithIds()).fit()
+    assert r.reason == "completed"
