@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pydicom
@@ -133,3 +138,23 @@ def roundtrip(ds: Dataset) -> Dataset:
     buf = io.BytesIO()
     pydicom.dcmwrite(buf, ds, enforce_file_format=True)
     return pydicom.dcmread(io.BytesIO(buf.getvalue()))
+
+
+@contextlib.contextmanager
+def gdcm_read(blob: bytes) -> Iterator[Any]:
+    """GDCM's reading of ``blob`` (an independent decoder): its ``gdcm.ImageReader`` after ``Read()``
+    (``None`` if GDCM cannot read it), or ``None`` without python-gdcm (a dependency, so rare)."""
+    try:
+        import gdcm
+    except ImportError:  # pragma: no cover - python-gdcm is a dependency
+        yield None
+        return
+    fd, name = tempfile.mkstemp(suffix=".dcm")
+    try:
+        os.write(fd, blob)
+        os.close(fd)
+        reader = gdcm.ImageReader()
+        reader.SetFileName(name)
+        yield reader if reader.Read() else None
+    finally:
+        os.unlink(name)

@@ -10,15 +10,13 @@ own rules (no colour conversion by any library) and GDCM (an independent decoder
 from __future__ import annotations
 
 import io
-import os
-import tempfile
 import warnings
 
 import numpy as np
 import pydicom
 import pytest
 from burned_in_helpers import frames_of, make_image, policy
-from dicom_fixtures import SECRET
+from dicom_fixtures import SECRET, gdcm_read
 from pydicom.data import get_testdata_file
 from pydicom.dataset import Dataset
 from pydicom.pixels import convert_color_space
@@ -85,22 +83,15 @@ def _raw_colours(out: Dataset) -> np.ndarray:
 
 def _gdcm_colours(blob: bytes, frames: int) -> np.ndarray | None:
     try:
-        import gdcm
+        import gdcm  # noqa: F401
     except ImportError:  # pragma: no cover - python-gdcm is a dependency
         return None
-    fd, name = tempfile.mkstemp(suffix=".dcm")
-    try:
-        os.write(fd, blob)
-        os.close(fd)
-        reader = gdcm.ImageReader()
-        reader.SetFileName(name)
-        assert reader.Read(), "GDCM cannot read the output"
+    with gdcm_read(blob) as reader:
+        assert reader is not None, "GDCM cannot read the output"
         image = reader.GetImage()
         buf = image.GetBuffer()
         data = np.frombuffer(buf.encode("utf-8", "surrogateescape") if isinstance(buf, str) else buf, np.uint8)
         pi = str(image.GetPhotometricInterpretation()).strip()
-    finally:
-        os.unlink(name)
     colours = data[: frames * ROWS * COLS * 3].reshape(frames, ROWS, COLS, 3)
     return colours if pi == "RGB" else convert_color_space(np.ascontiguousarray(colours), "YBR_FULL", "RGB")
 

@@ -12,9 +12,7 @@
 from __future__ import annotations
 
 import io
-import os
 import struct
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -22,7 +20,7 @@ import numpy as np
 import pydicom
 import pytest
 from burned_in_helpers import frames_of
-from dicom_fixtures import SECRET, make_dataset
+from dicom_fixtures import SECRET, gdcm_read, make_dataset
 from pydicom.data import get_testdata_file
 from pydicom.dataset import Dataset
 from pydicom.filebase import DicomBytesIO
@@ -65,18 +63,11 @@ def _gdcm_transcoded(name: str, ts: str, tmp: Path) -> Path:
 
 def _gdcm_reads(blob: bytes) -> bool:
     try:
-        import gdcm
+        import gdcm  # noqa: F401
     except ImportError:  # pragma: no cover - python-gdcm is a dependency
         return True
-    fd, name = tempfile.mkstemp(suffix=".dcm")
-    try:
-        os.write(fd, blob)
-        os.close(fd)
-        reader = gdcm.ImageReader()
-        reader.SetFileName(name)
-        return bool(reader.Read())
-    finally:
-        os.unlink(name)
+    with gdcm_read(blob) as reader:
+        return reader is not None
 
 
 INPUTS = [

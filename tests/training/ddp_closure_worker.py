@@ -8,25 +8,17 @@ uninterrupted run and one preempted after 2 steps and resumed.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from tensor_digest import digest
 
 from securetrain.training import Trainer, TrainerCallback, TrainingConfig
 from securetrain.training.distributed import exit_process
 from securetrain.training.synthetic import SyntheticClassification, make_mlp
-
-
-def digest(model: torch.nn.Module) -> str:
-    h = hashlib.sha256()
-    for name, t in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 class StopAt(TrainerCallback):

@@ -8,27 +8,19 @@ its local shards, steps, reason; rank 0 also ``<run>/full.sha256`` = digest of t
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from tensor_digest import digest_tensors as digest
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from securetrain.crypto.checkpoint import EncryptedCheckpointStore
 from securetrain.training import Trainer, TrainingConfig
 from securetrain.training.distributed import exit_process
 from securetrain.training.synthetic import SyntheticClassification, make_mlp
-
-
-def digest(tensors: dict[str, torch.Tensor]) -> str:
-    h = hashlib.sha256()
-    for name, t in sorted(tensors.items()):
-        h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def train(out: Path, rank: int, max_steps: int | None = None, init_seed: int = 0) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tensor_digest import digest_tensors as _digest
 
 from securetrain.crypto.checkpoint import EncryptedCheckpointStore
 from securetrain.crypto.errors import BindingError, DigestMismatchError, SegmentAuthError
@@ -21,13 +21,6 @@ from securetrain.training.synthetic import SyntheticClassification, make_mlp
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 KEK = os.urandom(32).hex()
 
-
-def _digest(tensors: dict[str, torch.Tensor]) -> str:
-    h = hashlib.sha256()
-    for name, t in sorted(tensors.items()):
-        h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 @pytest.fixture(scope="module")
