@@ -88,7 +88,7 @@ def _first_batch(dataset: Any) -> Any:
 
 
 def _predict_fn(task: Any):  # noqa: ANN202 - (model, batch) -> (outputs, targets)
-    from securetrain.training.trainer import default_predict
+    from securetrain.training.batches import default_predict
 
     return getattr(task, "predict", None) or default_predict
 
@@ -355,7 +355,7 @@ def extract_features(
     from torch.utils.data import DataLoader
 
     from securetrain.pipeline.models import head_and_features, linear_bias
-    from securetrain.training.trainer import split_batch
+    from securetrain.training.batches import split_batch
 
     task, data = task_datasets(config, secrets, audit)
     if len(data.eval) == 0:

@@ -43,11 +43,12 @@ import torch
 from torch import nn
 
 from securetrain.release.errors import PrivacyError, PrivacyModelError
+from securetrain.training.batches import batch_len, to_device
 from securetrain.training.config import PrivacyConfig, TrainingConfig
 from securetrain.training.errors import ResumeMismatchError
 from securetrain.training.seeding import epoch_seed
 from securetrain.training.stop import StopReason
-from securetrain.training.trainer import Trainer, TrainResult, batch_len, optimizer_needs_closure, to_device
+from securetrain.training.trainer import Trainer, TrainResult, optimizer_needs_closure
 
 BUDGET_REASON = StopReason.PRIVACY_BUDGET
 _SAMPLER_MIX = 0xD9_5A_3C

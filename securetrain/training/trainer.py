@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
@@ -49,6 +48,15 @@ from securetrain.devices.backend import DeviceBackend
 from securetrain.devices.registry import resolve_backend
 from securetrain.training import sharded
 from securetrain.training import state as st
+from securetrain.training.batches import (  # noqa: F401 - also importable from here, as before
+    INPUT_KEYS,
+    TARGET_KEYS,
+    batch_len,
+    call_model,
+    default_predict,
+    split_batch,
+    to_device,
+)
 from securetrain.training.callbacks import StepMetrics, TrainerCallback
 from securetrain.training.checkpoint_store import CheckpointInfo, CheckpointStore
 from securetrain.training.config import TrainingConfig
@@ -56,10 +64,16 @@ from securetrain.training.data import EpochFeeder, dataset_labels
 from securetrain.training.defaults import default_audit_log, default_checkpoint_store
 from securetrain.training.distributed import DistContext, init_distributed
 from securetrain.training.errors import ResumeMismatchError, TrainingError, UncheckpointableStateError
+from securetrain.training.losses import (  # noqa: F401 - also importable from here, as before
+    LossFn,
+    WeightedCrossEntropy,
+    criterion_loss,
+    cross_entropy_loss,
+)
 from securetrain.training.schedulers import build_scheduler
 from securetrain.training.stop import StopReason
 from securetrain.training.seeding import capture_rng_state, restore_rng_state, seed_everything
-from securetrain.training.validation import BestTracker, MetricsFn, PredictFn, collect_outputs, default_metrics, gather_outputs, plain_metrics, primary_output
+from securetrain.training.validation import BestTracker, MetricsFn, PredictFn, collect_outputs, default_metrics, gather_outputs, plain_metrics
 
 log = logging.getLogger("securetrain.training")
 
@@ -72,35 +86,9 @@ CHECKPOINT_FORMAT = "securetrain-train/1"
 TRAIN_FORMAT_KEY = "securetrain.train.format"
 TRAIN_STATE_KEY = "securetrain.train.state"
 
-INPUT_KEYS = ("inputs", "pixels", "features")
-TARGET_KEYS = ("label", "labels", "target")
-
-LossFn = Callable[[nn.Module, Any], torch.Tensor]
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 #: ``factory(optimizer, total_steps, steps_per_epoch) -> LRScheduler`` (lengths in optimizer steps).
 SchedulerFactory = Callable[[torch.optim.Optimizer, "int | None", "int | None"], torch.optim.lr_scheduler.LRScheduler]
-
-
-def split_batch(batch: Any) -> tuple[Any, torch.Tensor]:
-    """``(x, y)`` from a ``(x, y, ...)`` tuple/list or a dict keyed as documented."""
-    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
-        return batch[0], batch[1]
-    if isinstance(batch, Mapping):
-        x = next((batch[k] for k in INPUT_KEYS if k in batch), None)
-        target_key = next((k for k in TARGET_KEYS if k in batch), None)
-        if x is None and target_key is not None and len(batch) > 1:
-            # {"image": ..., "clinical": ..., "label": ...}: every other entry is an input, passed to
-            # the model by name (call_model) when its forward takes those names.
-            x = {k: v for k, v in batch.items() if k != target_key}
-        if x is not None and target_key is not None:
-            return x, batch[target_key]
-        raise TrainingError(
-            f"cannot find inputs/targets in batch keys {sorted(map(str, batch))}",
-            hint=f"use input keys {INPUT_KEYS} and target keys {TARGET_KEYS}, or pass loss_fn",
-        )
-    raise TrainingError(
-        f"unsupported batch type {type(batch).__name__}", hint="yield (x, y) tuples or dicts, or pass loss_fn"
-    )
 
 
 def optimizer_needs_closure(optimizer: torch.optim.Optimizer) -> bool:
@@ -120,186 +108,6 @@ def _is_empty(data: Any) -> bool:
         return len(data) == 0
     except TypeError:
         return False
-
-
-_SIGNATURES: dict[type, inspect.Signature | None] = {}
-
-
-def _forward_signature(model: nn.Module) -> inspect.Signature | None:
-    """The signature of the user's ``forward`` (under DDP's ``.module`` / Opacus' ``._module``)."""
-    inner: Any = model
-    for _ in range(4):
-        nxt = getattr(inner, "module", None) if isinstance(inner, nn.parallel.DistributedDataParallel) else None
-        nxt = nxt if nxt is not None else inner.__dict__.get("_modules", {}).get("_module")
-        if not isinstance(nxt, nn.Module):
-            break
-        inner = nxt
-    kind = type(inner)
-    if kind not in _SIGNATURES:
-        try:
-            _SIGNATURES[kind] = inspect.signature(inner.forward)
-        except (TypeError, ValueError):
-            _SIGNATURES[kind] = None
-    return _SIGNATURES[kind]
-
-
-def call_model(model: nn.Module, x: Any) -> Any:
-    """``model(x)``; inputs for a ``forward`` with several parameters are spread over them: a tuple/list
-    as positional arguments (``forward(self, image, clinical)`` with ``x = (image, clinical)``), a dict
-    as keyword arguments when its keys are the parameter names. Any other forward gets ``x`` whole."""
-    if isinstance(x, torch.Tensor):
-        return model(x)
-    sig = _forward_signature(model)
-    if sig is not None and isinstance(x, (tuple, list, Mapping)):
-        params = list(sig.parameters.values())
-        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        required = [p for p in positional if p.default is p.empty]
-        var_pos = any(p.kind is p.VAR_POSITIONAL for p in params)
-        if isinstance(x, (tuple, list)) and (
-                (len(required) >= 2 and len(required) <= len(x) <= len(positional)) or (var_pos and not required)):
-            return model(*x)
-        if isinstance(x, Mapping) and all(isinstance(k, str) for k in x):
-            names = {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
-            var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
-            needed = {p.name for p in params if p.default is p.empty
-                      and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
-            if needed <= set(x) and (set(x) <= names or var_kw) and (len(names) >= 2 or set(x) == names):
-                return model(**x)
-            if needed and needed <= set(x) and len(names) >= 2:
-                # forward(image, clinical) and a batch that also carries bookkeeping (record ids): the
-                # names forward takes, by keyword.
-                return model(**{k: v for k, v in x.items() if k in names})
-    return model(x)
-
-
-def cross_entropy_loss(model: nn.Module, batch: Any, *, weight: torch.Tensor | None = None) -> torch.Tensor:
-    """Default loss: ``F.cross_entropy(model(x), y)`` (``weight``: one per class); see :func:`_cross_entropy`."""
-    return _cross_entropy(model, batch, lambda classes: weight)
-
-
-def _cross_entropy(model: nn.Module, batch: Any,
-                   weight_for: Callable[[int], torch.Tensor | None]) -> torch.Tensor:
-    """Default loss: ``F.cross_entropy(model(x), y)`` on class ids (also per pixel: ``[N, C, H, W]``
-    logits with ``[N, H, W]`` ids) or on probability rows (soft labels); refuses targets that are
-    neither (multi-hot labels, regression values) and one logit per sample, naming the loss to use."""
-    x, y = split_batch(batch)
-    if not isinstance(y, torch.Tensor):
-        raise TrainingError(
-            f"the targets are a {type(y).__name__} (e.g. label names collated into a list); the default loss needs "
-            "class ids (an integer tensor)", hint="map each label to its class id in the dataset, or pass loss_fn")
-    out = primary_output(call_model(model, x))
-    if out.dim() == 2 and y.dim() == 2 and y.shape[1] == 1 and out.shape[1] > 1:
-        y = y.squeeze(1)  # class ids as a column ([N, 1], e.g. df[["label"]].values)
-    if out.dim() < 2 or out.shape[1] < 2:
-        raise TrainingError(
-            f"the model returns outputs of shape {list(out.shape)}; the default loss is cross-entropy, which needs "
-            "[N, classes] logits with at least 2 classes (or [N, classes, ...] per position)",
-            hint="regression: pass loss_fn (e.g. nn.MSELoss()); one logit per sample for a binary label: "
-                 "loss_fn=nn.BCEWithLogitsLoss() with float targets, or return [N, 2] logits")
-    if isinstance(y, torch.Tensor) and y.shape == out.shape:
-        # Same shape as the logits: only rows of class probabilities (soft labels) are cross-entropy targets.
-        probability_rows = y.is_floating_point() and bool(
-            (y >= 0).all() & ((y.sum(dim=1) - 1).abs() <= 1e-3).all())
-        if not probability_rows:
-            raise TrainingError(
-                f"the targets have the shape of the outputs ({list(out.shape)}) but are not rows of class "
-                "probabilities (multi-hot labels or regression values?); the default loss is cross-entropy",
-                hint="multi-label: pass loss_fn=nn.BCEWithLogitsLoss() (float 0/1 targets); regression: "
-                     "loss_fn=nn.MSELoss(); the default validation metrics follow the targets")
-    if isinstance(y, torch.Tensor) and y.is_floating_point() and y.dim() == out.dim() - 1:
-        # Class ids read from a CSV or numpy arrive as floats (1.0); torch wants integers here. Soft
-        # targets (one probability per class, y shaped like the logits) go through unchanged.
-        if not bool(torch.all(y == torch.round(y))):
-            raise TrainingError(
-                "the targets hold fractional values; the default loss is cross-entropy on class ids",
-                hint="yield integer class ids, or pass loss_fn (e.g. MSE for regression) and metrics_fn",
-            )
-        y = y.long()
-    weight = weight_for(int(out.shape[1]))
-    if weight is not None and weight.shape[0] != out.shape[1]:
-        raise TrainingError(f"the model returns {out.shape[1]} classes but training.class_weights has "
-                            f"{weight.shape[0]} class weights", hint="give one weight per class, in class-id order")
-    return F.cross_entropy(out, y, weight=weight)
-
-
-class _WeightedCrossEntropy:
-    """The default loss with ``training.class_weights``: given weights, or 'balanced' ones made from
-    the training labels' counts once the first logits say how many classes there are."""
-
-    def __init__(self, weights: list[float] | None, counts: torch.Tensor | None) -> None:
-        self.weights, self.counts = weights, counts
-        self.weight: torch.Tensor | None = None
-
-    def __call__(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        return _cross_entropy(model, batch, lambda classes: self._weight(classes, model))
-
-    def _weight(self, classes: int, model: nn.Module) -> torch.Tensor:
-        if self.weight is None:
-            device = next((p.device for p in model.parameters()), torch.device("cpu"))
-            if self.weights is not None:
-                self.weight = torch.tensor(self.weights, dtype=torch.float32, device=device)
-            else:
-                assert self.counts is not None
-                classes = max(classes, len(self.counts))
-                counts = torch.zeros(classes, dtype=torch.float64)
-                counts[: len(self.counts)] = self.counts.double()
-                total = float(counts.sum())
-                # A class absent from the training labels gets weight 1 (it never weighs a sample).
-                weight = torch.where(counts > 0, total / (classes * counts.clamp(min=1)), torch.ones_like(counts))
-                self.weight = weight.float().to(device)
-        return self.weight
-
-
-#: Losses that take float targets: integer labels are cast to the outputs' dtype for them.
-_FLOAT_TARGET_LOSSES = (nn.BCEWithLogitsLoss, nn.BCELoss, nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss)
-
-
-def criterion_loss(criterion: nn.Module) -> LossFn:
-    """``loss_fn`` for a loss module: ``criterion(model(x), y)`` (logits picked as by the default
-    loss). ``[N, 1]`` outputs meet ``[N]`` targets as ``[N]`` (MSELoss would otherwise broadcast them
-    to ``[N, N]`` and train on the wrong loss), and integer targets become floats for BCE/MSE-type losses."""
-    def loss(model: nn.Module, batch: Any) -> torch.Tensor:
-        x, y = split_batch(batch)
-        out = primary_output(call_model(model, x))
-        if isinstance(y, torch.Tensor):
-            if out.dim() == 2 and out.shape[1] == 1 and y.dim() == 1:
-                out = out.squeeze(1)
-            if isinstance(criterion, _FLOAT_TARGET_LOSSES) and not y.is_floating_point():
-                y = y.to(out.dtype)
-        return criterion(out, y)
-
-    loss.__qualname__ = f"criterion_loss({type(criterion).__name__})"
-    return loss
-
-
-def default_predict(model: nn.Module, batch: Any) -> tuple[Any, Any]:
-    """Default validation step: ``(model(x), y)`` with ``x, y`` from :func:`split_batch` (the model
-    called as by :func:`call_model`); a tuple/dict output is kept whole for ``metrics_fn`` (the
-    default metrics score its ``logits`` entry)."""
-    x, y = split_batch(batch)
-    return call_model(model, x), y
-
-
-def to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
-    """Move a batch (a tensor, or nested tuples/lists/dicts of tensors) to ``device``."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, Mapping):
-        return {k: to_device(v, device, non_blocking) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(v, device, non_blocking) for v in batch)
-    return batch
-
-
-def batch_len(batch: Any) -> int:
-    """Number of samples in a batch (the leading dimension of its first tensor)."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    if isinstance(batch, Mapping):
-        return next((batch_len(v) for v in batch.values() if isinstance(v, torch.Tensor)), 0)
-    if isinstance(batch, (list, tuple)) and batch:
-        return batch_len(batch[0])
-    return 0
 
 
 @dataclass(frozen=True)
@@ -576,7 +384,7 @@ class Trainer:
         """The default loss with ``config.class_weights`` (counting the labels for 'balanced')."""
         spec = self.config.class_weights
         if spec != "balanced":
-            return _WeightedCrossEntropy(list(cast(list, spec)), None)
+            return WeightedCrossEntropy(list(cast(list, spec)), None)
         try:
             labels = dataset_labels(self.train_data, lambda item: split_batch(item)[1])
         except (TypeError, TrainingError) as exc:
@@ -588,7 +396,7 @@ class Trainer:
         counts = torch.bincount(labels)
         if self.is_main:
             log.info("class_weights balanced: class counts %s", counts.tolist())
-        return _WeightedCrossEntropy(None, counts)
+        return WeightedCrossEntropy(None, counts)
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         arg = self._optimizer_arg
