@@ -49,7 +49,12 @@ from securetrain.masking.dicom.burned_in.cleaner import BurnedInCleaner
 from securetrain.masking.dicom.burned_in.codec import clear_unused_bits
 from securetrain.masking.dicom.dates import shift_da, shift_dt
 from securetrain.masking.dicom.decoders import gdcm_last_resort
-from securetrain.masking.dicom.errors import DeidError, MissingPatientIdentityError, UnreadableDicomError
+from securetrain.masking.dicom.errors import (
+    DeidError,
+    DicomDirectoryError,
+    MissingPatientIdentityError,
+    UnreadableDicomError,
+)
 from securetrain.masking.dicom.keys import DeidKeys, KeyedMapper
 from securetrain.masking.dicom.mapping import export_mapping
 from securetrain.masking.dicom.policy import DicomPolicy
@@ -341,6 +346,7 @@ class Deidentifier:
     # ----------------------------------------------------------------- public API
     def deidentify_dataset(self, ds: Dataset, *, source: str | None = None) -> tuple[Dataset, DeidReport]:
         """De-identify ``ds`` in place and return it with its report. Raises :class:`DeidError`."""
+        refuse_dicomdir(ds, source or "<dataset>")
         report = DeidReport(source=source)
         identity = patient_identity(ds, self.policy.missing_patient_identity)  # before any OCR: cheap refusal
         if not self._keeps_overlays(ds):
@@ -383,6 +389,7 @@ class Deidentifier:
         except OSError as exc:
             raise UnreadableDicomError(f"{name}: cannot read ({type(exc).__name__})") from None
         ds = read_dicom(io.BytesIO(data), name=name)
+        refuse_dicomdir(ds, name)  # before check_complete: a DICOMDIR has no SOP identity in its data set
         try:
             check_complete(ds, name, size=len(data))
         except SecureTrainError:
@@ -901,6 +908,25 @@ def _policy_line(policy: DicomPolicy) -> str:
 _UID_RE = re.compile(r"^[0-9]+(\.[0-9]+)+$")
 
 
+def _with_preamble(source: Any) -> Any:
+    """A file that starts with ``DICM`` (the prefix and file meta written without the 128-byte
+    preamble, as some exporters do) gets an all-zero preamble back, so it reads as Part 10."""
+    try:
+        if isinstance(source, str):
+            with open(source, "rb") as fh:
+                if fh.read(4) != b"DICM":
+                    return source
+                return io.BytesIO(bytes(128) + b"DICM" + fh.read())
+        pos = source.tell()
+        head = source.read(4)
+        if head != b"DICM":
+            source.seek(pos)
+            return source
+        return io.BytesIO(bytes(128) + b"DICM" + source.read())
+    except (OSError, AttributeError, ValueError):
+        return source
+
+
 def read_dicom(
     path: str | os.PathLike[str] | BinaryIO, *, stop_before_pixels: bool = False, name: str | None = None
 ) -> Dataset:
@@ -911,7 +937,8 @@ def read_dicom(
     when the content is a valid data set: it parses to the end and carries a well-formed SOP Class
     UID and SOP Instance UID. Anything else is refused, always with the reason."""
     label = name or (Path(path).name if isinstance(path, str | os.PathLike) else "<stream>")
-    source = os.fspath(path) if isinstance(path, str | os.PathLike) else path
+    source: Any = os.fspath(path) if isinstance(path, str | os.PathLike) else path
+    source = _with_preamble(source)
     try:
         return pydicom.dcmread(source, stop_before_pixels=stop_before_pixels)
     except InvalidDicomError:
@@ -934,6 +961,22 @@ def read_dicom(
             "with a SOP Class UID and SOP Instance UID)"
         ) from None
     return ds
+
+
+MEDIA_STORAGE_DIRECTORY = "1.2.840.10008.1.3.10"
+_TAG_DIRECTORY_RECORDS = 0x00041220
+
+
+def refuse_dicomdir(ds: Dataset, label: str) -> None:
+    """Raise :class:`DicomDirectoryError` for a DICOMDIR (Media Storage Directory Storage in the file
+    meta, or a Directory Record Sequence in the data set): a CD's index, never an object to write."""
+    meta = getattr(ds, "file_meta", None)
+    sop_class = str(meta.get("MediaStorageSOPClassUID", "") or "").strip("\x00 ") if meta is not None else ""
+    if sop_class == MEDIA_STORAGE_DIRECTORY or _TAG_DIRECTORY_RECORDS in ds._dict:
+        raise DicomDirectoryError(
+            f"{label}: a DICOMDIR (Media Storage Directory) is an index of the input's files and patients, "
+            "not an object to de-identify; it is not copied (build a new DICOMDIR for the output if needed)"
+        )
 
 
 def check_complete(ds: Dataset, label: str, size: int | None = None) -> None:

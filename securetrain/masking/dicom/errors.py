@@ -25,6 +25,13 @@ class MissingPatientIdentityError(DeidError):
     Instance UID) gives the object a patient identity to pseudonymise, and the policy requires one."""
 
 
+class DicomDirectoryError(DeidError):
+    """The input is a DICOMDIR (Media Storage Directory, PS3.10): the index of a CD or folder, not an
+    object to de-identify. It names the input files and repeats patient names, IDs and dates in its
+    directory records, and its references would not match the renamed outputs, so it is never copied
+    (a folder run reports it as *rejected*); build a new DICOMDIR for the output if one is needed."""
+
+
 class UnreadableDicomError(DeidError):
     """The input is not DICOM, is truncated, or its pixels cannot be decoded."""
 

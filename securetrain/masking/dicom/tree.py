@@ -168,7 +168,12 @@ def _process_chunk(job: tuple[list[tuple[int, str, str]], str | None, str]) -> t
     """(results, new pseudonyms, read events) for one chunk of (index, source, relative name).
 
     ``target``: the output folder (or, for ``naming="file"``, the output file); ``None`` on dry runs."""
-    from securetrain.masking.dicom.errors import BurnedInAnnotationError, DeidError, MissingPatientIdentityError
+    from securetrain.masking.dicom.errors import (
+        BurnedInAnnotationError,
+        DeidError,
+        DicomDirectoryError,
+        MissingPatientIdentityError,
+    )
     from securetrain.masking.dicom.output import BatchWriter
 
     chunk, target, naming = job
@@ -189,7 +194,7 @@ def _process_chunk(job: tuple[list[tuple[int, str, str]], str | None, str]) -> t
                 dst = lambda report, _t=target: os.path.join(_t, _output_name(report))  # noqa: E731
             try:
                 report = _WORKER.deidentify_file(src, dst, dry_run=target is None, writer=writer, label=f"input #{index}")
-            except (BurnedInAnnotationError, MissingPatientIdentityError) as exc:  # the policy refuses it
+            except (BurnedInAnnotationError, MissingPatientIdentityError, DicomDirectoryError) as exc:  # refused on purpose
                 results.append({**base, "outcome": "rejected", "reason": str(exc), "sha256": _sha256_of(src)})
                 continue
             except DeidError as exc:  # UnreadableDicomError, or an object that cannot be processed
