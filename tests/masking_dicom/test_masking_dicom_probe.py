@@ -104,3 +104,78 @@ def test_a_file_with_the_dicm_prefix_but_no_preamble_is_read() -> None:
     back = read_dicom(io.BytesIO(data[128:]), name="x")
     assert back.SOPInstanceUID == ds.SOPInstanceUID
     assert back.file_meta.TransferSyntaxUID == ExplicitVRLittleEndian
+
+
+def _strict_texts(data: bytes) -> dict[str, str]:
+    """Every text value of the written file decoded strictly with the file's own character set
+    (pydicom raises instead of substituting replacement characters)."""
+    from pydicom import config
+
+    old = config.settings.reading_validation_mode
+    config.settings.reading_validation_mode = config.RAISE
+    try:
+        ds = pydicom.dcmread(io.BytesIO(data))
+        return {e.keyword: str(e.value) for e in ds.iterall() if e.VR in ("SH", "LO", "ST", "LT", "UT", "UC", "PN")}
+    finally:
+        config.settings.reading_validation_mode = old
+
+
+def _with_raw_text(charset: str | list[str] | None, **raw: bytes) -> bytes:
+    ds = _image()
+    del ds.PatientName
+    if charset is not None:
+        ds.SpecificCharacterSet = charset
+    tags = {"PatientName": (0x00100010, "PN"), "StudyDescription": (0x00081030, "LO"),
+            "SeriesDescription": (0x0008103E, "LO"), "InstitutionName": (0x00080080, "LO")}
+    for kw, value in raw.items():
+        tag, vr = tags[kw]
+        ds.add_new(tag, vr, value)
+    buf = io.BytesIO()
+    ds.save_as(buf, enforce_file_format=True)
+    return buf.getvalue()
+
+
+LATIN1_TEXT = {"PatientName": b"M\xfcller^J\xfcrgen", "StudyDescription": b"Scan M\xfcller",
+               "SeriesDescription": b"S\xe9rie \xe9t\xe9"}
+
+
+@pytest.mark.parametrize("charset", ["ISO_IR 192", "UTF-8", None, "ISO_IR 999", ["ISO_IR 192", "ISO_IR 100"]])
+def test_text_that_contradicts_its_character_set_is_written_as_valid_utf8(tmp_path: Path, charset: object) -> None:
+    """Latin-1 bytes under a UTF-8 (or missing, or unknown) character set: the output must decode
+    strictly with the character set it declares."""
+    src = tmp_path / "in.dcm"
+    src.write_bytes(_with_raw_text(charset, **LATIN1_TEXT))  # type: ignore[arg-type]
+    deid = Deidentifier(load_policy(POLICY_DIR / "dicom-research-longitudinal.yaml"), SECRET)
+    deid.deidentify_file(src, tmp_path / "out.dcm")
+    data = (tmp_path / "out.dcm").read_bytes()
+    texts = _strict_texts(data)
+    assert pydicom.dcmread(io.BytesIO(data)).SpecificCharacterSet == "ISO_IR 192"
+    assert "ller" not in texts["StudyDescription"]  # still scrubbed
+    # decoded as pydicom reads it (Latin-1 by default, U+FFFD where the declared codec fails)
+    assert texts["SeriesDescription"][0] == "S" and texts["SeriesDescription"][-2:] in ("t\ufffd", "t\u00e9")
+
+
+@pytest.mark.parametrize(("alias", "term"), [("ISO-8859-1", "ISO_IR 100"), ("latin1", "ISO_IR 100"),
+                                             ("ISO_IR100", "ISO_IR 100"), ("UTF8", "ISO_IR 192")])
+def test_a_misspelt_character_set_is_written_as_its_defined_term(tmp_path: Path, alias: str, term: str) -> None:
+    src = tmp_path / "in.dcm"
+    text = {"SeriesDescription": "Série été".encode("utf-8" if term == "ISO_IR 192" else "latin-1"),
+            "PatientName": "Müller^Jürgen".encode("utf-8" if term == "ISO_IR 192" else "latin-1")}
+    src.write_bytes(_with_raw_text(alias, **text))
+    deid = Deidentifier(load_policy(POLICY_DIR / "dicom-research-longitudinal.yaml"), SECRET)
+    deid.deidentify_file(src, tmp_path / "out.dcm")
+    data = (tmp_path / "out.dcm").read_bytes()
+    assert pydicom.dcmread(io.BytesIO(data)).SpecificCharacterSet == term
+    assert _strict_texts(data)["SeriesDescription"] == "Série été"
+
+
+@pytest.mark.parametrize(("charset", "encoding"), [("ISO_IR 100", "latin-1"), ("ISO_IR 192", "utf-8")])
+def test_valid_text_keeps_its_character_set_and_bytes(tmp_path: Path, charset: str, encoding: str) -> None:
+    src = tmp_path / "in.dcm"
+    src.write_bytes(_with_raw_text(charset, PatientName="Müller^Jürgen".encode(encoding),
+                                   SeriesDescription="Série été".encode(encoding)))
+    deid = Deidentifier(load_policy(POLICY_DIR / "dicom-research-longitudinal.yaml"), SECRET)
+    deid.deidentify_file(src, tmp_path / "out.dcm")
+    data = (tmp_path / "out.dcm").read_bytes()
+    assert pydicom.dcmread(io.BytesIO(data)).SpecificCharacterSet == charset
+    assert "Série été".encode(encoding) in data

@@ -47,6 +47,7 @@ from securetrain.errors import SecureTrainError
 from securetrain.io.atomic import atomic_write_bytes
 from securetrain.masking.dicom.burned_in.cleaner import BurnedInCleaner
 from securetrain.masking.dicom.burned_in.codec import clear_unused_bits
+from securetrain.masking.dicom.charset import repair_character_set
 from securetrain.masking.dicom.dates import shift_da, shift_dt
 from securetrain.masking.dicom.decoders import gdcm_last_resort
 from securetrain.masking.dicom.errors import (
@@ -361,6 +362,8 @@ class Deidentifier:
         self._ensure_patient_id(ds, ctx)
         if self.policy.scrub_retained_text:
             self._scrub(ctx)
+        if repair_character_set(ds) is not None:  # misspelt term, or text its character set cannot decode
+            self._note(ctx, "", 0x00080005, "C")
         self._mark(ds, report)
         self.burned_in.record(ds, report)
         self._file_meta(ds, report)
