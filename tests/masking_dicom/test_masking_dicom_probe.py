@@ -179,3 +179,39 @@ def test_valid_text_keeps_its_character_set_and_bytes(tmp_path: Path, charset: s
     data = (tmp_path / "out.dcm").read_bytes()
     assert pydicom.dcmread(io.BytesIO(data)).SpecificCharacterSet == charset
     assert "Série été".encode(encoding) in data
+
+
+@pytest.mark.parametrize("actual_implicit", [True, False])
+def test_a_data_set_encoded_against_its_transfer_syntax_is_written_in_the_encoding_it_has(
+    tmp_path: Path, actual_implicit: bool
+) -> None:
+    """Old tools label Implicit VR data sets Explicit VR Little Endian (and the reverse); pydicom
+    reads them by looking, and the output must be written, not refused as unencodable."""
+    from pydicom.filebase import DicomBytesIO
+    from pydicom.filewriter import write_dataset, write_file_meta_info
+    from pydicom.uid import ImplicitVRLittleEndian
+
+    ds = _image()
+    ds.SpecificCharacterSet = "ISO_IR 100"
+    ds.StudyDescription = "CT Mueller"
+    ref = Dataset()
+    ref.ReferencedSOPClassUID = ds.SOPClassUID
+    ref.ReferencedSOPInstanceUID = "1.2.3.4.100"
+    ds.ReferencedImageSequence = Sequence([ref])
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian if actual_implicit else ImplicitVRLittleEndian
+    fp = DicomBytesIO()
+    fp.write(b"\0" * 128 + b"DICM")
+    write_file_meta_info(fp, ds.file_meta)
+    fp.is_little_endian, fp.is_implicit_VR = True, actual_implicit
+    write_dataset(fp, ds)
+    src = tmp_path / "in.dcm"
+    src.write_bytes(fp.getvalue())
+    deid = Deidentifier(load_policy(POLICY_DIR / "dicom-research-longitudinal.yaml"), SECRET)
+    with pytest.warns(UserWarning, match="VR"):
+        deid.deidentify_file(src, tmp_path / "out.dcm")
+    out = pydicom.dcmread(tmp_path / "out.dcm")
+    assert out.StudyDescription == "CT XXXXXXX"
+    assert out.ReferencedImageSequence[0].ReferencedSOPInstanceUID.startswith("2.25.")
+    assert out.PixelData == ds.PixelData and out.Rows == 2
+    assert out.file_meta.TransferSyntaxUID == (ImplicitVRLittleEndian if actual_implicit else ExplicitVRLittleEndian) \
+        or not actual_implicit

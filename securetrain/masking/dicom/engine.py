@@ -930,6 +930,25 @@ def _with_preamble(source: Any) -> Any:
         return source
 
 
+def _relabel_vr_encoding(ds: Dataset) -> Dataset:
+    """Old tools label an Implicit VR data set Explicit VR Little Endian (or the reverse). pydicom
+    reads it by looking at the bytes (with a warning); the file meta is corrected to the encoding
+    the data set really has, so the output is written in it and names it (the elements were never
+    re-encoded). Only the two native little-endian syntaxes are relabelled."""
+    meta = getattr(ds, "file_meta", None)
+    tsyntax = meta.get("TransferSyntaxUID") if meta is not None else None
+    if meta is None or tsyntax not in (ExplicitVRLittleEndian, ImplicitVRLittleEndian):
+        return ds
+    first: Any = next((e for e in ds._dict.values() if e.is_raw), None)
+    if first is None:
+        return ds
+    actual_implicit = bool(first.is_implicit_VR)
+    if actual_implicit != (tsyntax == ImplicitVRLittleEndian):
+        meta.TransferSyntaxUID = ImplicitVRLittleEndian if actual_implicit else ExplicitVRLittleEndian
+        ds.set_original_encoding(actual_implicit, True, ds.original_character_set)
+    return ds
+
+
 def read_dicom(
     path: str | os.PathLike[str] | BinaryIO, *, stop_before_pixels: bool = False, name: str | None = None
 ) -> Dataset:
@@ -943,7 +962,7 @@ def read_dicom(
     source: Any = os.fspath(path) if isinstance(path, str | os.PathLike) else path
     source = _with_preamble(source)
     try:
-        return pydicom.dcmread(source, stop_before_pixels=stop_before_pixels)
+        return _relabel_vr_encoding(pydicom.dcmread(source, stop_before_pixels=stop_before_pixels))
     except InvalidDicomError:
         pass  # no preamble/prefix: maybe a raw data set
     except (OSError, EOFError) as exc:
@@ -963,7 +982,7 @@ def read_dicom(
             f"{label}: not a DICOM file (no DICM preamble/prefix, and the content is not a data set "
             "with a SOP Class UID and SOP Instance UID)"
         ) from None
-    return ds
+    return _relabel_vr_encoding(ds)
 
 
 MEDIA_STORAGE_DIRECTORY = "1.2.840.10008.1.3.10"
