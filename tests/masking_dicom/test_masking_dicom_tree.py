@@ -187,3 +187,44 @@ def test_only_policy_refusals_are_rejected_everything_else_is_quarantined(synthe
     assert not refusal_fails(report.quarantined, allow_quarantine=True) and not refusal_fails(0, allow_quarantine=False)
     assert refusal_report(report, BASIC, allow_quarantine=False)["accepted"] is False
     assert refusal_report(report, BASIC, allow_quarantine=True)["accepted"] is True
+
+
+def _with_os_metadata(src: Path) -> list[str]:
+    """Add what Finder, ZIP tools and Windows leave in folders; returns their relative paths."""
+    junk = [".DS_Store", "._CT1.dcm", "__MACOSX/series/._x.dcm", "__MACOSX/series/x.dcm", "sub/Thumbs.db",
+            "sub/desktop.ini"]
+    for rel in junk:
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(b"\x00\x05\x16\x07 finder metadata" * 8)
+    return junk
+
+
+def test_operating_system_metadata_is_skipped_not_quarantined(synthetic_set: Path, tmp_path: Path) -> None:
+    """A folder copied from a Mac (or unpacked from a ZIP made on one) carries .DS_Store, ._* and
+    __MACOSX/: they used to be quarantined, so `securetrain deid` exited 65 on every such folder."""
+    import shutil
+
+    from securetrain.masking.dicom.dataset import DicomDataset
+
+    src = tmp_path / "in"
+    shutil.copytree(synthetic_set.parent, src)
+    dicom_files = sorted(str(p.relative_to(src)) for p in src.rglob("*") if p.is_file())
+    junk = _with_os_metadata(src)
+    report = deidentify_tree(src, tmp_path / "out", BASIC, SECRET)
+    assert sorted(r.source for r in report.results) == dicom_files  # the metadata files are not inputs
+    assert not any(r.source in junk for r in report.results)
+    before = {r.source for r in report.results if r.outcome == FileOutcome.QUARANTINED}  # the set's manifest etc.
+    (src / "notes.txt").write_text("not DICOM, not OS metadata")  # anything else is still quarantined
+    report = deidentify_tree(src, tmp_path / "out2", BASIC, SECRET)
+    assert {r.source for r in report.results if r.outcome == FileOutcome.QUARANTINED} - before == {"notes.txt"}
+    ds = DicomDataset(src, POLICY_DIR / "dicom-basic.yaml", SECRET)
+    quarantined = {q["path"] for q in ds.quarantine_report()}
+    assert "notes.txt" in quarantined and not quarantined & set(junk)
+
+
+def test_a_folder_of_only_os_metadata_has_no_files(tmp_path: Path) -> None:
+    src = tmp_path / "in"
+    src.mkdir()
+    _with_os_metadata(src)
+    with pytest.raises(Exception, match="contains no files"):
+        deidentify_tree(src, tmp_path / "out", BASIC, SECRET)

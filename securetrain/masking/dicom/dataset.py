@@ -40,6 +40,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
 from securetrain.errors import ConfigError
 from securetrain.masking.dicom.errors import DeidError
+from securetrain.masking.dicom.folders import candidate_files
 from securetrain.masking.dicom.policy import DicomPolicy, load_policy
 
 DEFAULT_META_KEYS: tuple[str, ...] = (
@@ -153,7 +154,7 @@ class DicomDataset(Dataset):
         src = Path(source)
         if src.is_dir():
             self.root = src
-            candidates: list[tuple[Path, int | None]] = [(p, None) for p in sorted(q for q in src.rglob("*") if q.is_file())]
+            candidates: list[tuple[Path, int | None]] = [(p, None) for p in candidate_files(src)]
             self.has_labels = False
         elif src.is_file():
             self.root = src.parent

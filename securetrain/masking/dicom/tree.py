@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from securetrain.errors import ConfigError
+from securetrain.masking.dicom.folders import candidate_files
 from securetrain.masking.dicom.policy import DicomPolicy
 
 #: ``format`` of a refusal report (``securetrain deid``'s ``OUT.quarantine.json``).
@@ -229,9 +230,10 @@ def plan_tree(src: Path, dst: Path, *, dry_run: bool) -> list[tuple[str, str, st
     if src.is_dir():
         if dst.resolve() == src.resolve() or src.resolve() in dst.resolve().parents:
             raise ConfigError("OUT must not be IN or inside IN", hint="choose a separate output folder")
-        files = sorted(p for p in src.rglob("*") if p.is_file())
+        files = candidate_files(src)
         if not files:
-            raise ConfigError(f"input folder {src} contains no files", hint="check the path (IN is searched recursively)")
+            raise ConfigError(f"input folder {src} contains no files (operating-system metadata such as .DS_Store "
+                              "is skipped)", hint="check the path (IN is searched recursively)")
         return [(str(p), str(p.relative_to(src)), None if dry_run else str(dst / p.relative_to(src))) for p in files]
     return [(str(src), src.name, None if dry_run else str(dst))]
 
