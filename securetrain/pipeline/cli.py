@@ -49,15 +49,18 @@ def _print_result(result) -> None:  # noqa: ANN001 - PipelineResult
         table.add_row("masking", f"{m.rows_in} rows, policy {m.policy} v{m.policy_version}, split by {m.split_by}: "
                       f"{m.train_entities}/{m.eval_entities} entities", str(m.output_dir))
     last = t.checkpoints[-1] if t.checkpoints else None
-    table.add_row("model", f"{t.model_target}: {t.parameters:,} parameters, {len(t.class_names)} classes", "")
+    outputs = "regression (one output)" if t.task_kind == "regression" else f"{len(t.class_names)} classes"
+    table.add_row("model", f"{t.model_target}: {t.parameters:,} parameters, {outputs}", "")
     table.add_row("training", f"{t.steps} steps on {t.device}, final loss {t.final_loss:.3g} ({t.reason})",
                   str(last.path.parent) if last else "-")
     if t.validation:
         from securetrain.pipeline.report import best_validation
 
         b = best_validation(t) or {}
-        table.add_row("validation", f"best epoch {b.get('epoch')}: accuracy {_fmt(b.get('accuracy'))}, "
-                      f"macro AUC {_fmt(b.get('auc'))}, loss {_fmt(b.get('loss'))}",
+        scores = (f"RMSE {_fmt(b.get('rmse'))}, MAE {_fmt(b.get('mae'))}, R² {_fmt(b.get('r2'))}"
+                  if t.task_kind == "regression" else
+                  f"accuracy {_fmt(b.get('accuracy'))}, macro AUC {_fmt(b.get('auc'))}, loss {_fmt(b.get('loss'))}")
+        table.add_row("validation", f"best epoch {b.get('epoch')}: {scores}",
                       str(t.best_checkpoint.path) if t.best_checkpoint else "-")
     if last:
         table.add_row("encrypted checkpoint", f"step {last.step}, key id {last.key_id}", str(last.path))

@@ -4,7 +4,7 @@ YAML example (``examples/demo.yaml``)::
 
     name: demo
     output_dir: runs
-    task: dicom-classification          # or tabular-classification, or {target: "pkg.mod:make_task"}
+    task: dicom-classification          # or tabular-classification, tabular-regression, or {target: "pkg.mod:make_task"}
     data: {synthetic: {n_patients: 8}, policy: policies/dicom-basic.yaml, image_size: 32}
     model: {target: cnn, kwargs: {channels: 8, hidden: 16}}   # or "mypkg.nets:build"
     training: {epochs: 4, batch_size: 16, scheduler: {name: cosine, warmup_steps: 5}}
@@ -77,7 +77,8 @@ class DataConfig(BaseModel):
         "training. Files the policy rejects (burned-in text, no patient identity) never fail a run; rejected and "
         "quarantined files alike are listed in deid/refused.json.")
     eval_fraction: float = Field(0.25, gt=0.0, lt=1.0, description="Share of patients/entities held out for evaluation.")
-    label_column: str = Field("label", description="Manifest/table column holding the class label.")
+    label_column: str = Field("label", description="Manifest/table column holding the class label "
+                              "(tabular-regression: the numeric target, e.g. loss_amount).")
     classes: list[str] | None = Field(
         None, description="Class names in id order; default: the sorted distinct labels (integers numerically)."
     )
@@ -124,11 +125,15 @@ class ModelConfig(BaseModel):
         return data
 
 
-TaskKind = Literal["dicom-classification", "tabular-classification", "custom"]
+TaskKind = Literal["dicom-classification", "tabular-classification", "tabular-regression", "custom"]
+#: Built-in tasks reading a masked table (the masking key, policy and entity split rules).
+TABULAR_KINDS = ("tabular-classification", "tabular-regression")
+#: Validation metrics of a regression task (:func:`securetrain.training.validation.regression_metrics`).
+REGRESSION_METRICS = ("rmse", "mae", "loss", "r2")
 
 
 class TaskConfig(BaseModel):
-    """``task: dicom-classification`` | ``tabular-classification`` | ``{target: "pkg.mod:make_task", kwargs}``."""
+    """``task: dicom-classification`` | ``tabular-classification`` | ``tabular-regression`` | ``{target: "pkg.mod:make_task", kwargs}``."""
 
     model_config = ConfigDict(extra="forbid")
     kind: TaskKind = "dicom-classification"
@@ -186,7 +191,8 @@ class ExecutionConfig(BaseModel):
 
 class HEConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    enabled: bool = True
+    enabled: bool = Field(True, description="Score the trained classifier under CKKS. Regression tasks: "
+                          "refused; tabular-regression turns it off unless set.")
     scope: Literal["auto", "head", "model"] = Field(
         "auto", description="head: the last linear layer on plaintext features; model: the whole model "
         "(tabular MLP/logistic; hidden activations become polynomials); auto: the whole model for tables "
@@ -271,6 +277,25 @@ def _resolve(path: Path, base: Path | None) -> Path:
     return candidate if candidate.exists() else path
 
 
+def regression_defaults(config: PipelineConfig) -> None:
+    """A regression task's settings: ``rmse`` selects the best checkpoint unless
+    ``training.validation.metric`` is set; HE scoring (which scores classifiers) is off unless
+    ``he.enabled`` is set, and refused when it is; ``data.classes`` has no meaning and is refused."""
+    if config.data.classes is not None:
+        raise ConfigError("data.classes: a regression task has no classes",
+                          hint="remove data.classes, or use tabular-classification for class labels")
+    if "metric" not in config.training.validation.model_fields_set:
+        config.training.validation.metric = "rmse"
+        config.training.validation.model_fields_set.discard("metric")  # still the task's default
+    if "enabled" not in config.he.model_fields_set:
+        config.he.enabled = False
+        config.he.model_fields_set.discard("enabled")
+    elif config.he.enabled:
+        raise ConfigError("he.enabled: HE scoring is not available for a regression task (it scores a "
+                          "classifier's logits and reports AUC/accuracy)",
+                          hint="set he.enabled: false (the default for regression tasks)")
+
+
 def load_pipeline_config(
     path: str | os.PathLike[str] | None = None, *, data: dict | None = None
 ) -> PipelineConfig:
@@ -282,9 +307,11 @@ def load_pipeline_config(
     kind = config.task.kind
     if config.data.policy is None and kind == "dicom-classification":
         config.data.policy = Path("policies/dicom-basic.yaml")
-    if config.data.policy is None and kind == "tabular-classification":
+    if config.data.policy is None and kind in TABULAR_KINDS:
         raise ConfigError("data.policy: a tabular task needs a masking policy",
                           hint="e.g. policy: policies/finance-pii.yaml (unknown columns then fail closed)")
+    if kind == "tabular-regression":
+        regression_defaults(config)
     if config.data.policy is not None:
         config.data.policy = _resolve(config.data.policy, base)
         if not config.data.policy.exists() and not config.data.policy.is_absolute():

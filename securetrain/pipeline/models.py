@@ -9,9 +9,11 @@
    then ``PYTHONPATH``.
 
 The callable is called with ``model.kwargs``, plus what the task knows and the callable accepts
-but the kwargs do not set: ``num_classes``, ``in_channels`` (images), ``in_features`` (tables).
-It must return an ``nn.Module`` whose output on a batch is ``[batch, num_classes]`` logits; that is
-checked on one real batch before training (:func:`check_model_output`).
+but the kwargs do not set: ``num_classes``, ``in_channels`` (images), ``in_features`` (tables);
+for a regression task ``num_outputs=1`` and ``num_classes=1``.
+It must return an ``nn.Module`` whose output on a batch is ``[batch, num_classes]`` logits
+(regression: ``[batch, 1]``); that is checked on one real batch before training
+(:func:`check_model_output`).
 
 HE evaluation needs a linear head: by default the model's last ``nn.Linear`` (in module order)
 is the head and its input the features, which the data owner computes in plaintext
@@ -206,8 +208,10 @@ def _plain_predict(model: nn.Module, inputs: Any) -> tuple[Any, None]:
 
 
 def check_model_output(model: nn.Module, inputs: Any, num_classes: int, *, target: str,
-                       predict: Callable[[nn.Module, Any], tuple[Any, Any]] | None = None) -> None:
-    """One forward pass on a real batch: the output must be ``[batch, num_classes]`` logits.
+                       predict: Callable[[nn.Module, Any], tuple[Any, Any]] | None = None,
+                       regression: bool = False) -> None:
+    """One forward pass on a real batch: the output must be ``[batch, num_classes]`` logits
+    (``regression``: ``[batch, 1]`` or ``[batch]``, one value per sample).
 
     ``inputs`` is the model's input tensor, or (with ``predict(model, batch) -> (outputs, targets)``,
     a task's own validation step) a whole batch.
@@ -224,6 +228,9 @@ def check_model_output(model: nn.Module, inputs: Any, num_classes: int, *, targe
                                hint="check the model's expected input shape (channels, size, features)") from None
     finally:
         model.train(was_training)
+    if regression:
+        _check_regression_output(out, targets, inputs, target=target)
+        return
     if targets is not None and not isinstance(targets, torch.Tensor):  # e.g. strings collated into a list
         raise TaskError(f"the task's batches carry labels as a {type(targets).__name__}; they must be class ids (integers "
                         f"indexing class_names, 0..{num_classes - 1})",
@@ -243,6 +250,30 @@ def check_model_output(model: nn.Module, inputs: Any, num_classes: int, *, targe
             f"so it must return [{batch}, {num_classes}] logits",
             hint="set the head's output size (built-ins and callables taking num_classes get it automatically)",
         )
+
+
+def _check_regression_output(out: Any, targets: Any, inputs: Any, *, target: str) -> None:
+    """A regression model returns one value per sample; the targets are floats, one per sample."""
+    if targets is not None and not (isinstance(targets, torch.Tensor) and targets.is_floating_point()):
+        what = f"{targets.dtype} tensor" if isinstance(targets, torch.Tensor) else type(targets).__name__
+        raise TaskError(f"the regression task's batches carry targets as a {what}; they must be float values",
+                        hint="yield one float target per sample (e.g. torch.float32)")
+    source = inputs if targets is None else targets
+    batch = source.shape[0] if hasattr(source, "shape") else None
+    with suppress(TrainingError):
+        out = primary_output(out)
+    if (not isinstance(out, torch.Tensor) or out.shape[0] != batch or out.dim() > 2
+            or (out.dim() == 2 and out.shape[1] != 1)):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ModelOutputError(
+            f"model {target!r} returns {shape} for a batch of {batch}; the task is a regression, so it must "
+            f"return [{batch}, 1] (one value per sample)",
+            hint="size the output layer with num_outputs (built-ins and callables taking num_outputs or "
+                 "num_classes get 1 automatically)",
+        )
+    if isinstance(targets, torch.Tensor) and targets.numel() != batch:
+        raise TaskError(f"the regression task's targets hold {targets.numel()} values for a batch of {batch}; "
+                        "the pipeline trains one target per sample", hint="yield one float per sample")
 
 
 def parameter_count(model: nn.Module) -> int:

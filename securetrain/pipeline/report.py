@@ -21,7 +21,8 @@ def _finite(value: Any) -> bool:
 
 
 def plot_training_curve(training: TrainingSummary, path: Path) -> Path:
-    """Loss (train and validation) and validation accuracy/AUC as one PNG (matplotlib Agg: no display)."""
+    """Loss (train and validation) and validation accuracy/AUC (regression: RMSE/MAE) as one PNG
+    (matplotlib Agg: no display)."""
     import io
 
     import matplotlib
@@ -47,7 +48,9 @@ def plot_training_curve(training: TrainingSummary, path: Path) -> Path:
     ax.legend(loc="upper right")
     if has_val:
         ax2 = axes[0][1]
-        for key, colour in (("accuracy", "#1a7f37"), ("auc", "#8250df")):
+        regression = training.task_kind == "regression"
+        keys = (("rmse", "#1a7f37"), ("mae", "#8250df")) if regression else (("accuracy", "#1a7f37"), ("auc", "#8250df"))
+        for key, colour in keys:
             points = [(v["epoch"], v[key]) for v in training.validation if _finite(v.get(key))]
             if points:
                 ax2.plot(*zip(*points), marker="o", color=colour, label=f"validation {key}")
@@ -55,7 +58,8 @@ def plot_training_curve(training: TrainingSummary, path: Path) -> Path:
             ax2.axvline(training.best["epoch"], color="#999999", linestyle="--", linewidth=0.8,
                         label=f"best {training.best['metric']}")
         ax2.set_xlabel("epoch")
-        ax2.set_ylim(-0.02, 1.02)
+        if not regression:  # accuracy and AUC lie in [0, 1]; errors are in the target's units
+            ax2.set_ylim(-0.02, 1.02)
         ax2.set_title("Validation on the held-out split")
         ax2.grid(alpha=0.3)
         ax2.legend(loc="lower right")
@@ -185,6 +189,12 @@ def undefined_metric_notice(training: TrainingSummary) -> str:
     return f'<p class="notice"><b>No best checkpoint.</b> {html.escape(text[0].upper() + text[1:])}</p>' if text else ""
 
 
+def _outputs_text(t: TrainingSummary) -> str:
+    if t.task_kind == "regression":
+        return "regression (one output)"
+    return f"classes {', '.join(t.class_names)}"
+
+
 def best_validation(training: TrainingSummary) -> dict[str, Any] | None:
     """The validation entry of the best epoch (else the last one)."""
     if not training.validation:
@@ -245,7 +255,7 @@ def markdown_summary(result: PipelineResult) -> str:
         lines.append(f"| masking | {m.rows_in} rows, policy {m.policy} v{m.policy_version}; split by `{m.split_by}`: "
                      f"{m.train_entities}/{m.eval_entities} entities train/eval |")
     lines += [
-        f"| model | `{t.model_target}`, {t.parameters:,} parameters, classes {', '.join(t.class_names)} |",
+        f"| model | `{t.model_target}`, {t.parameters:,} parameters, {_outputs_text(t)} |",
         f"| training | {t.steps} steps on {t.device}, smoothed loss {_num(smoothed_loss(t))} (last batch "
         f"{t.final_loss:.4f}), {t.samples_per_second:.0f} samples/s ({t.reason}) |",
         f"| checkpoints | {len(t.checkpoints)} encrypted; last key id `{t.checkpoints[-1].key_id if t.checkpoints else '-'}` |",
@@ -253,7 +263,10 @@ def markdown_summary(result: PipelineResult) -> str:
     if t.privacy:
         lines.append(f"| differential privacy | {_privacy_text(t.privacy)} |")
     best = best_validation(t)
-    if best:
+    if best and t.task_kind == "regression":
+        lines.append(f"| validation (best epoch {best['epoch']}) | RMSE {_num(best.get('rmse'))}, MAE "
+                     f"{_num(best.get('mae'))}, R² {_num(best.get('r2'))} |")
+    elif best:
         lines.append(f"| validation (best epoch {best['epoch']}) | loss {_num(best.get('loss'))}, accuracy "
                      f"{_num(best.get('accuracy'))}, macro AUC {_num(best.get('auc'))} |")
     if result.he:
@@ -310,7 +323,9 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
         _table([
             ("model target", t.model_target),
             ("parameters", f"{t.parameters:,}"),
-            ("classes (id: name)", ", ".join(f"{i}: {n}" for i, n in enumerate(t.class_names))),
+            *([("output", "regression: one value per sample (loss: mean squared error)")]
+              if t.task_kind == "regression" else
+              [("classes (id: name)", ", ".join(f"{i}: {n}" for i, n in enumerate(t.class_names)))]),
             ("task", result.task),
             ("config sha256", result.config_sha256 or "-"),
             *_data_rows(result),
@@ -340,7 +355,16 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
     if result.curve_png and result.curve_png.exists():
         png = base64.b64encode(result.curve_png.read_bytes()).decode()
         sections.append(f'<img alt="training and validation curves" src="data:image/png;base64,{png}">')
-    if t.validation:
+    if t.validation and t.task_kind == "regression":
+        rows = "".join(
+            f"<tr><td>{v.get('epoch')}</td><td>{v.get('step')}</td><td>{_num(v.get('rmse'))}</td>"
+            f"<td>{_num(v.get('mae'))}</td><td>{_num(v.get('r2'))}</td><td>{_num(v.get('loss'))}</td>"
+            f"<td>{html.escape(str(v.get('samples', '-')))}</td></tr>"
+            for v in t.validation
+        )
+        sections.append("<h3>Validation per epoch</h3><table><tr><th>epoch</th><th>step</th><th>RMSE</th>"
+                        f"<th>MAE</th><th>R²</th><th>loss (MSE)</th><th>samples</th></tr>{rows}</table>")
+    elif t.validation:
         rows = "".join(
             f"<tr><td>{v.get('epoch')}</td><td>{v.get('step')}</td><td>{_num(v.get('loss'))}</td>"
             f"<td>{_num(v.get('accuracy'))}</td><td>{_num(v.get('auc'))}</td>"
@@ -349,11 +373,12 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
         )
         sections.append("<h3>Validation per epoch</h3><table><tr><th>epoch</th><th>step</th><th>loss</th>"
                         f"<th>accuracy</th><th>macro AUC</th><th>class counts</th></tr>{rows}</table>")
+    if t.validation and t.best:
+        where = t.best_checkpoint.path.name if t.best_checkpoint else "-"
+        sections.append(f"<p>Best {html.escape(str(t.best['metric']))}: {_num(t.best.get('value'))} at epoch "
+                        f"{t.best.get('epoch')} (encrypted best checkpoint <code>{html.escape(where)}</code>).</p>")
+    if t.validation and t.task_kind != "regression":
         best = best_validation(t)
-        if t.best:
-            where = t.best_checkpoint.path.name if t.best_checkpoint else "-"
-            sections.append(f"<p>Best {html.escape(str(t.best['metric']))}: {_num(t.best.get('value'))} at epoch "
-                            f"{t.best.get('epoch')} (encrypted best checkpoint <code>{html.escape(where)}</code>).</p>")
         if best and best.get("confusion"):
             sections.append(f"<h3>Confusion matrix (epoch {best.get('epoch')})</h3>")
             sections.append(_confusion_html(t.class_names, best["confusion"]))

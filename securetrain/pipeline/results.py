@@ -57,7 +57,7 @@ class MaskingSummary(BaseModel):
     eval_rows: int
     train_entities: int
     eval_entities: int
-    class_names: list[str]
+    class_names: list[str]  # tabular-regression: none
     train_class_counts: list[int]
     eval_class_counts: list[int]
     feature_columns: list[str]
@@ -93,7 +93,8 @@ class TrainingSummary(BaseModel):
     reason: str = "completed"  # completed | early_stopped | privacy_budget
     model_target: str = "cnn"
     parameters: int = 0
-    class_names: list[str] = Field(default_factory=list)  # class id -> name
+    class_names: list[str] = Field(default_factory=list)  # class id -> name (regression: none)
+    task_kind: str = "classification"  # or "regression" (one output; rmse/mae/r2 metrics, no classes)
     validation: list[dict[str, Any]] = Field(default_factory=list)  # per validation: epoch, step, loss, accuracy, auc, ...
     best: dict[str, Any] | None = None  # metric, value, epoch, step, checkpoint
     validation_metric: str | None = None  # training.validation.metric, the one ``best`` is chosen by

@@ -183,7 +183,7 @@ def load_run_secrets(config: PipelineConfig) -> RunSecrets:
     deid_file = folder / DEID_KEY_FILE
     if os.environ.get(ENV_DEID_KEY):
         deid_secret = parse_key_text(os.environ[ENV_DEID_KEY].encode(), what=ENV_DEID_KEY, hex_only=True)
-    elif config.task.kind == "tabular-classification" and os.environ.get(ENV_MASK_KEY):
+    elif config.task.kind in ("tabular-classification", "tabular-regression") and os.environ.get(ENV_MASK_KEY):
         # A table needs only its masking key (read by the task itself); the run's other keyed values
         # (the pseudonym-map key, the secret's id in result.json) derive from it, never the key itself.
         from securetrain.keytext import decode_key
@@ -196,7 +196,7 @@ def load_run_secrets(config: PipelineConfig) -> RunSecrets:
             fixed = config.secrets.demo_deid_key == "fixed"
             atomic_write_bytes(deid_file, (DEMO_DEID_KEY_HEX if fixed else secrets.token_hex(32)).encode())
         deid_secret = parse_key_text(_read_private(deid_file), what=str(deid_file))
-    elif config.task.kind == "tabular-classification":
+    elif config.task.kind in ("tabular-classification", "tabular-regression"):
         raise DeidKeyError(
             f"no masking key for this tabular run (set {ENV_MASK_KEY} to the masking key, 64 hex chars, or "
             f"{ENV_DEID_KEY} to derive it from)",

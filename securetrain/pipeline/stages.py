@@ -25,7 +25,7 @@ from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
 from securetrain.errors import ConfigError
 from securetrain.pipeline.errors import PREEMPTED_EXIT_CODE, PipelineError, PipelinePreempted
 from securetrain.io.atomic import atomic_write_bytes
-from securetrain.pipeline.config import PipelineConfig
+from securetrain.pipeline.config import REGRESSION_METRICS, TABULAR_KINDS, PipelineConfig
 from securetrain.pipeline.locate import find_project_file
 from securetrain.pipeline.results import (
     AuditSummary,
@@ -68,6 +68,17 @@ def task_datasets(config: PipelineConfig, secrets: RunSecrets, audit: AuditRecor
     if not isinstance(data, TaskData):
         raise PipelineError(f"{type(task).__name__}.build_datasets returned {type(data).__name__}, not TaskData",
                                hint="see docs/tasks.md")
+    if data.kind not in ("classification", "regression"):
+        raise PipelineError(f"{type(task).__name__}.build_datasets returned TaskData(kind={data.kind!r})",
+                            hint="kind is 'classification' (the default) or 'regression'")
+    if data.regression:
+        if data.class_names:
+            raise PipelineError("a regression task's TaskData has class_names",
+                                hint="leave class_names unset for kind='regression'")
+        return task, data
+    if data.class_names is None:
+        raise PipelineError(f"{type(task).__name__}.build_datasets returned TaskData without class_names",
+                            hint="give the class names in id order, or kind='regression' for a numeric target")
     if data.num_classes < 2:
         raise PipelineError(f"the task has {data.num_classes} class(es); classification needs at least 2",
                                hint="check the labels (data.label_column) or data.classes")
@@ -75,10 +86,35 @@ def task_datasets(config: PipelineConfig, secrets: RunSecrets, audit: AuditRecor
 
 
 def build_task_model(config: PipelineConfig, data: TaskData):
+    """The configured model for the task: ``num_classes`` (classification), or ``num_outputs=1`` and
+    ``num_classes=1`` (regression: a model sized by ``num_classes`` gets one output all the same)."""
     from securetrain.pipeline.models import build_model
 
+    facts: dict[str, Any] = {"num_classes": data.num_outputs}
+    if data.regression:
+        facts["num_outputs"] = 1
     return build_model(config.model.target, config.model.kwargs, base_dir=config.base_dir, seed=config.training.seed,
-                       num_classes=data.num_classes, **data.model_facts)
+                       **{**facts, **data.model_facts})
+
+
+def regression_validation(config: PipelineConfig, data: TaskData, task: Any = None) -> PipelineConfig:
+    """A custom regression task's defaults (the built-in task gets them when the config loads):
+    ``rmse`` selects the best checkpoint unless ``training.validation.metric`` was set; HE scoring
+    is refused (it scores a classifier's logits)."""
+    if not data.regression:
+        return config
+    if config.he.enabled:
+        raise ConfigError("he.enabled: HE scoring is not available for a regression task (it scores a "
+                          "classifier's logits and reports AUC/accuracy)",
+                          hint="set he.enabled: false for this task")
+    validation = config.training.validation
+    if getattr(task, "metrics", None) is None and validation.metric not in REGRESSION_METRICS:
+        raise ConfigError(f"training.validation.metric: {validation.metric!r} is not a validation metric of a "
+                          "regression task", hint=f"use one of {', '.join(REGRESSION_METRICS)}")
+    if validation.metric == "loss" and "metric" not in validation.model_fields_set:
+        validation = validation.model_copy(update={"metric": "rmse"})
+        return config.model_copy(update={"training": config.training.model_copy(update={"validation": validation})})
+    return config
 
 
 def _first_batch(dataset: Any) -> Any:
@@ -101,15 +137,17 @@ def preflight(config: PipelineConfig) -> None:
     resolve_model_factory(config.model.target, base_dir=config.base_dir)
     task = resolve_task(config) if config.task.kind == "custom" else None
     metric = config.training.validation.metric
-    if getattr(task, "metrics", None) is None and metric not in CLASSIFICATION_METRICS:
+    known = {"tabular-regression": REGRESSION_METRICS, "custom": (*CLASSIFICATION_METRICS, *REGRESSION_METRICS)}.get(
+        config.task.kind, CLASSIFICATION_METRICS)
+    if getattr(task, "metrics", None) is None and metric not in known:
         raise ConfigError(f"training.validation.metric: {metric!r} is not a validation metric of this task",
-                          hint=f"use one of {', '.join(CLASSIFICATION_METRICS)}")
+                          hint=f"use one of {', '.join(known)}")
 
 
 def ingest(config: PipelineConfig) -> Path | None:
     """Locate the raw data: the configured source, or freshly generated synthetic data."""
     kind = config.task.kind
-    if kind == "tabular-classification":
+    if kind in TABULAR_KINDS:
         from securetrain.pipeline.tasks.tabular import TabularClassification
 
         return TabularClassification().ingest(config)
@@ -170,7 +208,7 @@ def prepare(
                                                        shard_map=shard_map))
     ctx = TaskContext(config, secrets, audit or NullAuditRecorder())
     task = resolve_task(config)
-    if kind == "tabular-classification":
+    if kind in TABULAR_KINDS:
         assert raw is not None
         return PreparedData(task=kind, masking=task.prepare(ctx, raw))
     hook = getattr(task, "prepare", None)
@@ -214,24 +252,33 @@ def train(
     _, local_rank, world = from_env()
     backend = resolve_backend(config.training.device, index=local_rank if world > 1 else None)
     task, data = task_datasets(config, secrets, audit)
+    config = regression_validation(config, data, task)  # a custom regression task's defaults / HE refusal
     if len(data.train) == 0:
         raise PipelineError("the training split is empty", hint="add patients or lower data.eval_fraction")
     model = build_task_model(config, data)
-    check_model_output(model, _first_batch(data.train), data.num_classes, target=config.model.target,
-                       predict=_predict_fn(task))
+    check_model_output(model, _first_batch(data.train), data.num_outputs, target=config.model.target,
+                       predict=_predict_fn(task), regression=data.regression)
     if config.he.enabled:
         from securetrain.pipeline.models import last_linear
 
         last_linear(model)  # HE scores a linear head: refuse a model without one before training
     training_config = config.training.model_copy(update={"output_dir": config.run_dir / "train"})
     history = MetricsHistory()
+    loss_fn, metrics_fn = getattr(task, "loss", None), getattr(task, "metrics", None)
+    if data.regression:  # MSE on one output per sample, and regression metrics whatever the targets' values
+        from torch import nn
+
+        from securetrain.training.validation import regression_metrics
+
+        loss_fn = loss_fn or nn.MSELoss()
+        metrics_fn = metrics_fn or regression_metrics
     result = Trainer(
         model,
         data.train,
         training_config,
-        loss_fn=getattr(task, "loss", None),
+        loss_fn=loss_fn,
         eval_data=data.eval if len(data.eval) else None,
-        metrics_fn=getattr(task, "metrics", None),
+        metrics_fn=metrics_fn,
         predict_fn=getattr(task, "predict", None),
         store=run_checkpoint_store(config, secrets, audit),
         best_store=run_checkpoint_store(config, secrets, audit, best=True),
@@ -267,7 +314,8 @@ def train(
         reason=result.reason,
         model_target=config.model.target,
         parameters=parameter_count(model),
-        class_names=list(data.class_names),
+        class_names=list(data.class_names or []),
+        task_kind=data.kind,
         validation=[_json_safe(v) for v in result.validation],
         best=_json_safe(result.best) if result.best else None,
         validation_metric=config.training.validation.metric,
@@ -321,7 +369,7 @@ def load_trained_model(config: PipelineConfig, secrets: RunSecrets, audit: Audit
 def _he_scope(config: PipelineConfig) -> str:
     if config.he.scope != "auto":
         return config.he.scope
-    return "model" if config.task.kind == "tabular-classification" else "head"
+    return "model" if config.task.kind in TABULAR_KINDS else "head"
 
 
 def _as_chain(model: torch.nn.Module, sample: torch.Tensor) -> torch.nn.Sequential | None:
@@ -358,6 +406,7 @@ def extract_features(
     from securetrain.training.batches import split_batch
 
     task, data = task_datasets(config, secrets, audit)
+    regression_validation(config, data, task)  # refuses HE for a regression task
     if len(data.eval) == 0:
         raise PipelineError("the evaluation split is empty", hint="use more patients or raise data.eval_fraction")
     model = load_trained_model(config, secrets, audit, data, which=config.he.checkpoint)

@@ -71,7 +71,8 @@ class ValidationConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     every_epochs: PositiveInt = 1
-    metric: str = Field("loss", description="Metric that selects the best checkpoint: loss, accuracy, auc, or a custom task metric.")
+    metric: str = Field("loss", description="Metric that selects the best checkpoint: loss, accuracy, auc, "
+                        "or a custom task metric (pipeline regression tasks: rmse by default; mae, r2).")
     mode: Literal["auto", "min", "max"] = Field(
         "auto", description="auto: min for losses and error measures (loss, mae, rmse, brier, ...), max otherwise.")
     patience: PositiveInt | None = Field(None, description="Stop after this many validations without improvement.")

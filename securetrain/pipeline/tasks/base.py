@@ -11,8 +11,11 @@ A task is an object with:
     Datasets yielding ``(x, y)`` tuples or dicts keyed ``inputs``/``pixels``/``features`` and
     ``label``), the class names in id order, and facts for the model factory
     (``in_channels``/``in_features``). Must be deterministic (same data, same order).
+    A regression task returns ``TaskData(train, eval, kind="regression")`` (no class names; float
+    targets, one value per sample): the model gets ``num_outputs=1``, the default loss is MSE and
+    the default validation metric ``rmse`` (minimised).
 ``loss(model, batch) -> Tensor`` (optional)
-    Default: cross-entropy on ``model(x)``.
+    Default: cross-entropy on ``model(x)``; regression: mean squared error.
 ``metrics(outputs, targets) -> dict`` (optional)
     Validation metrics from the concatenated model outputs and targets of the held-out split.
     Default: :func:`securetrain.training.validation.default_metrics` (for class ids
@@ -54,16 +57,32 @@ class TaskContext:
         return path
 
 
+TASK_KINDS = ("classification", "regression")
+
+
 @dataclass
 class TaskData:
+    """What ``build_datasets`` returns. ``kind="regression"``: float targets, one value per sample,
+    no ``class_names`` (the model is built with one output)."""
+
     train: Any
     eval: Any
-    class_names: list[str]
+    class_names: list[str] | None = None  # classification: class id -> name (at least 2)
     model_facts: dict[str, Any] = field(default_factory=dict)  # e.g. in_channels, in_features
+    kind: str = "classification"  # or "regression"
+
+    @property
+    def regression(self) -> bool:
+        return self.kind == "regression"
 
     @property
     def num_classes(self) -> int:
-        return len(self.class_names)
+        return len(self.class_names or [])
+
+    @property
+    def num_outputs(self) -> int:
+        """The model's output width: one value per sample (regression), else one logit per class."""
+        return 1 if self.regression else self.num_classes
 
 
 @runtime_checkable
@@ -140,6 +159,10 @@ def resolve_task(config: PipelineConfig) -> Any:
         from securetrain.pipeline.tasks.tabular import TabularClassification
 
         return TabularClassification(**config.task.kwargs)
+    if kind == "tabular-regression":
+        from securetrain.pipeline.tasks.tabular import TabularRegression
+
+        return TabularRegression(**config.task.kwargs)
     from securetrain.pipeline.models import import_target
 
     assert config.task.target is not None

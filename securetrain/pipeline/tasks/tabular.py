@@ -12,6 +12,10 @@
    By default the features are the columns the policy keeps or generalises (identifier tokens are
    never features); the label and the split column are never features.
 
+``tabular-regression`` (:class:`TabularRegression`) follows the same rules with a numeric target:
+``data.label_column`` must hold a finite number on every row (a non-numeric column or a NaN/infinite
+value fails with :class:`TaskError`); targets are float32, one per row, kept in their own units.
+
 The masking key comes from ``SECURETRAIN_MASK_KEY`` (hex) or is derived from the run's
 de-identification secret (HMAC-SHA256 with a fixed label), so one key source serves both.
 """
@@ -227,8 +231,29 @@ def _typed_splits(train: Any, evaluation: Any, columns: list[str]) -> tuple[Any,
     return both.slice(0, train.num_rows), both.slice(train.num_rows)
 
 
+def _regression_targets(column: Any, *, where: str, label: str) -> np.ndarray:
+    """The numeric target per row (float64); refuses a non-numeric column and non-finite values."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = column.type
+    if column.null_count:
+        raise TaskError(f"{where}: the target column {label!r} has {column.null_count} empty value(s)",
+                        hint="drop or fill those rows in your data: every row needs a target value")
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)):
+        raise TaskError(f"{where}: data.label_column {label!r} is not numeric ({t}); tabular-regression "
+                        "trains on a number per row", hint="name a numeric column, or use tabular-classification "
+                        "for class labels")
+    values = pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False).astype(np.float64)
+    bad = int((~np.isfinite(values)).sum())
+    if bad:
+        raise TaskError(f"{where}: the target column {label!r} holds {bad} non-finite value(s) (NaN or infinity)",
+                        hint="drop or fix those rows: a regression target must be a finite number")
+    return values
+
+
 class EncodedRows(Dataset):
-    """Items ``{"features": float32[n_features], "label": int64}``."""
+    """Items ``{"features": float32[n_features], "label": int64}`` (regression: ``float32`` label)."""
 
     def __init__(self, features: torch.Tensor, labels: torch.Tensor) -> None:
         self.features, self.labels = features, labels
@@ -244,6 +269,14 @@ class TabularClassification:
     """The tabular task (see the module docstring)."""
 
     name = "tabular-classification"
+    regression = False
+
+    def _targets(self, column: Any, classes: list[str] | None, *, where: str, label: str
+                 ) -> tuple[np.ndarray, list[str]]:
+        """Class ids and class names (regression: the float targets and no names)."""
+        if self.regression:
+            return _regression_targets(column, where=where, label=label), []
+        return _label_ids(column, classes, where=where)
 
     def ingest(self, config: PipelineConfig) -> Path:
         return config.data.source if config.data.source is not None else synthetic_transactions(config)
@@ -279,9 +312,9 @@ class TabularClassification:
         # A CSV's kept columns are its text as written; the label's type (as pyarrow's CSV reader
         # infers it: 1.0 is class "1", TRUE is "true") is that of its values, as in build_datasets.
         labels_col = infer_table(masked.select([d.label_column])).column(0)
-        if labels_col.null_count:
+        if labels_col.null_count and not self.regression:  # regression: empty, NaN and inf refused together
             raise TaskError(f"the label column has {labels_col.null_count} empty value(s)")
-        label_ids, names = _label_ids(labels_col, d.classes, where=f"table {Path(raw).name}")
+        label_ids, names = self._targets(labels_col, d.classes, where=f"table {Path(raw).name}", label=d.label_column)
         entity_col = pc.cast(masked.column(split_by), pa.string())
         if entity_col.null_count:
             raise TaskError(f"data.split_by: {entity_col.null_count} row(s) have no {split_by!r} value",
@@ -306,7 +339,8 @@ class TabularClassification:
             data = sink.getvalue().to_pybytes()
             atomic_write_bytes(out / f"{split}.parquet", data, mode=0o600)
             digests[f"{split}_table"] = hashlib.sha256(data).hexdigest()
-        meta = {"classes": names, "features": features, "split_by": split_by, "label_column": d.label_column}
+        meta = {"classes": names, "features": features, "split_by": split_by, "label_column": d.label_column,
+                "kind": "regression" if self.regression else "classification"}
         atomic_write_bytes(out / "task.json", json.dumps(meta).encode(), mode=0o600)
         return MaskingSummary(
             policy=report.policy_name, policy_version=str(report.policy_version), policy_digest=report.policy_digest,
@@ -314,8 +348,8 @@ class TabularClassification:
             train_rows=int((~in_eval).sum()), eval_rows=int(in_eval.sum()),
             train_entities=len(entities) - len(eval_entities), eval_entities=len(eval_entities),
             class_names=names,
-            train_class_counts=np.bincount(label_ids[~in_eval], minlength=len(names)).tolist(),
-            eval_class_counts=np.bincount(label_ids[in_eval], minlength=len(names)).tolist(),
+            train_class_counts=[] if self.regression else np.bincount(label_ids[~in_eval], minlength=len(names)).tolist(),
+            eval_class_counts=[] if self.regression else np.bincount(label_ids[in_eval], minlength=len(names)).tolist(),
             feature_columns=features, output_dir=out, digests=digests,
         )
 
@@ -332,14 +366,27 @@ class TabularClassification:
                                           [*meta["features"], meta["label_column"]])
         encoder = TableEncoder(meta["features"], ctx.config.data.max_categories).fit(train)  # training split only
         atomic_write_bytes(out / "encoder.json", json.dumps(encoder.state_dict()).encode(), mode=0o600)
+        if meta.get("kind", "classification") != ("regression" if self.regression else "classification"):
+            raise TaskError(f"the prepared data is for a {meta.get('kind', 'classification')} task, not {self.name}",
+                            hint="prepare the data again (a new run) after changing the task")
+
         def labels(table: Any) -> torch.Tensor:
-            ids, _ = _label_ids(table.column(meta["label_column"]), meta["classes"], where="masked split")
-            return torch.from_numpy(ids)
+            values, _ = self._targets(table.column(meta["label_column"]), meta["classes"], where="masked split",
+                                      label=meta["label_column"])
+            return torch.from_numpy(values.astype(np.float32) if self.regression else values)
 
         x_train = encoder.transform(train)
         return TaskData(
             train=EncodedRows(x_train, labels(train)),
             eval=EncodedRows(encoder.transform(evaluation), labels(evaluation)),
-            class_names=meta["classes"],
+            class_names=None if self.regression else meta["classes"],
             model_facts={"in_features": int(x_train.shape[1])},
+            kind="regression" if self.regression else "classification",
         )
+
+
+class TabularRegression(TabularClassification):
+    """``tabular-regression``: the tabular task with a numeric target (see the module docstring)."""
+
+    name = "tabular-regression"
+    regression = True

@@ -1,0 +1,239 @@
+"""Regression in the pipeline: the built-in ``tabular-regression`` task (a finance table with a
+decimal ``loss_amount`` target) end to end through ``securetrain run --no-prefect``, its refusals
+(non-numeric or non-finite targets, HE scoring, class settings), and custom tasks returning
+``TaskData(kind="regression")``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from securetrain.cli.main import app
+from securetrain.errors import ConfigError
+from securetrain.pipeline.config import load_pipeline_config
+from securetrain.pipeline.errors import ModelOutputError, TaskError
+from securetrain.pipeline.runner import run_pipeline
+
+POLICY = """\
+policy_version: "1"
+name: claims
+description: Insurance claims with a loss amount to predict.
+columns:
+  - name: customer_id
+    action: tokenize
+    domain: customer
+  - name: customer_name
+    action: tokenize
+    domain: person
+  - name: region
+    action: keep
+  - name: tenure_years
+    action: keep
+  - name: premium
+    action: keep
+  - name: loss_amount
+    action: keep
+"""
+
+
+def _claims_csv(path: Path, rows: int = 240, *, target: list[str] | None = None) -> Path:
+    """A synthetic claims table: ~60 customers, loss_amount = linear in premium and tenure + noise."""
+    rng = np.random.default_rng(0)
+    customers = rng.integers(0, 60, rows)
+    regions = ["north", "south", "east", "west"]
+    lines = ["customer_id,customer_name,region,tenure_years,premium,loss_amount"]
+    for i in range(rows):
+        c = int(customers[i])
+        premium = round(float(rng.uniform(100, 900)), 2)
+        tenure = int(rng.integers(0, 20))
+        loss = 0.5 * premium - 4.0 * tenure + rng.normal(0, 5)
+        value = target[i] if target is not None else f"{loss / 100:.2f}"
+        lines.append(f"C{c:04d},Person Number{c},{regions[c % 4]},{tenure},{premium:.2f},{value}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _config(tmp: Path, **sections: Any) -> dict[str, Any]:
+    (tmp / "claims-policy.yaml").write_text(POLICY)
+    data: dict[str, Any] = {
+        "name": "claims",
+        "output_dir": str(tmp / "runs"),
+        "task": "tabular-regression",
+        "data": {"source": str(_claims_csv(tmp / "claims.csv")), "policy": str(tmp / "claims-policy.yaml"),
+                 "label_column": "loss_amount", "split_by": "customer_id", "eval_fraction": 0.25},
+        "model": {"target": "mlp", "kwargs": {"hidden": [8]}},
+        "training": {"epochs": 1, "batch_size": 32, "lr": 0.01, "log_every": 2, "checkpoint_every": 100, "seed": 0},
+        "secrets": {"create_demo_secrets": True},
+    }
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
+    return data
+
+
+def test_tabular_regression_runs_end_to_end_from_the_cli(tmp_path: Path) -> None:
+    config_file = tmp_path / "claims.yaml"
+    config_file.write_text(yaml.safe_dump(_config(tmp_path)))
+    result = CliRunner().invoke(app, ["run", str(config_file), "--no-prefect"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    run_dir = tmp_path / "runs" / "claims"
+    out = json.loads((run_dir / "result.json").read_text())
+    assert out["task"] == "tabular-regression"
+    t = out["training"]
+    assert t["task_kind"] == "regression" and t["class_names"] == [] and t["label_map"] == {}
+    assert t["validation_metric"] == "rmse"  # the regression default, minimised
+    assert t["best"]["metric"] == "rmse" and t["best_checkpoint"] is not None
+    last = t["validation"][-1]
+    assert {"rmse", "mae", "r2", "loss"} <= set(last) and "accuracy" not in last and "confusion" not in last
+    assert last["rmse"] == pytest.approx(last["loss"] ** 0.5)
+    assert out["he"] is None  # HE scoring is off for regression
+    m = out["masking"]
+    assert m["class_names"] == [] and m["train_class_counts"] == [] and m["columns"]["loss_amount"] == "keep"
+    html = (run_dir / "report.html").read_text()
+    assert "RMSE" in html and "Confusion matrix" not in html and "classes (id: name)" not in html
+    assert "Person Number" not in html and "C00" not in html  # identifiers never reach the report
+    assert "Person Number" not in (run_dir / "data" / "train.parquet").read_bytes().decode("latin-1")
+    # The signed provenance carries the regression metric, which a release policy can gate on.
+    import base64
+
+    from securetrain.release.gate import ReleasePolicy, _check_metric
+
+    envelope = json.loads((run_dir / "release" / "provenance.dsse.json").read_text())
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    best = statement["predicate"]["validation"]["best"]
+    assert best["metric"] == "rmse" and best["value"] == pytest.approx(t["best"]["value"])
+    for bound, ok in ((best["value"] + 1.0, True), (best["value"] / 2, False)):
+        failures: list[str] = []
+        _check_metric(ReleasePolicy(min_validation={"metric": "rmse", "value": bound}), statement, failures)
+        assert (failures == []) is ok, failures
+    failures = []
+    _check_metric(ReleasePolicy(min_validation={"metric": "auc", "value": 0.5}), statement, failures)
+    assert failures == ["validation: the statement has no 'auc' metric"]  # a classifier's gate refuses it
+
+
+def test_targets_are_floats_and_the_model_has_one_output(tmp_path: Path) -> None:
+    from securetrain.pipeline import stages
+    from securetrain.pipeline.secrets import load_run_secrets
+
+    config = load_pipeline_config(data=_config(tmp_path))
+    assert config.he.enabled is False and config.training.validation.metric == "rmse"
+    secrets = load_run_secrets(config)
+    stages.prepare(config, stages.ingest(config), secrets)
+    _, data = stages.task_datasets(config, secrets)
+    assert data.regression and data.num_outputs == 1 and data.class_names is None
+    item = data.train[0]
+    assert item["label"].dtype == torch.float32
+    labels = torch.stack([data.train[i]["label"] for i in range(len(data.train))])
+    assert not torch.equal(labels, labels.round())  # decimal amounts, not class ids
+    model = stages.build_task_model(config, data)
+    assert model(item["features"].unsqueeze(0)).shape == (1, 1)
+
+
+def test_non_finite_or_non_numeric_targets_are_refused(tmp_path: Path) -> None:
+    values = [f"{i / 10:.1f}" for i in range(240)]
+    for name, bad, match in (("inf", "inf", r"non-finite value\(s\)"), ("nan", "nan", r"loss_amount.*(empty|non-finite)"),
+                             ("text", "high", r"not numeric")):
+        tmp = tmp_path / name
+        tmp.mkdir()
+        data = _config(tmp)
+        target = list(values)
+        target[7] = bad
+        data["data"]["source"] = str(_claims_csv(tmp / "bad.csv", target=target))
+        with pytest.raises(TaskError, match=match):
+            run_pipeline(load_pipeline_config(data=data))
+        assert not (tmp / "runs" / "claims" / "checkpoints").exists()  # refused before training
+
+
+def test_regression_config_refusals(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"he.enabled: HE scoring is not available for a regression task"):
+        load_pipeline_config(data=_config(tmp_path, he={"enabled": True}))
+    with pytest.raises(ConfigError, match=r"data.classes: a regression task has no classes"):
+        load_pipeline_config(data=_config(tmp_path, data={"classes": ["a", "b"]}))
+    explicit = load_pipeline_config(data=_config(tmp_path, training={"validation": {"metric": "mae"}}))
+    assert explicit.training.validation.metric == "mae" and not explicit.training.validation.maximize
+    from securetrain.pipeline.stages import preflight
+
+    with pytest.raises(ConfigError, match=r"'auc' is not a validation metric of this task"):
+        preflight(load_pipeline_config(data=_config(tmp_path, training={"validation": {"metric": "auc"}})))
+
+
+def test_classification_still_refuses_decimal_labels_and_points_to_regression(tmp_path: Path) -> None:
+    with pytest.raises(TaskError, match=r"non-integer numbers"):
+        run_pipeline(load_pipeline_config(data=_config(tmp_path, task="tabular-classification")))
+
+
+CUSTOM_TASK = '''
+import torch
+from torch.utils.data import TensorDataset
+
+from securetrain.pipeline.tasks import TaskData
+
+
+class Line:
+    """y = 2x + 1 on 4 features (float targets, no classes)."""
+
+    def __init__(self, kind="regression", model_facts=None):
+        self.kind, self.facts = kind, model_facts
+
+    def build_datasets(self, ctx):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(64, 4, generator=g)
+        y = 2 * x[:, 0] + 1
+        return TaskData(TensorDataset(x[:48], y[:48]), TensorDataset(x[48:], y[48:]), kind=self.kind,
+                        model_facts=self.facts or {"in_features": 4})
+
+
+def build(in_features, num_outputs):
+    return torch.nn.Linear(in_features, num_outputs)
+
+
+def wide(in_features):
+    return torch.nn.Linear(in_features, 3)
+'''
+
+
+def _custom(tmp: Path, **sections: Any) -> dict[str, Any]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "linetask.py").write_text(CUSTOM_TASK)
+    data: dict[str, Any] = {
+        "name": "line", "output_dir": str(tmp / "runs"),
+        "task": {"target": "linetask:Line"},
+        "model": {"target": "linetask:build"},
+        "training": {"epochs": 2, "batch_size": 16, "lr": 0.05, "checkpoint_every": 100},
+        "he": {"enabled": False},
+        "secrets": {"create_demo_secrets": True},
+        "base_dir": str(tmp),
+    }
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
+    return data
+
+
+def test_custom_regression_task(tmp_path: Path) -> None:
+    result = run_pipeline(load_pipeline_config(data=_custom(tmp_path)))
+    t = result.training
+    assert t.task_kind == "regression" and t.validation_metric == "rmse" and t.best is not None
+    assert t.validation[-1]["rmse"] < t.validation[0]["rmse"] or t.validation[-1]["rmse"] < 2.5
+
+
+def test_custom_regression_refuses_he_and_a_wide_model(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"HE scoring is not available for a regression task"):
+        run_pipeline(load_pipeline_config(data=_custom(tmp_path / "a", he={"enabled": True})))
+    with pytest.raises(ConfigError, match=r"'accuracy' is not a validation metric of a regression task"):
+        run_pipeline(load_pipeline_config(data=_custom(tmp_path / "c", training={"validation": {"metric": "accuracy"}})))
+    with pytest.raises(ModelOutputError, match=r"regression, so it must return \[2, 1\]"):
+        run_pipeline(load_pipeline_config(data=_custom(tmp_path / "b", model={"target": "linetask:wide"})))
+
+
+def test_custom_task_without_class_names_must_say_regression(tmp_path: Path) -> None:
+    from securetrain.pipeline.errors import PipelineError
+
+    with pytest.raises(PipelineError, match=r"without class_names"):
+        run_pipeline(load_pipeline_config(data=_custom(tmp_path, task={"target": "linetask:Line",
+                                                                         "kwargs": {"kind": "classification"}})))
