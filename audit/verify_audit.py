@@ -577,6 +577,15 @@ def split_notes(blob: str) -> list[str]:
     return [n for n in notes if n.strip()]
 
 
+def held_notes(path: str) -> list[str]:
+    """The notes of a held checkpoint file (one note or an anchor file of them); none at all is a failure,
+    never a silently skipped trust input."""
+    notes = split_notes(Path(path).read_text(encoding="utf-8"))
+    if not notes:
+        raise Failure(f"held checkpoint {path} holds no checkpoint note")
+    return notes
+
+
 def load_keys(args: argparse.Namespace, export: Path, warnings: list[str], handovers: list,
               label: str = "handovers.notes") -> tuple[Keys, bool]:
     """The keys to verify with (hand-overs followed), and whether the auditor pinned them (not the export)."""
@@ -652,7 +661,7 @@ def verify(args: argparse.Namespace) -> dict:
         for i, note in enumerate(split_notes((export / "checkpoints.note").read_text(encoding="utf-8"))):
             pending.append((*open_checkpoint(note, pub, f"stored checkpoint #{i}"), "stored"))
         for path in args.trusted_checkpoint or []:
-            for note in split_notes(Path(path).read_text(encoding="utf-8")):
+            for note in held_notes(path):
                 pending.append((*open_checkpoint(note, pub, f"trusted checkpoint {path}"), "trusted"))
         checks.append(f"{len(pending) - len(pub.points)} checkpoint signatures verify (Ed25519)")
         origins = {p[0] for p in pending}
@@ -874,12 +883,7 @@ def verify_proof(args: argparse.Namespace) -> dict:
             if not verify_consistency(old, new, nodes, old_root, new_root):
                 raise Failure(f"consistency proof {old} -> {new} does not verify (the log was not append-only)")
             result["checks"].append(f"RFC 6962 consistency proof {old} -> {new} verifies")
-            for path in args.trusted_checkpoint or []:
-                for note in split_notes(Path(path).read_text(encoding="utf-8")):
-                    _, size, root = open_checkpoint(note, pub, f"held checkpoint {path}")
-                    if (size, root) not in ((old, old_root), (new, new_root)):
-                        raise Failure(f"held checkpoint {path} (size {size}) is not an end of this proof")
-                    result["checks"].append(f"held checkpoint of size {size} is an end of the proof")
+            ends = ((old, old_root), (new, new_root))
             size, root = new, new_root
         else:
             entry = proof["entry"].encode()
@@ -891,6 +895,18 @@ def verify_proof(args: argparse.Namespace) -> dict:
             if not verify_inclusion(index, size, leaf, nodes, root):
                 raise Failure(f"inclusion proof of entry {index} in a tree of {size} does not verify", index)
             result["checks"].append(f"RFC 6962 inclusion proof of entry {index} in a tree of {size} verifies")
+            ends = ((size, root),)
+        # Every held checkpoint passed along is checked (signed by an accepted key, one of the proof's
+        # ends), for inclusion proofs too: a trust input is never silently ignored.
+        for path in args.trusted_checkpoint or []:
+            for note in held_notes(path):
+                _, held_size, held_root = open_checkpoint(note, pub, f"held checkpoint {path}")
+                if (held_size, held_root) not in ends:
+                    hint = ("" if "old_size" in proof else
+                            f"; prove against it with 'securetrain audit prove {index} --size {held_size}', or "
+                            f"that the log only grew since it with 'securetrain audit prove --consistency {held_size}'")
+                    raise Failure(f"held checkpoint {path} (size {held_size}) is not an end of this proof{hint}")
+                result["checks"].append(f"held checkpoint of size {held_size} is an end of the proof")
         if cp is None:
             raise Failure("the proof carries no signed checkpoint; pass one that signs its root")
         if cp[1] != size or cp[2] != root:

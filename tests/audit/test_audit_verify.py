@@ -516,3 +516,50 @@ def test_fast_path_integer_range(details: str, ok: bool) -> None:
 
     assert library._details_canonical(details) is ok
     assert _standalone_module().details_canonical(details) is ok
+
+
+def test_standalone_proof_checks_every_held_checkpoint(log: AuditLog, tmp_path: Path, held_key: Path) -> None:
+    """A held checkpoint passed with an inclusion proof is checked, never silently ignored (it used to be)."""
+    r = cli("prove", "5", "--db", log.url)
+    assert r.exit_code == 0, r.output
+    proof = tmp_path / "proof.json"
+    proof.write_text(r.output)
+    assert json.loads(r.output)["tree_size"] == 8
+    size4, size8 = split_notes((tmp_path / "audit-anchors.notes").read_text())[:2]
+    (tmp_path / "held8.note").write_text(size8)
+    res = standalone(Path(""), "--proof", str(proof), "--vkey", str(held_key), "--trusted-checkpoint",
+                     str(tmp_path / "held8.note"))
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    (tmp_path / "held4.note").write_text(size4)  # signed and authentic, but not the proven tree
+    res = standalone(Path(""), "--proof", str(proof), "--vkey", str(held_key), "--trusted-checkpoint",
+                     str(tmp_path / "held4.note"))
+    assert res.returncode == 1 and "not an end of this proof" in res.stderr and "--size 4" in res.stderr, res.stderr
+    (tmp_path / "garbage.note").write_text("not a note\n")
+    res = standalone(Path(""), "--proof", str(proof), "--vkey", str(held_key), "--trusted-checkpoint",
+                     str(tmp_path / "garbage.note"))
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    res = standalone(Path(""), "--proof", str(proof), "--vkey", str(held_key), "--trusted-checkpoint",
+                     str(tmp_path / "missing.note"))
+    assert res.returncode == 2 and "missing.note" in res.stderr, res.stderr
+    other = AuditLog(tmp_path / "o.db", signing_key=Ed25519PrivateKey.generate())
+    other.record("a.b", "r")
+    (tmp_path / "other.note").write_text(other.checkpoint().note)
+    other.close()
+    res = standalone(Path(""), "--proof", str(proof), "--vkey", str(held_key), "--trusted-checkpoint",
+                     str(tmp_path / "other.note"))
+    assert res.returncode == 1, (res.stdout, res.stderr)
+
+
+@pytest.mark.parametrize("mode", ["export", "proof"])
+def test_standalone_refuses_a_held_checkpoint_file_without_a_note(log: AuditLog, tmp_path: Path, held_key: Path,
+                                                                  mode: str) -> None:
+    """An empty held-checkpoint file is a failure (as in `securetrain audit verify`), not a skipped anchor."""
+    (tmp_path / "empty.note").write_text("\n")
+    if mode == "export":
+        target, extra = log.export(tmp_path / "exp"), []
+    else:
+        r = cli("prove", "--consistency", "4", "--size", "8", "--db", log.url)
+        (tmp_path / "cons.json").write_text(r.output)
+        target, extra = Path(""), ["--proof", str(tmp_path / "cons.json")]
+    res = standalone(target, *extra, "--vkey", str(held_key), "--trusted-checkpoint", str(tmp_path / "empty.note"))
+    assert res.returncode == 1 and "no checkpoint note" in res.stderr, (res.stdout, res.stderr)
