@@ -118,6 +118,8 @@ def private_writer(path: str | os.PathLike[str], mode: int = 0o600, *, durable: 
     (atomically, replacing it) only on clean exit. ``durable=False`` skips the fsyncs (for data
     that is recomputed when lost, like the checkpoint sidecars)."""
     target = Path(path)
+    if target.is_dir():  # refused before any work, naming the destination (not a temp of ours)
+        raise IsADirectoryError(errno.EISDIR, "Is a directory (give a file path to write)", str(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     fd = _open_anonymous(target.parent, mode, target.name)
     if fd is None:

@@ -149,3 +149,31 @@ def test_cli_signatures_and_os_errors_are_typed(app: typer.Typer, env, monkeypat
         os.chmod(env / "ro", 0o700)
     r = run(app, "checkpoint", "decrypt", "s.stenc", str(env / "s.stenc" / "out.bin"), "-k", str(kr))
     assert isinstance(r.exception, CryptoError), r.exception  # parent is a file: ENOTDIR, typed
+
+
+@pytest.mark.parametrize("command", ["encrypt", "decrypt"])
+def test_output_that_is_a_directory_is_refused_up_front_naming_it(app: typer.Typer, env, command: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """OUT an existing directory: one typed error naming OUT (not an internal temp name), before any work,
+    nothing left in or next to it. Both the O_TMPFILE and the named-temp writer."""
+    from securetrain.crypto import private_file
+    from securetrain.crypto.errors import CryptoError
+
+    kr = env / "keyring.json"
+    assert run(app, "keys", "init", "-k", str(kr)).exit_code == 0
+    (env / "plain.bin").write_bytes(os.urandom(1000))
+    assert run(app, "checkpoint", "encrypt", "plain.bin", "c.stenc", "-k", str(kr)).exit_code == 0
+    source = "plain.bin" if command == "encrypt" else "c.stenc"
+    streamed: list[str] = []
+    monkeypatch.setattr(crypto_cli, "_run_stream", lambda *a, **k: streamed.append("x"))
+    for use_tmpfile in (True, False):
+        monkeypatch.setattr(private_file, "USE_O_TMPFILE", use_tmpfile)
+        (env / "outdir").mkdir()
+        before = sorted(p.name for p in env.iterdir())
+        r = run(app, "checkpoint", command, source, "outdir", "-k", str(kr))
+        assert isinstance(r.exception, CryptoError), (use_tmpfile, r.exception)
+        assert "is a directory" in str(r.exception).lower() and "outdir" in str(r.exception), r.exception
+        assert ".tmp" not in str(r.exception), r.exception
+        assert not streamed, "refused only after the whole input was processed"
+        assert sorted(p.name for p in env.iterdir()) == before and not any((env / "outdir").iterdir())
+        (env / "outdir").rmdir()
