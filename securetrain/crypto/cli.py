@@ -177,16 +177,36 @@ def verify_cmd(
     keyring: Path | None = KeyringOpt,
     signer_key: list[str] = SignerOpt,
 ) -> None:
-    """Authenticate the header and every segment (and the signature) without writing any plaintext."""
+    """Authenticate the header and every segment (and the signature) without writing any plaintext.
+
+    Every file is checked, also after a bad one; each bad file is named, and the exit status is 2
+    (the first failure's error) if any failed.
+    """
+    from securetrain.cli.console import err_console
     from securetrain.crypto._container import verify_stream
+    from securetrain.crypto.errors import CryptoError
 
     provider = _provider(keyring)
     verify_keys = _verify_keys(signer_key)
+    failures: list[tuple[Path, CryptoError]] = []
     for path in paths:
-        header = _run_stream(f"verify {path.name}", path,
-                             lambda src: verify_stream(src, provider, verify_keys=verify_keys))
+        try:
+            header = _run_stream(f"verify {path.name}", path,
+                                 lambda src: verify_stream(src, provider, verify_keys=verify_keys))
+        except CryptoError as exc:
+            failures.append((path, exc))
+            if len(paths) > 1:
+                err_console.print(f"[red]FAILED[/] {escape(str(path))}: {escape(str(exc))}", highlight=False,
+                                  soft_wrap=True)
+            continue
         console.print(f"[green]OK[/] {escape(str(path))}: {header.segment_count} segments, "
                       f"key {escape(header.key_ids[0])}")
+    if failures:
+        path, first = failures[0]
+        prefix = f"{path}: " if len(paths) == 1 else \
+            f"{len(failures)} of {len(paths)} files failed verification; first {path}: "
+        first.args = (prefix + str(first.args[0] if first.args else ""), *first.args[1:])
+        raise first
 
 
 # -- keys ------------------------------------------------------------------------------------

@@ -177,3 +177,26 @@ def test_output_that_is_a_directory_is_refused_up_front_naming_it(app: typer.Typ
         assert not streamed, "refused only after the whole input was processed"
         assert sorted(p.name for p in env.iterdir()) == before and not any((env / "outdir").iterdir())
         (env / "outdir").rmdir()
+
+
+def test_verify_several_files_checks_every_one_and_names_the_bad_ones(app: typer.Typer, env) -> None:
+    """`checkpoint verify FILE…`: a bad file is named (the error used to say only "payload is N bytes
+    shorter…", with no file), and the files after it are still verified; exit status 2, typed."""
+    from securetrain.crypto.errors import TruncatedError
+
+    kr = env / "keyring.json"
+    assert run(app, "keys", "init", "-k", str(kr)).exit_code == 0
+    ring = LocalKeyring.load(kr)
+    good = S.encrypt_bytes(os.urandom(3000), ring, segment_size=1024)
+    (env / "a.stenc").write_bytes(good)
+    (env / "cut.stenc").write_bytes(good[:-500])
+    (env / "flip.stenc").write_bytes(good[:-10] + bytes([good[-10] ^ 1]) + good[-9:])
+    (env / "z.stenc").write_bytes(good)
+    r = run(app, "checkpoint", "verify", "a.stenc", "cut.stenc", "z.stenc", "flip.stenc", "-k", str(kr))
+    assert isinstance(r.exception, TruncatedError), r.exception  # the first failure's type
+    assert "cut.stenc" in str(r.exception) and "2 of 4" in str(r.exception), r.exception
+    out = " ".join(r.output.split())
+    assert "OK a.stenc" in out and "OK z.stenc" in out, out  # verified after the bad one
+    assert "FAILED cut.stenc" in out and "FAILED flip.stenc" in out, out
+    r = run(app, "checkpoint", "verify", "cut.stenc", "-k", str(kr))
+    assert isinstance(r.exception, TruncatedError) and str(r.exception).startswith("cut.stenc: "), r.exception
