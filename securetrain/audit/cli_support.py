@@ -24,11 +24,17 @@ AUDIT_DB_OPTION = typer.Option(
 
 @contextlib.contextmanager
 def command_recorder(audit_db: str | None) -> Iterator[AuditRecorder]:
-    """The audit log named by ``audit_db`` (created if needed), or a recorder that records nothing."""
+    """The audit log named by ``audit_db`` (created if needed), or a recorder that records nothing.
+
+    On PostgreSQL the schema is ``$SECURETRAIN_AUDIT_SCHEMA`` (what the audit commands' ``--schema``
+    reads), else the default one, so a command's events land in the log ``securetrain audit`` checks.
+    """
     if not audit_db:
         yield NullAuditRecorder()
         return
+    import os
+
     from securetrain.audit.log import AuditLog
 
-    with AuditLog(audit_db) as log:
+    with AuditLog(audit_db, schema=os.environ.get("SECURETRAIN_AUDIT_SCHEMA") or None) as log:
         yield log

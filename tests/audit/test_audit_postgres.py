@@ -134,3 +134,16 @@ def test_refused_append_rolls_back_and_the_next_append_succeeds(schema: str) -> 
         assert log.record("data.read", "ds:3").seq == 1  # type: ignore[union-attr]
         assert log._pg_conn.info.backend_pid == pid  # rolled back, not dropped
         assert log.verify().ok
+
+
+def test_command_events_go_to_the_schema_the_audit_cli_reads(schema: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SECURETRAIN_AUDIT_SCHEMA (the audit commands' --schema) also selects where other commands
+    (--audit-db / SECURETRAIN_AUDIT_URL) record: they used to write the default schema, so
+    `securetrain audit verify` of that schema found no log, or not their events."""
+    from securetrain.audit.cli_support import command_recorder
+
+    monkeypatch.setenv("SECURETRAIN_AUDIT_SCHEMA", schema)
+    with command_recorder(POSTGRES_URL) as audit:
+        audit.record("checkpoint.decrypt", "probe.stenc", details={"n": 1})
+    with AuditLog(POSTGRES_URL, schema=schema, create=False) as log:
+        assert [e.resource for e in log.entries()] == ["probe.stenc"]
