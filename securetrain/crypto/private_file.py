@@ -25,6 +25,7 @@ import re
 import secrets
 import signal
 import socket
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -118,8 +119,7 @@ def private_writer(path: str | os.PathLike[str], mode: int = 0o600, *, durable: 
     (atomically, replacing it) only on clean exit. ``durable=False`` skips the fsyncs (for data
     that is recomputed when lost, like the checkpoint sidecars)."""
     target = Path(path)
-    if target.is_dir():  # refused before any work, naming the destination (not a temp of ours)
-        raise IsADirectoryError(errno.EISDIR, "Is a directory (give a file path to write)", str(target))
+    _require_regular_or_absent(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd = _open_anonymous(target.parent, mode, target.name)
     if fd is None:
@@ -134,6 +134,25 @@ def private_writer(path: str | os.PathLike[str], mode: int = 0o600, *, durable: 
         _publish(handle.fileno(), target)
     if durable:
         fsync_dir(target.parent)
+
+
+def _require_regular_or_absent(target: Path) -> None:
+    """Refuse, before any work and naming ``target``, a destination that exists but is not a regular
+    file: the atomic rename would *replace* a directory entry such as ``/dev/stdout`` (a symlink) or a
+    FIFO with a regular file holding the data, and would replace a symlink instead of its target."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        return  # a parent is a file: mkdir/open report it
+    if stat.S_ISREG(st.st_mode):
+        return
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "Is a directory (give a file path to write)", str(target))
+    raise OSError(errno.EINVAL, "not a regular file (a symlink, FIFO, device or socket), refusing to replace it "
+                  "(give the path of a new or regular file; plaintext is never streamed to a pipe or terminal)",
+                  str(target))
 
 
 def _publish(fd: int, target: Path) -> None:

@@ -215,3 +215,51 @@ def test_background_hasher_matches_and_cancels(tmp_path: Path) -> None:
         other.advance(len(data))
         other.cancel()
     assert not [t for t in threading.enumerate() if t.name == "securetrain-file-hash"]
+
+
+@pytest.mark.parametrize("kind", ["symlink", "dangling", "fifo", "dir"])
+def test_private_writer_refuses_a_destination_that_is_not_a_regular_file(tmp_path: Path, monkeypatch, kind: str) -> None:
+    """`checkpoint decrypt IN /dev/stdout` used to *replace* the /dev/stdout symlink with a regular file
+    holding the plaintext; symlinks, FIFOs, devices and directories are refused before anything is
+    written, and left exactly as they were."""
+    real = tmp_path / "real.bin"
+    real.write_bytes(b"keep")
+    dest = tmp_path / "dest"
+    if kind == "symlink":
+        dest.symlink_to(real)
+    elif kind == "dangling":
+        dest.symlink_to(tmp_path / "nowhere")
+    elif kind == "fifo":
+        os.mkfifo(dest)
+    else:
+        dest.mkdir()
+    before = sorted((p.name, p.lstat().st_mode) for p in tmp_path.iterdir())
+    for use_tmpfile in (True, False):
+        monkeypatch.setattr(P, "USE_O_TMPFILE", use_tmpfile)
+        entered = []
+        with pytest.raises(OSError) as info:
+            with P.private_writer(dest) as f:
+                entered.append(1)
+                f.write(b"plaintext")
+        assert not entered and info.value.filename == str(dest), info.value
+        assert sorted((p.name, p.lstat().st_mode) for p in tmp_path.iterdir()) == before
+        assert real.read_bytes() == b"keep"
+
+
+def test_cli_decrypt_to_a_symlink_is_refused_and_the_link_kept(tmp_path: Path, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from securetrain.cli.main import app
+    from securetrain.crypto.errors import CryptoError
+
+    monkeypatch.setenv("SECURETRAIN_KEK", KEK)
+    monkeypatch.delenv("SECURETRAIN_KEYRING", raising=False)
+    src = tmp_path / "c.stenc"
+    src.write_bytes(S.encrypt_bytes(b"secret weights", EnvKeyProvider()))
+    sink = tmp_path / "sink"
+    sink.write_bytes(b"")
+    link = tmp_path / "stdout-like"
+    link.symlink_to(sink)
+    r = CliRunner().invoke(app, ["checkpoint", "decrypt", str(src), str(link)])
+    assert isinstance(r.exception, CryptoError) and "not a regular file" in str(r.exception), r.exception
+    assert link.is_symlink() and sink.read_bytes() == b""
