@@ -594,7 +594,9 @@ def load_keys(args: argparse.Namespace, export: Path, warnings: list[str], hando
 
     keys = []
     for value in as_list(args.vkey):
-        keys.append(parse_vkey(Path(value).read_text() if Path(value).is_file() else value)[1])
+        # A verifier key always holds '+'; anything else names a file, and a missing one is
+        # unreadable input (exit 2), not a malformed key (exit 1).
+        keys.append(parse_vkey(Path(value).read_text() if Path(value).is_file() or "+" not in value else value)[1])
     paths = [Path(p) for p in as_list(args.public_key)]
     if not keys and not paths:
         warnings.append("UNTRUSTED: using the export's own public_key.pem, which proves self-consistency only; "

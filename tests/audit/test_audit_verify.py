@@ -563,3 +563,20 @@ def test_standalone_refuses_a_held_checkpoint_file_without_a_note(log: AuditLog,
         target, extra = Path(""), ["--proof", str(tmp_path / "cons.json")]
     res = standalone(target, *extra, "--vkey", str(held_key), "--trusted-checkpoint", str(tmp_path / "empty.note"))
     assert res.returncode == 1 and "no checkpoint note" in res.stderr, (res.stdout, res.stderr)
+
+
+def test_standalone_missing_vkey_file_is_unreadable_input(log: AuditLog, tmp_path: Path, held_key: Path) -> None:
+    """`--vkey FILE` naming a file that does not exist is unreadable input (exit 2, the file named), as
+    with --public-key and `securetrain audit verify`; it used to be parsed as a key and fail with
+    exit 1 ("verifier key must look like …"), which reads as a failed verification."""
+    out = log.export(tmp_path / "exp")
+    missing = tmp_path / "verifier-key.txt"
+    res = standalone(out, "--vkey", str(missing))
+    assert res.returncode == 2 and "verifier-key.txt" in res.stderr, (res.returncode, res.stderr)
+    (tmp_path / "cp.json").write_text(cli("prove", "1", "--db", log.url).output)
+    res = standalone(Path(""), "--proof", str(tmp_path / "cp.json"), "--vkey", str(missing))
+    assert res.returncode == 2 and "verifier-key.txt" in res.stderr, (res.returncode, res.stderr)
+    assert standalone(out, "--vkey", log.verifier_key()).returncode == 0  # a literal key still works
+    assert standalone(out, "--vkey", str(held_key)).returncode == 0
+    res = standalone(out, "--vkey", "garbage+1234+AAAA")
+    assert res.returncode == 1, res.stderr  # a malformed literal key is still a verification failure
