@@ -23,8 +23,8 @@ checkpoint_app = typer.Typer(help="Encrypt, decrypt, inspect and verify AEAD che
 keys_app = typer.Typer(help="Manage the local keyring of key-encryption keys (KEKs).", no_args_is_help=True)
 
 KeyringOpt = typer.Option(None, "--keyring", "-k", envvar="SECURETRAIN_KEYRING",
-                          help="Keyring file (passphrase from SECURETRAIN_KEYRING_PASSPHRASE); "
-                               "without it SECURETRAIN_KEK is used.")
+                          help="Keyring file (passphrase from SECURETRAIN_KEYRING_PASSPHRASE); without it "
+                               "Vault transit (SECURETRAIN_VAULT_TRANSIT_KEY), else SECURETRAIN_KEK is used.")
 
 
 def _typed_io(fn: Any) -> Any:
