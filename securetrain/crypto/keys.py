@@ -288,6 +288,15 @@ class LocalKeyring(_LocalKeysMixin):
         target = Path(path) if path is not None else self.path
         if target is None:
             raise KeyringError("no keyring path given")
+        try:  # as load() refuses them: never replace a symlink (or write through it), never a directory
+            st = os.lstat(target)
+        except (FileNotFoundError, NotADirectoryError):
+            st = None
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            what = "a symlink" if stat.S_ISLNK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) \
+                else "not a regular file"
+            raise KeyringError(f"keyring path {target} is {what}; refusing to replace it",
+                               hint="give the keyring file's own path (keyrings are never symlinks)")
         secret = _passphrase(passphrase)
         kdf = {"name": "scrypt", "log2_n": SCRYPT_DEFAULT_LOG2_N if log2_n is None else log2_n, "r": 8, "p": 1,
                "salt": base64.b64encode(secrets.token_bytes(16)).decode()}

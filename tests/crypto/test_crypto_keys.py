@@ -362,3 +362,27 @@ def test_provider_from_env_precedence(tmp_path, monkeypatch: pytest.MonkeyPatch)
     LocalKeyring.create("file-key").save(tmp_path / "kr.json", log2_n=FAST)
     monkeypatch.setenv("SECURETRAIN_KEYRING", str(tmp_path / "kr.json"))
     assert provider_from_env().current_key_id() == "file-key"
+
+
+@pytest.mark.parametrize("kind", ["symlink", "dangling", "dir"])
+def test_keyring_save_refuses_a_path_that_is_not_a_regular_file(tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                                 kind: str) -> None:
+    """Loading refuses a symlinked keyring; saving (`keys init`, `--force`) replaced the symlink with a
+    file, or failed on a directory naming an internal temp. Both are refused with KeyringError naming
+    the path, and the entry is left as it was."""
+    from securetrain.crypto.errors import KeyringError
+
+    monkeypatch.setenv("SECURETRAIN_KEYRING_PASSPHRASE", PASS)
+    path = tmp_path / "keyring.json"
+    if kind == "symlink":
+        (tmp_path / "real.json").write_text("{}")
+        path.symlink_to(tmp_path / "real.json")
+    elif kind == "dangling":
+        path.symlink_to(tmp_path / "nowhere.json")
+    else:
+        path.mkdir()
+    before = sorted((p.name, p.lstat().st_mode) for p in tmp_path.iterdir())
+    with pytest.raises(KeyringError) as info:
+        LocalKeyring.create("k1").save(path, log2_n=FAST)
+    assert str(path) in str(info.value) and ".tmp" not in str(info.value), info.value
+    assert sorted((p.name, p.lstat().st_mode) for p in tmp_path.iterdir()) == before
