@@ -14,27 +14,13 @@ import pytest
 ts = pytest.importorskip("tenseal", reason="homomorphic evaluation needs the [he] extra (tenseal)")
 
 import torch  # noqa: E402
+from he_cli_helpers import SMALL_PARAMS, rebundle, run_he  # noqa: E402
 from torch import nn  # noqa: E402
-from typer.testing import CliRunner  # noqa: E402
 
-from securetrain.cli.main import app  # noqa: E402
 from securetrain.he import DataOwner, Evaluator, HEParams, compile_plan, container, save_sequential  # noqa: E402
 from securetrain.he.errors import HEFormatError, HEKeyError, HEParameterError  # noqa: E402
 
 pytestmark = pytest.mark.he
-
-PARAMS = ("--poly-modulus-degree", "4096", "--coeff-bits", "38,30,38", "--scale-bits", "30")
-
-
-def _run(*args: object):  # noqa: ANN202
-    return CliRunner().invoke(app, ["he", *[str(a) for a in args]])
-
-
-def _rebundle(bundle: bytes, frames: list[bytes] | None = None, **header: object) -> bytes:
-    c = container.decode(bundle, expect_kind="he-ciphertexts")
-    fields = {k: v for k, v in c.header.items() if k not in ("frames", "kind")} | header
-    return container.encode("he-ciphertexts", fields, list(c.frames) if frames is None else frames)
-
 
 def _json(output: str) -> dict:
     return json.loads(output[output.index("{"):output.rindex("}") + 1])
@@ -53,7 +39,7 @@ def run(tmp_path_factory):  # noqa: ANN001, ANN201
     np.save(root / "x.npy", x)
     save_sequential(model, root / "m.safetensors")
     keys = root / "keys"
-    for args in (("keygen", "--out-dir", keys, *PARAMS),
+    for args in (("keygen", "--out-dir", keys, *SMALL_PARAMS),
                  ("encrypt", "--context", keys / "secret.stctx", "--features", root / "x.npy", "--out", root / "in.stcts",
                   "--calibrate-model", root / "m.safetensors"),
                  ("encrypt", "--context", keys / "secret.stctx", "--features", root / "x.npy", "--out",
@@ -68,22 +54,22 @@ def run(tmp_path_factory):  # noqa: ANN001, ANN201
             c = container.decode((root / "uncal-vb.stcts").read_bytes(), expect_kind="he-ciphertexts")
             fields = {k: v for k, v in c.header.items() if k not in ("frames", "kind", "value_bound")}
             (root / "uncal.stcts").write_bytes(container.encode("he-ciphertexts", fields, list(c.frames)))
-        r = _run(*args)
+        r = run_he(*args)
         assert r.exit_code == 0, (r.output, r.exception)
     # An untrusted evaluator splices in ciphertexts under another key of the same parameters and
     # claims the owner's inputs digest: without a bound these decrypt to huge values and are released.
     inputs = (root / "in.stcts").read_bytes()
     foreign = container.decode(DataOwner(HEParams(4096, (38, 30, 38), 30)).encrypt(x), expect_kind="he-ciphertexts")
     evaluator = Evaluator((keys / "public.stctx").read_bytes())
-    spliced = evaluator.evaluate(compile_plan(model), _rebundle(inputs, frames=list(foreign.frames)))
-    (root / "spliced.stcts").write_bytes(_rebundle(spliced, inputs_sha256=hashlib.sha256(inputs).hexdigest()))
+    spliced = evaluator.evaluate(compile_plan(model), rebundle(inputs, frames=list(foreign.frames)))
+    (root / "spliced.stcts").write_bytes(rebundle(spliced, inputs_sha256=hashlib.sha256(inputs).hexdigest()))
     yield {"root": root, "keys": keys, "x": x, "model": model}
     mp.undo()
 
 
 def _decrypt(run, outputs: str, *extra: object):  # noqa: ANN001, ANN202
     root = run["root"]
-    return _run("decrypt", "--context", run["keys"] / "secret.stctx", "--input", root / outputs, *extra)
+    return run_he("decrypt", "--context", run["keys"] / "secret.stctx", "--input", root / outputs, *extra)
 
 
 def test_encrypted_inputs_bound_releases_honest_scores(run) -> None:  # noqa: ANN001

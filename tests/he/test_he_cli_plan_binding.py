@@ -16,27 +16,13 @@ import pytest
 ts = pytest.importorskip("tenseal", reason="homomorphic evaluation needs the [he] extra (tenseal)")
 
 import torch  # noqa: E402
+from he_cli_helpers import SMALL_PARAMS, rebundle, run_he  # noqa: E402
 from torch import nn  # noqa: E402
-from typer.testing import CliRunner  # noqa: E402
 
-from securetrain.cli.main import app  # noqa: E402
-from securetrain.he import DataOwner, Evaluator, HEParams, bundle_info, compile_plan, container, save_sequential  # noqa: E402
+from securetrain.he import DataOwner, Evaluator, HEParams, bundle_info, compile_plan, save_sequential  # noqa: E402
 from securetrain.he.errors import HEParameterError, HEPlanMismatchError  # noqa: E402
 
 pytestmark = pytest.mark.he
-
-PARAMS = ("--poly-modulus-degree", "4096", "--coeff-bits", "38,30,38", "--scale-bits", "30")
-
-
-def _run(*args: object):  # noqa: ANN202
-    return CliRunner().invoke(app, ["he", *[str(a) for a in args]])
-
-
-def _rebundle(bundle: bytes, **header: object) -> bytes:
-    c = container.decode(bundle, expect_kind="he-ciphertexts")
-    fields = {k: v for k, v in c.header.items() if k not in ("frames", "kind")} | header
-    return container.encode("he-ciphertexts", fields, list(c.frames))
-
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):  # noqa: ANN001, ANN201
@@ -52,9 +38,9 @@ def env(tmp_path_factory):  # noqa: ANN001, ANN201
     save_sequential(model, root / "m.safetensors")
     save_sequential(other, root / "other.safetensors")
     keys = root / "keys"
-    r = _run("keygen", "--out-dir", keys, *PARAMS)
+    r = run_he("keygen", "--out-dir", keys, *SMALL_PARAMS)
     assert r.exit_code == 0, (r.output, r.exception)
-    r = _run("encrypt", "--context", keys / "secret.stctx", "--features", root / "x.npy", "--out", root / "in.stcts",
+    r = run_he("encrypt", "--context", keys / "secret.stctx", "--features", root / "x.npy", "--out", root / "in.stcts",
              "--calibrate-model", root / "m.safetensors")
     assert r.exit_code == 0, (r.output, r.exception)
     yield {"root": root, "keys": keys, "x": x, "model": model}
@@ -62,12 +48,12 @@ def env(tmp_path_factory):  # noqa: ANN001, ANN201
 
 
 def _encrypt(env, out, *extra: object):  # noqa: ANN001, ANN202
-    return _run("encrypt", "--context", env["keys"] / "secret.stctx", "--features", env["root"] / "x.npy",
+    return run_he("encrypt", "--context", env["keys"] / "secret.stctx", "--features", env["root"] / "x.npy",
                 "--out", out, *extra)
 
 
 def _evaluate(env, inputs, out, *extra: object, model: str = "m.safetensors"):  # noqa: ANN001, ANN202
-    return _run("evaluate", "--context", env["keys"] / "public.stctx", "--model", env["root"] / model,
+    return run_he("evaluate", "--context", env["keys"] / "public.stctx", "--model", env["root"] / model,
                 "--input", inputs, "--out", out, *extra)
 
 
@@ -99,7 +85,7 @@ def test_explicit_value_bound(env, tmp_path) -> None:  # noqa: ANN001
     # The explicit bound is enforced at decryption like a calibrated one.
     r = _evaluate(env, tmp_path / "in.stcts", tmp_path / "out.stcts")
     assert r.exit_code == 0, (r.output, r.exception)
-    r = _run("decrypt", "--context", env["keys"] / "secret.stctx", "--input", tmp_path / "out.stcts",
+    r = run_he("decrypt", "--context", env["keys"] / "secret.stctx", "--input", tmp_path / "out.stcts",
              "--encrypted-inputs", tmp_path / "in.stcts")
     assert r.exit_code == 0, (r.output, r.exception)
     # An explicit --output is the evaluator's too.
@@ -130,7 +116,7 @@ def test_matching_plan_runs_and_decrypt_checks_it_too(env, tmp_path) -> None:  #
     r = _evaluate(env, env["root"] / "in.stcts", tmp_path / "out.stcts")
     assert r.exit_code == 0, (r.output, r.exception)
     decrypt = ("decrypt", "--context", env["keys"] / "secret.stctx", "--encrypted-inputs", env["root"] / "in.stcts")
-    r = _run(*decrypt, "--input", tmp_path / "out.stcts", "--out", tmp_path / "s.csv")
+    r = run_he(*decrypt, "--input", tmp_path / "out.stcts", "--out", tmp_path / "s.csv")
     assert r.exit_code == 0, (r.output, r.exception)
     scores = np.loadtxt(tmp_path / "s.csv", delimiter=",")
     np.testing.assert_allclose(scores, compile_plan(env["model"]).evaluate_plain(env["x"])[:, 0], atol=1e-3)
@@ -139,8 +125,8 @@ def test_matching_plan_runs_and_decrypt_checks_it_too(env, tmp_path) -> None:  #
     outputs = (tmp_path / "out.stcts").read_bytes()
     for forged in ({"model_sha256": "0" * 64}, {"final_activation": "sigmoid"},
                    {"output": "probabilities", "final_activation": None}):
-        (tmp_path / "forged.stcts").write_bytes(_rebundle(outputs, **forged))
-        r = _run(*decrypt, "--input", tmp_path / "forged.stcts", "--out", tmp_path / "leak.csv")
+        (tmp_path / "forged.stcts").write_bytes(rebundle(outputs, **forged))
+        r = run_he(*decrypt, "--input", tmp_path / "forged.stcts", "--out", tmp_path / "leak.csv")
         assert isinstance(r.exception, HEPlanMismatchError), (forged, r.output)
         assert not (tmp_path / "leak.csv").exists()
 

@@ -10,18 +10,13 @@ import pytest
 ts = pytest.importorskip("tenseal", reason="homomorphic evaluation needs the [he] extra (tenseal)")
 
 import torch  # noqa: E402
+from he_cli_helpers import run_he  # noqa: E402
 from torch import nn  # noqa: E402
-from typer.testing import CliRunner  # noqa: E402
 
-from securetrain.cli.main import app  # noqa: E402
 from securetrain.he import HEParams, check_release_resolution, compile_plan, save_sequential  # noqa: E402
 from securetrain.he.errors import HEParameterError  # noqa: E402
 
 pytestmark = pytest.mark.he
-
-
-def _run(*args: object):  # noqa: ANN202
-    return CliRunner().invoke(app, ["he", *[str(a) for a in args]])
 
 
 @pytest.fixture()
@@ -43,33 +38,33 @@ def files(tmp_path, monkeypatch):  # noqa: ANN001, ANN201
 
 def test_keygen_refuses_tiny_outputs_before_any_key(files) -> None:  # noqa: ANN001
     keys = files / "keys"
-    r = _run("keygen", "--out-dir", keys, "--model", files / "m.safetensors", "--calibrate-features", files / "tiny.npy")
+    r = run_he("keygen", "--out-dir", keys, "--model", files / "m.safetensors", "--calibrate-features", files / "tiny.npy")
     assert isinstance(r.exception, HEParameterError), r.output
     assert "rounding noise" in str(r.exception) and "decimals=8" in r.exception.hint
     assert not keys.exists() or not any(keys.iterdir())
-    r = _run("keygen", "--out-dir", keys, "--model", files / "m.safetensors", "--calibrate-features", files / "tiny.npy",
+    r = run_he("keygen", "--out-dir", keys, "--model", files / "m.safetensors", "--calibrate-features", files / "tiny.npy",
              "--decimals", "8")  # the released digits the hint named: the searched scale resolves them
     assert r.exit_code == 0, (r.output, r.exception)
-    r = _run("keygen", "--out-dir", files / "k2", "--model", files / "m.safetensors", "--calibrate-features",
+    r = run_he("keygen", "--out-dir", files / "k2", "--model", files / "m.safetensors", "--calibrate-features",
              files / "tiny.npy", "--decimals", "9")
     assert isinstance(r.exception, HEParameterError)
 
 
 def test_encrypt_calibrate_model_refuses_or_warns_before_any_ciphertext(files) -> None:  # noqa: ANN001
     keys = files / "keys"
-    r = _run("keygen", "--out-dir", keys, "--model", files / "m.safetensors", "--calibrate-features", files / "tiny.npy",
+    r = run_he("keygen", "--out-dir", keys, "--model", files / "m.safetensors", "--calibrate-features", files / "tiny.npy",
              "--decimals", "8")
     assert r.exit_code == 0, (r.output, r.exception)
     enc = ("encrypt", "--context", keys / "secret.stctx", "--calibrate-model", files / "m.safetensors")
-    r = _run(*enc, "--features", files / "tiny.npy", "--out", files / "in.stcts")
+    r = run_he(*enc, "--features", files / "tiny.npy", "--out", files / "in.stcts")
     assert isinstance(r.exception, HEParameterError) and "rounding noise" in str(r.exception)
     assert not (files / "in.stcts").exists()
-    r = _run(*enc, "--features", files / "tiny.npy", "--out", files / "in.stcts", "--decimals", "8")
+    r = run_he(*enc, "--features", files / "tiny.npy", "--out", files / "in.stcts", "--decimals", "8")
     assert r.exit_code == 0 and "WARNING" not in r.output, (r.output, r.exception)
-    r = _run(*enc, "--features", files / "coarse.npy", "--out", files / "in2.stcts")
+    r = run_he(*enc, "--features", files / "coarse.npy", "--out", files / "in2.stcts")
     assert r.exit_code == 0, (r.output, r.exception)
     assert "WARNING" in r.output and "lose precision" in r.output
-    r = _run("encrypt", "--context", keys / "secret.stctx", "--features", files / "tiny.npy", "--out", files / "in3.stcts",
+    r = run_he("encrypt", "--context", keys / "secret.stctx", "--features", files / "tiny.npy", "--out", files / "in3.stcts",
              "--value-bound", "1")
     assert r.exit_code == 0  # no model (an explicit bound): nothing to check
 
@@ -115,7 +110,7 @@ def test_encrypt_calibrates_the_plan_the_evaluator_runs(tmp_path, monkeypatch) -
                   "--out", tmp_path / "out.stcts", "--output", "encrypted-probabilities"),
                  ("decrypt", "--context", keys / "secret.stctx", "--input", tmp_path / "out.stcts",
                   "--encrypted-inputs", tmp_path / "in.stcts", "--out", tmp_path / "p.csv")):
-        r = _run(*args)
+        r = run_he(*args)
         assert r.exit_code == 0, (args[0], r.output, r.exception)
     assert bundle_info((tmp_path / "in.stcts").read_bytes())["value_bound"] == calibrate(poly, x).value_bound
     np.testing.assert_allclose(np.loadtxt(tmp_path / "p.csv", delimiter=","), poly.evaluate_plain(x)[:, 0], atol=1e-3)

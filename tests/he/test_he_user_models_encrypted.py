@@ -9,6 +9,7 @@ import pytest
 ts = pytest.importorskip("tenseal", reason="homomorphic evaluation needs the [he] extra (tenseal)")
 
 import torch  # noqa: E402
+from he_cli_helpers import rebundle  # noqa: E402
 from torch import nn  # noqa: E402
 
 from securetrain.audit.recorder import MemoryAuditRecorder  # noqa: E402
@@ -279,14 +280,6 @@ def test_report_gives_per_sample_prediction_agreement() -> None:
 # --- what the data owner agrees to decrypt ------------------------------------------------------------
 
 
-def _rebundle(bundle: bytes, frames: list[bytes] | None = None, **header: object) -> bytes:
-    from securetrain.he import container
-
-    c = container.decode(bundle, expect_kind="he-ciphertexts")
-    fields = {k: v for k, v in c.header.items() if k not in ("frames", "kind")} | header
-    return container.encode("he-ciphertexts", fields, list(c.frames) if frames is None else frames)
-
-
 @pytest.fixture(scope="module")
 def small_run():  # noqa: ANN201
     from securetrain.he import HEParams, container
@@ -312,7 +305,7 @@ def test_decrypt_refuses_an_inputs_bundle(small_run) -> None:  # noqa: ANN001
 def test_decrypt_refuses_forged_output_factors(small_run, factors) -> None:  # noqa: ANN001
     owner, _, _, _, _, outputs, _ = small_run
     with pytest.raises(HEFormatError, match="output_factors"):
-        owner.decrypt(_rebundle(outputs, output_factors=factors))
+        owner.decrypt(rebundle(outputs, output_factors=factors))
 
 
 def test_decrypt_refuses_spliced_ciphertexts_beyond_the_bound(small_run) -> None:  # noqa: ANN001
@@ -321,6 +314,6 @@ def test_decrypt_refuses_spliced_ciphertexts_beyond_the_bound(small_run) -> None
     owner, evaluator, plan, x, inputs, outputs, foreign = small_run
     honest = owner.decrypt(outputs, max_abs=16.0)
     np.testing.assert_allclose(honest, plan.evaluate_plain(x), atol=1e-3)
-    spliced = evaluator.evaluate(plan, _rebundle(inputs, frames=foreign))
+    spliced = evaluator.evaluate(plan, rebundle(inputs, frames=foreign))
     with pytest.raises(HEFormatError, match="beyond the bound 16.0 .* nothing is released"):
         owner.decrypt(spliced, max_abs=16.0)
