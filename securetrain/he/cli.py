@@ -467,19 +467,7 @@ def decrypt(
     from securetrain.he.roles import bundle_info
     from securetrain.io.atomic import atomic_writer
 
-    if encrypted_inputs is None and max_abs is None and not no_value_bound:
-        from securetrain.he.errors import HEParameterError
-
-        # Fail closed, before any key is opened: an outputs file spliced with other ciphertexts of
-        # the same parameters decrypts to values of ~1e7, released unless a bound stops them.
-        raise HEParameterError(
-            "he decrypt needs the value bound it enforces before releasing anything",
-            hint="pass --encrypted-inputs IN.stcts (your own copy of the inputs you encrypted) or --max-abs B; "
-                 "--no-value-bound releases without the check")
-    if no_value_bound and (encrypted_inputs is not None or max_abs is not None):
-        from securetrain.he.errors import HEParameterError
-
-        raise HEParameterError("--no-value-bound contradicts --encrypted-inputs/--max-abs: pass one of them")
+    _check_bound_options(encrypted_inputs, max_abs, no_value_bound)
     owner = _load_owner(context, keyring)
     data = _read(inputs)
     info = bundle_info(data, str(inputs))
@@ -526,21 +514,40 @@ def decrypt(
     console.print_json(json.dumps(result, default=float))
 
 
+def _check_bound_options(encrypted_inputs: Optional[Path], max_abs: Optional[float], no_value_bound: bool) -> None:
+    """``he decrypt``'s bound options, checked before any key is opened: exactly one of
+    ``--encrypted-inputs``, ``--max-abs`` (a positive number) and ``--no-value-bound``. Fail closed:
+    an outputs file spliced with other ciphertexts of the same parameters decrypts to values of
+    ~1e7, released unless a bound stops them."""
+    import math
+
+    from securetrain.he.errors import HEParameterError
+
+    if encrypted_inputs is not None and max_abs is not None:
+        raise HEParameterError("pass --encrypted-inputs or --max-abs, not both")
+    if no_value_bound and (encrypted_inputs is not None or max_abs is not None):
+        raise HEParameterError("--no-value-bound contradicts --encrypted-inputs/--max-abs: pass one of them")
+    if encrypted_inputs is None and max_abs is None and not no_value_bound:
+        raise HEParameterError(
+            "he decrypt needs the value bound it enforces before releasing anything",
+            hint="pass --encrypted-inputs IN.stcts (your own copy of the inputs you encrypted) or --max-abs B; "
+                 "--no-value-bound releases without the check")
+    if max_abs is not None and not (math.isfinite(max_abs) and max_abs > 0):
+        raise HEParameterError(f"--max-abs must be a positive number, got {max_abs}")
+
+
 def _decrypt_bound(owner, outputs_info: dict, encrypted_inputs: Optional[Path],  # noqa: ANN001
                    max_abs: Optional[float]) -> Optional[float]:
     """The bound ``he decrypt`` enforces: the value bound of the data owner's *own* inputs bundle
     (never the evaluator's outputs header, which an untrusted evaluator could strip or raise), or
-    ``--max-abs``. Everything is checked before anything is decrypted."""
+    ``--max-abs`` (both options already checked by :func:`_check_bound_options`). Everything is
+    checked before anything is decrypted."""
     import math
 
     from securetrain.he.errors import HEFormatError, HEKeyError, HEParameterError
     from securetrain.he.roles import bundle_info, check_outputs_binding
 
-    if encrypted_inputs is not None and max_abs is not None:
-        raise HEParameterError("pass --encrypted-inputs or --max-abs, not both")
     if max_abs is not None:
-        if not (math.isfinite(max_abs) and max_abs > 0):
-            raise HEParameterError(f"--max-abs must be a positive number, got {max_abs}")
         return float(max_abs)
     if encrypted_inputs is None:
         return None
