@@ -183,7 +183,8 @@ class BurnedInCleaner:
             if masks:
                 self._legacy_masks(ds, report, outcome, masks)
             return
-        if (status == "no" and mode == "clean" and self.settings.verify_declared_no and flag is not None
+        # status "no" of a modality that usually burns text in can only be a declared NO.
+        if (status == "no" and mode == "clean" and self.settings.verify_declared_no
                 and usually_burned_in(ds, policy.burned_in_modalities)):
             # Declared NO, but of a modality that usually burns text in, and the policy checks the
             # claim: OCR'd and cleaned like a suspected file (status stays "no": what it declared).
