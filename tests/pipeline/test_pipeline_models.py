@@ -201,7 +201,7 @@ def test_task_labels_that_are_not_class_ids_are_named_as_such() -> None:
     """A custom task whose dataset yields string labels: the one-batch check says the labels must be
     class ids (it blamed the model: 'returns (2, 3) for a batch of None')."""
     from securetrain.pipeline.errors import TaskError
-    from securetrain.training.trainer import default_predict
+    from securetrain.training.batches import default_predict
 
     model = build_model("cnn", {"channels": 2, "hidden": 4}, num_classes=3)
     batch = (torch.zeros(2, 1, 16, 16), ["benign", "malignant"])
@@ -230,7 +230,7 @@ def test_a_factory_that_raises_fails_with_one_line(tmp_path: Path) -> None:
 def test_output_check_accepts_what_the_trainer_trains() -> None:
     """A model returning {'logits': ...} (Hugging Face style), and per-pixel logits [N, C, H, W] for
     [N, H, W] masks, train with the Trainer's defaults, so the pipeline's one-batch check takes them."""
-    from securetrain.training.trainer import default_predict
+    from securetrain.training.batches import default_predict
 
     class DictHead(torch.nn.Module):
         def __init__(self) -> None:

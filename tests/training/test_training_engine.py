@@ -211,7 +211,7 @@ def test_float_class_ids_train_like_integer_ones(tmp_path: Path) -> None:
     # torch's cross_entropy refused them ("expected scalar type Long"): a CSV dataset could not train.
     model = make_mlp(8, 3, seed=1)
     x = torch.randn(4, 8)
-    from securetrain.training.trainer import cross_entropy_loss
+    from securetrain.training.losses import cross_entropy_loss
 
     assert torch.equal(cross_entropy_loss(model, (x, torch.tensor([0.0, 2.0, 1.0, 1.0]))),
                        cross_entropy_loss(model, (x, torch.tensor([0, 2, 1, 1]))))
