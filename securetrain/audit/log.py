@@ -670,7 +670,7 @@ class AuditLog:
         self._gc_flusher: threading.Thread | None = None
         self._gc_closing = False
         # Identities of other processes' requests already checked (see _pending_from_request).
-        self._who_checked: dict[tuple[Any, ...], tuple[str, str, str]] = {}
+        self._who_checked: set[tuple[str, str, str]] = set()
 
     def _submit(self, reqs: list[_Pending]) -> None:
         """Queue ``reqs`` (together, so they share a transaction) and return once each is committed
@@ -1265,14 +1265,15 @@ class AuditLog:
         who, events = request.get("who"), request.get("events")
         if not (isinstance(who, list) and len(who) == 3 and isinstance(events, list) and events):
             raise AuditEventError("malformed request to the audit committer")
-        key = tuple(who) if all(type(v) is str for v in who) else None
-        identity = self._who_checked.get(key) if key is not None else None
-        if identity is None:  # the same few identities on every request: checked once each
-            identity = (canon._check_text("actor", who[0], limit=256), canon._check_text("hostname", who[1], limit=256),
-                        canon._check_text("mac", who[2], limit=256))
+        identity = (who[0], who[1], who[2])
+        # The same few identities on every request: each checked once (non-text members never hashed).
+        if not (all(type(v) is str for v in identity) and identity in self._who_checked):
+            canon._check_text("actor", who[0], limit=256)
+            canon._check_text("hostname", who[1], limit=256)
+            canon._check_text("mac", who[2], limit=256)
             if len(self._who_checked) >= 1024:
                 self._who_checked.clear()
-            self._who_checked[identity] = identity
+            self._who_checked.add(identity)
         prepared = []
         for ev in events:
             if not (type(ev) is list and len(ev) == 4 and type(ev[3]) is str):

@@ -161,6 +161,7 @@ def test_a_request_with_a_bad_identity_or_event_is_refused(serving_log: AuditLog
     assert address is not None
     for request in (
         {"who": ["a\x00", "h", "m"], "events": [["x.y", "r", "success", "{}"]]},
+        {"who": [["a"], "h", "m"], "events": [["x.y", "r", "success", "{}"]]},  # not text: never hashed
         {"who": ["a", "h", "m"], "events": [["Not An Action", "r", "success", "{}"]]},
         {"who": ["a", "h", "m"], "events": [["x.y", "", "success", "{}"]]},
         {"who": ["a", "h", "m"], "events": [["x.y", "r", "success", {}]]},
