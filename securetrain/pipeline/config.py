@@ -79,6 +79,10 @@ class DataConfig(BaseModel):
     eval_fraction: float = Field(0.25, gt=0.0, lt=1.0, description="Share of patients/entities held out for evaluation.")
     label_column: str = Field("label", description="Manifest/table column holding the class label "
                               "(tabular-regression: the numeric target, e.g. loss_amount).")
+    target_scaling: Literal["standard", "none"] = Field(
+        "standard", description="Regression: standard trains on (target - mean) / std, fitted on the training "
+        "split only; predictions, RMSE and MAE are restored to the target's units (the scaling is saved as "
+        "<run_dir>/train/target-scaling.json). none: train on the raw targets.")
     classes: list[str] | None = Field(
         None, description="Class names in id order; default: the sorted distinct labels (integers numerically)."
     )

@@ -195,6 +195,15 @@ def _outputs_text(t: TrainingSummary) -> str:
     return f"classes {', '.join(t.class_names)}"
 
 
+def _target_scaling_text(t: TrainingSummary) -> str:
+    s = t.target_scaling
+    if not s:
+        return "none: trained on the raw targets"
+    return (f"standardised: (target - {s['mean']:.6g}) / {s['std']:.6g}, fitted on {s['samples']} training samples; "
+            "the model outputs standardised values (prediction = output * std + mean); RMSE, MAE and predictions "
+            "are in the target's units, the training loss on the standardised scale")
+
+
 def best_validation(training: TrainingSummary) -> dict[str, Any] | None:
     """The validation entry of the best epoch (else the last one)."""
     if not training.validation:
@@ -323,7 +332,8 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
         _table([
             ("model target", t.model_target),
             ("parameters", f"{t.parameters:,}"),
-            *([("output", "regression: one value per sample (loss: mean squared error)")]
+            *([("output", "regression: one value per sample (loss: mean squared error)"),
+               ("target scaling", _target_scaling_text(t))]
               if t.task_kind == "regression" else
               [("classes (id: name)", ", ".join(f"{i}: {n}" for i, n in enumerate(t.class_names)))]),
             ("task", result.task),

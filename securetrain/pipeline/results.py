@@ -95,6 +95,8 @@ class TrainingSummary(BaseModel):
     parameters: int = 0
     class_names: list[str] = Field(default_factory=list)  # class id -> name (regression: none)
     task_kind: str = "classification"  # or "regression" (one output; rmse/mae/r2 metrics, no classes)
+    # regression trained on standardised targets: {method, mean, std, samples} (outputs * std + mean)
+    target_scaling: dict[str, Any] | None = None
     validation: list[dict[str, Any]] = Field(default_factory=list)  # per validation: epoch, step, loss, accuracy, auc, ...
     best: dict[str, Any] | None = None  # metric, value, epoch, step, checkpoint
     validation_metric: str | None = None  # training.validation.metric, the one ``best`` is chosen by

@@ -265,13 +265,9 @@ def train(
     training_config = config.training.model_copy(update={"output_dir": config.run_dir / "train"})
     history = MetricsHistory()
     loss_fn, metrics_fn = getattr(task, "loss", None), getattr(task, "metrics", None)
+    scaling = None
     if data.regression:  # MSE on one output per sample, and regression metrics whatever the targets' values
-        from torch import nn
-
-        from securetrain.training.validation import regression_metrics
-
-        loss_fn = loss_fn or nn.MSELoss()
-        metrics_fn = metrics_fn or regression_metrics
+        loss_fn, metrics_fn, scaling = _regression_objective(config, data, loss_fn, metrics_fn)
     result = Trainer(
         model,
         data.train,
@@ -316,6 +312,7 @@ def train(
         parameters=parameter_count(model),
         class_names=list(data.class_names or []),
         task_kind=data.kind,
+        target_scaling=scaling.to_dict() if scaling is not None else None,
         validation=[_json_safe(v) for v in result.validation],
         best=_json_safe(result.best) if result.best else None,
         validation_metric=config.training.validation.metric,
@@ -327,6 +324,33 @@ def train(
         privacy=_json_safe(result.privacy) if result.privacy else None,
         resumed_from=result.resumed_from,
     )
+
+
+def _regression_objective(config: PipelineConfig, data: TaskData, loss_fn: Any, metrics_fn: Any
+                          ) -> tuple[Any, Any, Any]:
+    """Loss, metrics and target scaling of a regression task. Without a task ``loss`` and with
+    ``data.target_scaling: standard``, MSE on targets standardised by the training split's mean and
+    std, the metrics getting predictions restored to the target's units; a task's own loss works on
+    the targets as they are (it defines their scale), so nothing is scaled."""
+    from torch import nn
+
+    from securetrain.pipeline.target_scaling import (
+        MetricsInTargetUnits,
+        StandardisedMSE,
+        fit_target_scaling,
+        save_target_scaling,
+    )
+    from securetrain.training.validation import regression_metrics
+
+    metrics_fn = metrics_fn or regression_metrics
+    if loss_fn is not None or config.data.target_scaling == "none":
+        save_target_scaling(config.run_dir, None)
+        return loss_fn or nn.MSELoss(), metrics_fn, None
+    scaling = fit_target_scaling(data.train)
+    save_target_scaling(config.run_dir, scaling)
+    log.info("regression targets standardised for training: mean %.6g, std %.6g (%d training samples); "
+             "metrics and predictions are restored to the target's units", scaling.mean, scaling.std, scaling.samples)
+    return StandardisedMSE(scaling), MetricsInTargetUnits(metrics_fn, scaling), scaling
 
 
 def _json_safe(value: Any) -> Any:

@@ -208,7 +208,9 @@ def sign_run_provenance(config: Any, audit_log: Any, prepared: Any, training: An
         "predicate": {
             "run": {"name": config.name, "resource": f"run:{config.name}", "task": getattr(prepared, "task", None)},
             "model": {"checkpoint": which, "step": info.step, "container": info.path.name, "keyId": info.key_id,
-                      "target": training.model_target, "parameters": training.parameters},
+                      "target": training.model_target, "parameters": training.parameters,
+                      # a regression model trained on standardised targets: prediction = output * std + mean
+                      **({"targetScaling": training.target_scaling} if training.target_scaling else {})},
             "trainingData": {"tree": "rfc6962-sha256", "leaf": "utf8(path) || 0x0A || sha256(file)",
                              "merkleRoot": manifest["root"], "leafCount": len(files),
                              "manifest": FILES_FILE, "manifestSha256": hashlib.sha256(manifest_bytes).hexdigest()},

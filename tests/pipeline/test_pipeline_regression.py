@@ -43,8 +43,10 @@ columns:
 """
 
 
-def _claims_csv(path: Path, rows: int = 240, *, target: list[str] | None = None) -> Path:
-    """A synthetic claims table: ~60 customers, loss_amount = linear in premium and tenure + noise."""
+def _claims_csv(path: Path, rows: int = 240, *, target: list[str] | None = None,
+                scale: float | None = None, offset: float = 0.0) -> Path:
+    """A synthetic claims table: ~60 customers, loss_amount = linear in premium and tenure + noise
+    (``scale``/``offset``: the amount in other units, e.g. a price in the hundred-thousands)."""
     rng = np.random.default_rng(0)
     customers = rng.integers(0, 60, rows)
     regions = ["north", "south", "east", "west"]
@@ -54,7 +56,8 @@ def _claims_csv(path: Path, rows: int = 240, *, target: list[str] | None = None)
         premium = round(float(rng.uniform(100, 900)), 2)
         tenure = int(rng.integers(0, 20))
         loss = 0.5 * premium - 4.0 * tenure + rng.normal(0, 5)
-        value = target[i] if target is not None else f"{loss / 100:.2f}"
+        amount = loss / 100 if scale is None else loss * scale + offset
+        value = target[i] if target is not None else f"{amount:.2f}"
         lines.append(f"C{c:04d},Person Number{c},{regions[c % 4]},{tenure},{premium:.2f},{value}")
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -133,6 +136,61 @@ def test_targets_are_floats_and_the_model_has_one_output(tmp_path: Path) -> None
     assert not torch.equal(labels, labels.round())  # decimal amounts, not class ids
     model = stages.build_task_model(config, data)
     assert model(item["features"].unsqueeze(0)).shape == (1, 1)
+
+
+def test_a_target_on_a_1e5_scale_trains_to_a_sensible_rmse_in_its_own_units(tmp_path: Path) -> None:
+    """Prices: std ~1.2e5 around 3e5. MSE on raw targets of that size barely moves a small MLP; with
+    the targets standardised on the training split the RMSE is a fraction of the target's std, and
+    the report, the scaling and the model's restored predictions are all in the target's units."""
+    from securetrain.pipeline import stages
+    from securetrain.pipeline.secrets import load_run_secrets
+    from securetrain.pipeline.target_scaling import load_target_scaling
+
+    data = _config(tmp_path, training={"epochs": 12, "log_every": 10})
+    data["data"]["source"] = str(_claims_csv(tmp_path / "prices.csv", scale=1000.0, offset=3e5))
+    config = load_pipeline_config(data=data)
+    result = run_pipeline(config)
+    t = result.training
+    secrets = load_run_secrets(config)
+    _, split = stages.task_datasets(config, secrets)
+    train_y = split.train.labels.double()
+    eval_y = split.eval.labels.double()
+    assert t.target_scaling is not None and t.target_scaling["method"] == "standard"
+    assert t.target_scaling["mean"] == pytest.approx(float(train_y.mean()), rel=1e-6)  # training split only
+    assert t.target_scaling["std"] == pytest.approx(float(train_y.std(unbiased=False)), rel=1e-6)
+    assert t.target_scaling["samples"] == len(split.train)
+    std = float(eval_y.std(unbiased=False))
+    assert std > 5e4
+    best = t.best
+    assert best is not None and best["metric"] == "rmse"
+    assert best["value"] < 0.5 * std, (best["value"], std)  # learnt, not the mean predictor (rmse ~ std)
+    # The reported RMSE is the restored predictions' error in the target's own units.
+    scaling = load_target_scaling(config.run_dir)
+    assert scaling is not None and scaling.to_dict() == t.target_scaling
+    model = stages.load_trained_model(config, secrets, None, split, which="best")
+    with torch.no_grad():
+        predictions = scaling.restore(model(split.eval.features).squeeze(1)).double()
+    rmse = float(((predictions - eval_y) ** 2).mean().sqrt())
+    assert rmse == pytest.approx(best["value"], rel=1e-4)
+    assert abs(float(predictions.mean()) - float(eval_y.mean())) < 0.5 * std  # in prices, not z-scores
+    page = result.report_html.read_text()
+    assert "standardised" in page and f"{t.target_scaling['mean']:.6g}" in page
+    # The signed provenance says how the released weights' outputs become prices.
+    import base64
+
+    envelope = json.loads((config.run_dir / "release" / "provenance.dsse.json").read_text())
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    assert statement["predicate"]["model"]["targetScaling"] == t.target_scaling
+
+
+def test_target_scaling_none_trains_on_the_raw_targets(tmp_path: Path) -> None:
+    config = load_pipeline_config(data=_config(tmp_path, data={"target_scaling": "none"}))
+    result = run_pipeline(config)
+    assert result.training.target_scaling is None
+    assert json.loads((config.run_dir / "result.json").read_text())["training"]["target_scaling"] is None
+    from securetrain.pipeline.target_scaling import load_target_scaling
+
+    assert load_target_scaling(config.run_dir) is None
 
 
 def test_non_finite_or_non_numeric_targets_are_refused(tmp_path: Path) -> None:
