@@ -71,6 +71,9 @@ def mask_command(
                       "" if c.distinct is None else str(c.distinct), det)
     console.print(table)
     console.print(f"policy digest {report.policy_digest}\noutput sha256 {report.output_sha256}", highlight=False)
+    if report.csv_formula_guard is not None:
+        console.print(f"csv formula guard {report.csv_formula_guard}: {report.formula_cells_escaped} cell(s) "
+                      "escaped with a leading '", highlight=False)
     if report_json is not None:
         atomic_write_bytes(report_json, json.dumps(report.to_dict(), indent=1).encode())
 

@@ -28,3 +28,9 @@ class MalformedTableError(TabularMaskingError):
 class UnsupportedFormatError(TabularMaskingError):
     """The file suffix is not one we read or write (.csv, .parquet, .pq), or a .csv file is not
     comma-separated (semicolon, tab or pipe)."""
+
+
+class CsvFormulaError(TabularMaskingError):
+    """A text cell of the CSV output would be read as a formula by a spreadsheet (it starts with
+    ``=``, ``+``, ``-``, ``@``, a tab or a CR and is not a number) and the policy's
+    ``csv_formula_guard`` is ``refuse``. The message names the column and row, never the value."""

@@ -51,6 +51,8 @@ from securetrain.masking.tabular.policy import (
     load_policy,
 )
 from securetrain.masking.tabular.tableio import (
+    csv_line_end,
+    csv_output,
     detect_format,
     parse_table,
     read_bytes,
@@ -202,6 +204,11 @@ class MaskReport:
     columns: list[ColumnReport]
     input_sha256: str | None = None
     output_sha256: str | None = None
+    # CSV input: its line end, which CSV output keeps ("\r\n" or "\n").
+    csv_line_end: str | None = None
+    # CSV output: the policy's formula guard applied to it, and the cells it escaped.
+    csv_formula_guard: str | None = None
+    formula_cells_escaped: int = 0
 
     @property
     def output_columns(self) -> list[str]:
@@ -589,6 +596,7 @@ class TabularMasker:
         masked, report = self.mask_table_with_report(table, resource=str(src), on_column=on_column,
                                                      csv_text_columns=csv_text)
         report.input_sha256 = digest
+        report.csv_line_end = csv_line_end(data) if fmt == "csv" else None
         return masked, report
 
     def mask_file(self, src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
@@ -598,12 +606,28 @@ class TabularMasker:
             raise TabularMaskingError("refusing to mask a file onto itself", hint="choose a different output path")
         out_fmt = detect_format(dst)
         masked, report = self.read_masked(src, on_column=on_column)
-        unique = [c.column for c in report.columns if c.distinct is not None and c.distinct >= UNIQUE_SHARE * report.rows]
-        data = serialize_table(masked, out_fmt, unique_columns=unique)
+        guard = self.policy.csv_formula_guard
+        if out_fmt == "csv":
+            try:
+                written = csv_output(masked, formula_guard=guard,
+                                     line_end="\r\n" if report.csv_line_end == "\r\n" else "\n")
+            except TabularMaskingError as exc:
+                self._audit.record("tabular.write", str(dst), outcome="refused",
+                                   details={"format": out_fmt, "csv_formula_guard": guard, "error": type(exc).__name__,
+                                            "policy_digest": self.policy_digest})
+                raise
+            data = written.data
+            report.csv_formula_guard, report.formula_cells_escaped = guard, written.escaped_cells
+        else:
+            unique = [c.column for c in report.columns
+                      if c.distinct is not None and c.distinct >= UNIQUE_SHARE * report.rows]
+            data = serialize_table(masked, out_fmt, unique_columns=unique)
         atomic_write_bytes(dst, data)
         report.output_sha256 = hashlib.sha256(data).hexdigest()
+        guarded = {"csv_formula_guard": guard, "formula_cells_escaped": report.formula_cells_escaped} \
+            if out_fmt == "csv" else {}
         self._audit.record("tabular.write", str(dst),
                            details={"sha256": report.output_sha256, "bytes": len(data), "format": out_fmt,
                                     "rows": masked.num_rows, "columns": masked.num_columns,
-                                    "policy_digest": self.policy_digest})
+                                    "policy_digest": self.policy_digest, **guarded})
         return report

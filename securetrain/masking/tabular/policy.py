@@ -182,6 +182,10 @@ class MaskingPolicy(BaseModel):
     columns: list[ColumnRule] = Field(default_factory=list)
     default: DefaultAction | None = None
     detectors: DetectorConfig = Field(default_factory=DetectorConfig)
+    # CSV output only: a text cell starting with =, +, -, @, a tab or a CR (and not a number) is
+    # run as a formula by a spreadsheet (CSV injection). escape: prefix ' (OWASP); refuse: raise
+    # CsvFormulaError naming column and row; off: write it as it is.
+    csv_formula_guard: Literal["escape", "refuse", "off"] = "escape"
 
     @field_validator("columns")
     @classmethod

@@ -109,5 +109,7 @@ def generate_finance_table(n_rows: int = 1000, *, seed: int = 0) -> pa.Table:
 
 def write_finance_file(path: str | os.PathLike[str], n_rows: int = 1000, *, seed: int = 0) -> Path:
     """Write :func:`generate_finance_table` as CSV or Parquet (by suffix), atomically."""
-    atomic_write_bytes(path, serialize_table(generate_finance_table(n_rows, seed=seed), detect_format(path)))
+    # An input for masking, not a masked output for a spreadsheet: written as generated ("+1-..." phones).
+    table = generate_finance_table(n_rows, seed=seed)
+    atomic_write_bytes(path, serialize_table(table, detect_format(path), formula_guard="off"))
     return Path(path)

@@ -13,6 +13,7 @@ import io
 import os
 import re
 from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
@@ -24,9 +25,18 @@ import pyarrow.parquet as pq
 
 from securetrain.io.atomic import atomic_write_bytes
 from securetrain.masking.tabular.csvtext import VERBATIM_NULLS, csv_text_field
-from securetrain.masking.tabular.errors import MalformedTableError, UnsupportedFormatError
+from securetrain.masking.tabular.errors import CsvFormulaError, MalformedTableError, UnsupportedFormatError
+from securetrain.masking.tabular.formula import (
+    FORMULA_HINT,
+    FormulaGuard,
+    escape_rows,
+    formula_rows,
+    is_formula_text,
+    raise_formula_cells,
+)
 
 Format = Literal["csv", "parquet"]
+LineEnd = Literal["\n", "\r\n"]
 _SUFFIXES: dict[str, Format] = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 
 
@@ -244,18 +254,27 @@ def read_bytes(path: str | os.PathLike[str]) -> tuple[bytes, str]:
     return data, hashlib.sha256(data).hexdigest()
 
 
-def serialize_table(table: pa.Table, fmt: Format, *, unique_columns: Collection[str] = ()) -> bytes:
+def serialize_table(table: pa.Table, fmt: Format, *, unique_columns: Collection[str] = (),
+                    formula_guard: FormulaGuard = "escape", line_end: LineEnd = "\n") -> bytes:
     """``table`` as CSV or Parquet (zstd) bytes. ``unique_columns``: Parquet columns known to hold
     (almost) only distinct values, such as keyed tokens; they are written without dictionary
     encoding, which Parquet would build and then abandon for them (about a quarter of the write
-    time of a table with four such columns; the file is no larger). CSV: see :func:`csv_bytes`."""
+    time of a table with four such columns; the file is no larger). CSV: see :func:`csv_output`
+    (``formula_guard``, ``line_end``)."""
     if fmt == "csv":
-        return csv_bytes(table)
+        return csv_output(table, formula_guard=formula_guard, line_end=line_end).data
     sink = pa.BufferOutputStream()
     plain = set(unique_columns)
     use_dictionary: bool | list[str] = [c for c in table.column_names if c not in plain] if plain else True
     pq.write_table(table, sink, compression="zstd", use_dictionary=use_dictionary)
     return sink.getvalue().to_pybytes()
+
+
+def csv_line_end(data: bytes) -> LineEnd:
+    """The line end of a CSV file's first line: ``"\r\n"`` if it is CRLF, else ``"\n"`` (LF, and
+    the rare CR-only file). The writer ends the output's lines the same way."""
+    first = data.find(b"\n")
+    return "\r\n" if first > 0 and data[first - 1:first] == b"\r" else "\n"
 
 
 # Rows formatted per step of the CSV writer (bounds the memory of the text and keeps 32-bit offsets).
@@ -264,46 +283,91 @@ _CSV_SPECIAL = (b",", b'"', b"\r", b"\n")
 _EMPTY = pa.scalar("", pa.string())
 
 
-def csv_bytes(table: pa.Table) -> bytes:
+@dataclass(frozen=True)
+class CsvOutput:
+    """A table as CSV bytes, and how many text cells the formula guard escaped."""
+
+    data: bytes
+    escaped_cells: int
+
+
+def csv_bytes(table: pa.Table, *, formula_guard: FormulaGuard = "escape", line_end: LineEnd = "\n") -> bytes:
+    """:func:`csv_output`'s bytes."""
+    return csv_output(table, formula_guard=formula_guard, line_end=line_end).data
+
+
+def csv_output(table: pa.Table, *, formula_guard: FormulaGuard = "escape", line_end: LineEnd = "\n") -> CsvOutput:
     """``table`` as UTF-8 CSV text, each cell written as Python's ``csv.QUOTE_MINIMAL`` writes it:
     quoted only where it holds a comma, a double quote (doubled) or a line break, so a kept cell
     is written exactly as it was read (``01234``, not ``"01234"``). A missing value (null) is an
     empty unquoted cell and the empty string is ``""``, so the two stay apart as in the input;
     in a one-column table a missing value is written ``""`` too (as Python's csv module does), as
     an empty line is skipped by CSV readers and the row would be lost. The header is quoted the
-    same way; lines end with ``\\n``. Numbers, booleans, dates and times are written as pyarrow
+    same way; lines end with ``line_end``. Numbers, booleans, dates and times are written as pyarrow
     formats them (its CSV writer's text). Nested columns are refused by name
     (:class:`MalformedTableError`), as are binary columns that are not UTF-8 text.
 
-    Where no cell needs quotes (the common case: a memchr over each text column's bytes says so),
-    pyarrow's writer writes the rows unquoted; otherwise the cells are quoted here, column by
+    ``formula_guard`` (:mod:`~securetrain.masking.tabular.formula`): a text cell (or column name)
+    a spreadsheet would run as a formula is prefixed with ``'`` (``escape``), refused by column and
+    row (``refuse``: :class:`CsvFormulaError`), or written as it is (``off``).
+
+    Each text column is scanned once (a memchr over its bytes per special character, and a look
+    at each cell's first byte for the guard); where no cell needs quotes (the common case)
+    pyarrow's writer writes the rows unquoted, otherwise the cells are quoted here, column by
     column, and joined into lines with pyarrow's kernels."""
     table = _csv_writable(table)
     if table.num_columns == 0:
-        return b""
+        return CsvOutput(b"", 0)
+    names, escaped = _guarded_names(table.column_names, formula_guard)
     head = io.StringIO()
-    csv.writer(head, quoting=csv.QUOTE_MINIMAL, lineterminator="\n").writerow(table.column_names)
+    csv.writer(head, quoting=csv.QUOTE_MINIMAL, lineterminator=line_end).writerow(names)
+    one_column = table.num_columns == 1
+    scans = [_scan_column(table.schema.field(i), table.column(i), formula_guard) for i in range(table.num_columns)]
+    for i, scan in enumerate(scans):
+        if scan is None or not len(scan.formula_rows):
+            continue
+        if formula_guard == "refuse":
+            raise_formula_cells(table.column_names[i], scan.formula_rows)
+        table = table.set_column(i, table.schema.field(i).name, escape_rows(_whole_text(table, i), scan.formula_rows))
+        escaped += len(scan.formula_rows)
+    # The special characters each column's cells are quoted for (None: no cell needs quotes).
+    quote_for: list[frozenset[str] | None] = [
+        scan.specials if scan is not None and (scan.specials or scan.has_empty) else None for scan in scans]
+    if one_column and table.column(0).null_count:  # a missing value is a whole line: written ""
+        quote_for = [scans[0].specials if scans[0] is not None else frozenset()]
     sink = pa.BufferOutputStream()
     sink.write(head.getvalue().encode("utf-8"))
-    one_column = table.num_columns == 1
-    quoted = [_needs_quotes(table.schema.field(i), table.column(i), one_column) for i in range(table.num_columns)]
-    if not any(quoted):
+    if all(q is None for q in quote_for):
         try:
-            pacsv.write_csv(table, sink, write_options=pacsv.WriteOptions(include_header=False, quoting_style="none"))
-            return sink.getvalue().to_pybytes()
+            pacsv.write_csv(table, sink, write_options=pacsv.WriteOptions(
+                include_header=False, quoting_style="none", eol=line_end))
+            return CsvOutput(sink.getvalue().to_pybytes(), escaped)
         except pa.ArrowInvalid:  # pragma: no cover - checked above; its message quotes a cell: dropped
             sink = pa.BufferOutputStream()
             sink.write(head.getvalue().encode("utf-8"))
-            quoted = [True] * table.num_columns
+            quote_for = [frozenset(_SPECIAL_TEXT)] * table.num_columns
     for first in range(0, table.num_rows, _CSV_BATCH_ROWS):
         part = table.slice(first, _CSV_BATCH_ROWS)
-        cells = [_csv_cells(part.schema.field(i), part.column(i), quote, one_column)
-                 for i, quote in enumerate(quoted)]
-        cells[-1] = pc.binary_join_element_wise(cells[-1], _EMPTY, "\n")  # the line's end
+        cells = [_csv_cells(part.schema.field(i), part.column(i), specials, one_column)
+                 for i, specials in enumerate(quote_for)]
+        cells[-1] = pc.binary_join_element_wise(cells[-1], _EMPTY, line_end)  # the line's end
         lines = cells[0] if one_column else pc.binary_join_element_wise(*cells, ",")
         start, end = _text_bounds(lines)
         sink.write(lines.buffers()[2][start:end])
-    return sink.getvalue().to_pybytes()
+    return CsvOutput(sink.getvalue().to_pybytes(), escaped)
+
+
+def _guarded_names(names: list[str], guard: FormulaGuard) -> tuple[list[str], int]:
+    """The header's cells under the formula guard (a column name is a cell the spreadsheet reads too)."""
+    if guard == "off":
+        return names, 0
+    flagged = [i for i, n in enumerate(names) if is_formula_text(n)]
+    if flagged and guard == "refuse":
+        raise CsvFormulaError(
+            f"cannot write CSV: the header cell of column {flagged[0] + 1} (of {len(flagged)} such column name(s)) "
+            "would be read as a formula by a spreadsheet (it starts with =, +, -, @, a tab or a CR)",
+            hint=FORMULA_HINT)
+    return [("'" + n if i in flagged else n) for i, n in enumerate(names)], len(flagged)
 
 
 def _text_bounds(arr: pa.Array) -> tuple[int, int]:
@@ -312,15 +376,68 @@ def _text_bounds(arr: pa.Array) -> tuple[int, int]:
     return int(offsets[0]), int(offsets[-1])
 
 
-def _special_chars(arr: pa.Array) -> list[str]:
-    """Which of a comma, a quote and the line breaks occur in a string array's values (one
-    memchr pass over its bytes each, so a column without them costs no per-value test)."""
+_SPECIAL_TEXT = tuple(ch.decode() for ch in _CSV_SPECIAL)
+_NO_ROWS = np.zeros(0, np.int64)
+
+
+@dataclass(frozen=True)
+class _TextScan:
+    """What the CSV writer needs to know of a text column, from one pass over it."""
+
+    specials: frozenset[str]  # which of a comma, a quote and the line breaks occur
+    has_empty: bool  # an empty string (written "")
+    formula_rows: np.ndarray  # rows (0-based) of the cells the formula guard applies to
+
+
+def scan_text(arr: pa.Array, guard: FormulaGuard) -> _TextScan:
+    """One string array's :class:`_TextScan`: one memchr pass over its bytes per special character
+    (a column without them costs no per-value test), its shortest value, and each value's first
+    byte for the formula guard."""
     data = arr.buffers()[2]
-    if data is None or not len(arr):
-        return []
-    start, end = _text_bounds(arr)
-    text = bytes(memoryview(data)[start:end])
-    return [ch.decode() for ch in _CSV_SPECIAL if ch in text]
+    specials: frozenset[str] = frozenset()
+    if data is not None and len(arr):
+        start, end = _text_bounds(arr)
+        text = bytes(memoryview(data)[start:end])
+        specials = frozenset(ch.decode() for ch in _CSV_SPECIAL if ch in text)
+    has_empty = arr.null_count < len(arr) and pc.min(pc.binary_length(arr)).as_py() == 0
+    rows = _NO_ROWS if guard == "off" else formula_rows(arr)
+    return _TextScan(specials, has_empty, rows)
+
+
+def _scan_column(field: pa.Field, column: pa.ChunkedArray, guard: FormulaGuard) -> _TextScan | None:
+    """:func:`scan_text` of a text-like column, its chunks' results combined (rows numbered over
+    the column); None for the other types, whose text (pyarrow's formatting of a number, date,
+    time...) never needs quotes and is never a formula."""
+    if not _is_text_type(column.type):
+        return None
+    specials: frozenset[str] = frozenset()
+    has_empty = False
+    rows: list[np.ndarray] = []
+    first_row = 0
+    for chunk in column.chunks:
+        text = _as_text(field, chunk)
+        if text is not None and len(text):
+            scan = scan_text(text, guard)
+            specials, has_empty = specials | scan.specials, has_empty or scan.has_empty
+            if len(scan.formula_rows):
+                rows.append(scan.formula_rows + first_row)
+        first_row += len(chunk)
+    return _TextScan(specials, has_empty, np.concatenate(rows) if rows else _NO_ROWS)
+
+
+def _is_text_type(type_: pa.DataType) -> bool:
+    if pa.types.is_dictionary(type_):
+        type_ = type_.value_type
+    return (pa.types.is_string(type_) or pa.types.is_large_string(type_) or pa.types.is_binary(type_)
+            or pa.types.is_large_binary(type_))
+
+
+def _whole_text(table: pa.Table, i: int) -> pa.Array:
+    column = table.column(i)
+    arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    text = _as_text(table.schema.field(i), arr)
+    assert text is not None  # only text columns have formula rows
+    return text
 
 
 def _as_text(field: pa.Field, arr: pa.Array) -> pa.Array | None:
@@ -343,36 +460,23 @@ def _as_text(field: pa.Field, arr: pa.Array) -> pa.Array | None:
     return arr if pa.types.is_string(arr.type) else None
 
 
-def _needs_quotes(field: pa.Field, column: pa.ChunkedArray, one_column: bool) -> bool:
-    """Whether any cell of ``column`` is written quoted (a comma, quote or line break in it, the
-    empty string, or a missing value that is a whole line)."""
-    if one_column and column.null_count:
-        return True
-    for chunk in column.chunks:
-        text = _as_text(field, chunk) if len(chunk) else None
-        if text is None:
-            continue
-        if _special_chars(text) or text.null_count < len(text) and pc.min(pc.binary_length(text)).as_py() == 0:
-            return True
-    return False
-
-
-def _csv_cells(field: pa.Field, column: pa.ChunkedArray, quote: bool, one_column: bool) -> pa.Array:
-    """One column's cells as CSV text (no nulls). ``quote``: some of them need quotes; those
-    holding a comma, a quote or a line break, and empty ones, are quoted (a missing one stays an
-    empty cell, except in a one-column table, where it is written ``""``)."""
+def _csv_cells(field: pa.Field, column: pa.ChunkedArray, specials: frozenset[str] | None,
+               one_column: bool) -> pa.Array:
+    """One column's cells as CSV text (no nulls). ``specials``: the special characters the
+    column's scan found (None: no cell needs quotes); cells holding one of them (a comma, a
+    quote or a line break), and empty ones, are quoted (a missing one stays an empty cell, except
+    in a one-column table, where it is written ``""``)."""
     arr = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     text = _as_text(field, arr)
     arr = pc.cast(arr, pa.string()) if text is None else text  # pyarrow's CSV writer formats values so
     if one_column and arr.null_count:
         arr = pc.fill_null(arr, "")  # an empty line would be skipped: written ""
-    if quote and len(arr):
-        chars = _special_chars(arr)
+    if specials is not None and len(arr):
         mask = pc.equal(pc.binary_length(arr), 0)  # "" is quoted (a missing value is the empty cell)
-        for ch in chars:
+        for ch in specials:
             mask = pc.or_(mask, pc.match_substring(arr, ch))
         if pc.any(mask).as_py():
-            escaped = pc.replace_substring(arr, '"', '""') if '"' in chars else arr
+            escaped = pc.replace_substring(arr, '"', '""') if '"' in specials else arr
             arr = pc.if_else(mask, pc.binary_join_element_wise('"', escaped, '"', ""), arr)
     return pc.fill_null(arr, "") if arr.null_count else arr
 
@@ -408,8 +512,10 @@ def _csv_holds(type_: pa.DataType) -> bool:
     return True
 
 
-def write_table(table: pa.Table, path: str | os.PathLike[str]) -> tuple[str, int]:
-    """Atomically write ``table`` (format by suffix); return (sha256, size) of the written bytes."""
-    data = serialize_table(table, detect_format(path))
+def write_table(table: pa.Table, path: str | os.PathLike[str], *,
+                formula_guard: FormulaGuard = "escape") -> tuple[str, int]:
+    """Atomically write ``table`` (format by suffix; CSV under ``formula_guard``); return (sha256,
+    size) of the written bytes."""
+    data = serialize_table(table, detect_format(path), formula_guard=formula_guard)
     atomic_write_bytes(path, data)
     return hashlib.sha256(data).hexdigest(), len(data)
