@@ -104,6 +104,10 @@ class DataConfig(BaseModel):
         "first", description="Multi-frame DICOM: which frame (index, first, middle), or all frames stacked.")
     depth: PositiveInt | None = Field(None, description="frames: all -> resample every file to this many frames.")
     frames_as: Literal["channels", "depth"] = Field("channels", description="frames: all -> [F,H,W] or [1,F,H,W].")
+    color_mode: Literal["grey", "rgb", "auto"] = Field(
+        "grey", description="DICOM colour (RGB, YBR_FULL, YBR_FULL_422; 3 samples per pixel): grey averages R, G, "
+        "B into one channel (stated in the log and report); rgb keeps [3,H,W] and refuses a grey file; auto: rgb "
+        "when every file is colour, else grey.")
     split_by: str | None = Field(
         None, description="Tables: the entity column (e.g. customer_id); the policy must tokenise it. "
         "No entity is on both sides of the split. Default: the one tokenised column named id or *_id.")

@@ -189,6 +189,19 @@ def undefined_metric_notice(training: TrainingSummary) -> str:
     return f'<p class="notice"><b>No best checkpoint.</b> {html.escape(text[0].upper() + text[1:])}</p>' if text else ""
 
 
+def colour_notice(training: TrainingSummary) -> str:
+    """A visible notice when colour DICOM inputs were averaged into one grey channel."""
+    inputs = training.inputs or {}
+    converted = int(inputs.get("converted_to_grey") or 0)
+    if not converted:
+        return ""
+    why = (f", as {inputs.get('grey_files')} input file(s) are grey" if inputs.get("requested") == "auto" else "")
+    return ('<p class="notice"><b>Colour converted to grey.</b> '
+            f"{converted} colour input file(s) converted to one grey channel (the mean of R, G and B; "
+            f"data.color_mode: {html.escape(str(inputs.get('requested')))}{html.escape(why)}). "
+            "Set data.color_mode: rgb (or auto) to train on three colour channels.</p>")
+
+
 def _outputs_text(t: TrainingSummary) -> str:
     if t.task_kind == "regression":
         return "regression (one output)"
@@ -343,6 +356,7 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
         "<h2>Training</h2>",
         resumed_notice(t),
         undefined_metric_notice(t),
+        colour_notice(t),
         _table([
             ("device", t.device),
             ("steps / epochs", f"{t.steps} / {t.epochs_completed}"),

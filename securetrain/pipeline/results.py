@@ -97,6 +97,8 @@ class TrainingSummary(BaseModel):
     task_kind: str = "classification"  # or "regression" (one output; rmse/mae/r2 metrics, no classes)
     # regression trained on standardised targets: {method, mean, std, samples} (outputs * std + mean)
     target_scaling: dict[str, Any] | None = None
+    # the task's facts about its inputs, e.g. DICOM colour: {color_mode, requested, colour_files, grey_files, converted_to_grey}
+    inputs: dict[str, Any] = Field(default_factory=dict)
     validation: list[dict[str, Any]] = Field(default_factory=list)  # per validation: epoch, step, loss, accuracy, auc, ...
     best: dict[str, Any] | None = None  # metric, value, epoch, step, checkpoint
     validation_metric: str | None = None  # training.validation.metric, the one ``best`` is chosen by

@@ -255,6 +255,10 @@ def train(
     config = regression_validation(config, data, task)  # a custom regression task's defaults / HE refusal
     if len(data.train) == 0:
         raise PipelineError("the training split is empty", hint="add patients or lower data.eval_fraction")
+    if data.inputs.get("converted_to_grey"):
+        log.warning("%s colour input file(s) converted to one grey channel (data.color_mode: %s); "
+                    "data.color_mode: rgb trains on three channels", data.inputs["converted_to_grey"],
+                    data.inputs.get("requested"))
     model = build_task_model(config, data)
     check_model_output(model, _first_batch(data.train), data.num_outputs, target=config.model.target,
                        predict=_predict_fn(task), regression=data.regression)
@@ -313,6 +317,7 @@ def train(
         class_names=list(data.class_names or []),
         task_kind=data.kind,
         target_scaling=scaling.to_dict() if scaling is not None else None,
+        inputs=_json_safe(dict(data.inputs)),
         validation=[_json_safe(v) for v in result.validation],
         best=_json_safe(result.best) if result.best else None,
         validation_metric=config.training.validation.metric,

@@ -177,3 +177,52 @@ def finance_pii(raw_table: Path) -> set[bytes]:
     for column in ("customer_name", "customer_id", "iban", "card_number", "ssn", "email", "phone", "notes"):
         values.update(str(v).encode() for v in table.column(column).to_pylist() if v is not None and len(str(v)) >= 6)
     return values
+
+
+# ------------------------------------------------------------------ colour DICOM (ultrasound, secondary capture)
+def colour_dicom(path: Path, *, seed: int, photometric: str = "RGB", size: int = 16, frames: int = 1,
+                 modality: str = "US") -> Any:
+    """A synthetic colour image (a fresh fake patient, :func:`generate_one`) stored as ``photometric``
+    (RGB, YBR_FULL or YBR_FULL_422; 8 bits, 3 samples per pixel, ``frames`` frames); returns the RGB
+    truth, ``uint8[frames, size, size, 3]``. Chroma is constant per pixel pair, so 4:2:2 keeps it."""
+    import numpy as np
+    from pydicom.pixels import convert_color_space
+    from pydicom.uid import ExplicitVRLittleEndian
+
+    from securetrain.masking.dicom.synthetic import generate_one
+
+    ds = generate_one(seed=seed, modality="MR", image_size=size)
+    ds.Modality = modality
+    ds.BurnedInAnnotation = "NO"  # a colour modality (US) is otherwise suspected of burned-in text
+    rng = np.random.default_rng(seed)
+    rgb = rng.integers(20, 235, (frames, size, size // 2, 3), dtype=np.uint8).repeat(2, axis=2)
+    ybr = convert_color_space(rgb, "RGB", "YBR_FULL")
+    truth = convert_color_space(ybr, "YBR_FULL", "RGB") if photometric != "RGB" else rgb
+    ds.SamplesPerPixel, ds.PhotometricInterpretation, ds.PlanarConfiguration = 3, photometric, 0
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 8, 8, 7, 0
+    for keyword in ("RescaleSlope", "RescaleIntercept", "WindowCenter", "WindowWidth"):
+        if keyword in ds:
+            delattr(ds, keyword)
+    if frames > 1:
+        ds.NumberOfFrames = frames
+    if photometric == "RGB":
+        ds.PixelData = rgb.tobytes()
+    elif photometric == "YBR_FULL":
+        ds.PixelData = ybr.tobytes()
+    else:  # YBR_FULL_422: Y Y Cb Cr per pixel pair
+        y, cb, cr = ybr[..., 0], ybr[..., 0::2, 1], ybr[..., 0::2, 2]
+        ds.PixelData = np.stack([y[..., 0::2], y[..., 1::2], cb, cr], -1).tobytes()
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.save_as(path, enforce_file_format=True)
+    return truth
+
+
+def grey_dicom(path: Path, *, seed: int, size: int = 16) -> None:
+    """A synthetic one-channel image (:func:`generate_one`, MR) written to ``path``."""
+    from pydicom.uid import ExplicitVRLittleEndian
+
+    from securetrain.masking.dicom.synthetic import generate_one
+
+    ds = generate_one(seed=seed, modality="MR", image_size=size)
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.save_as(path, enforce_file_format=True)

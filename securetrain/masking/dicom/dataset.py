@@ -15,6 +15,13 @@ parameters) is cached per process after its first load; later epochs read only t
 attributes and the pixel data (``specific_tags``) and skip the de-identification pass. Files whose
 pixels the policy masks always take the full path.
 
+Colour (ultrasound, secondary capture: Photometric Interpretation RGB, YBR_FULL, YBR_FULL_422;
+3 samples per pixel; YBR is decoded to RGB) follows ``color_mode``: ``"grey"`` (the default, as
+before) averages R, G and B into one channel and logs a warning naming how many files it converted;
+``"rgb"`` keeps ``[3, H, W]`` and refuses a one-channel file with :class:`ColorModeError` (naming
+it) when the index is built; ``"auto"`` is ``"rgb"`` when every indexed file is colour, else
+``"grey"`` (the resolved mode is ``color_mode``; ``colour_files``/``grey_files`` count the index).
+
 Quarantine = an entry in :meth:`DicomDataset.quarantine_report` and, when ``quarantine_dir`` is
 given, a *copy* of the file plus ``<name>.reason.json`` there (sources are never moved or
 modified). Worker processes report through that directory, so the report is complete with
@@ -27,6 +34,7 @@ import csv
 import hashlib
 import io
 import json
+import logging
 import os
 import shutil
 from collections.abc import Sequence
@@ -39,9 +47,14 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
 from securetrain.errors import ConfigError
-from securetrain.masking.dicom.errors import DeidError
+from securetrain.masking.dicom.errors import ColorModeError, DeidError
 from securetrain.masking.dicom.folders import candidate_files
 from securetrain.masking.dicom.policy import DicomPolicy, load_policy
+
+log = logging.getLogger(__name__)
+
+#: ``color_mode`` values: one grey channel, three colour channels, or colour when every file is.
+COLOR_MODES = ("grey", "rgb", "auto")
 
 DEFAULT_META_KEYS: tuple[str, ...] = (
     "PatientID",
@@ -120,7 +133,8 @@ def read_manifest(manifest: Path) -> list[tuple[Path, int | None]]:
 
 
 class DicomDataset(Dataset):
-    """Items: ``{"pixels": FloatTensor[1,H,W] in [0,1], "label": LongTensor[] (if labelled),
+    """Items: ``{"pixels": FloatTensor[1,H,W] in [0,1] (``color_mode`` rgb: ``[3,H,W]``, one
+    min/max scaling over the three channels), "label": LongTensor[] (if labelled),
     "meta": dict[str, str] of de-identified attributes}``.
 
     ``source`` is a folder (every file below it, sorted) or a manifest CSV with ``path,label``
@@ -140,8 +154,12 @@ class DicomDataset(Dataset):
         audit: AuditRecorder | None = None,
         pin_memory: bool = False,
         frame: int = 0,
+        color_mode: str = "grey",
     ) -> None:
         from securetrain.masking.dicom.keys import DeidKeys
+
+        if color_mode not in COLOR_MODES:
+            raise ValueError(f"color_mode must be one of {', '.join(COLOR_MODES)}, not {color_mode!r}")
 
         self.policy = policy if isinstance(policy, DicomPolicy) else load_policy(policy)
         self._keys = DeidKeys.from_secret(key)  # validates the key now, not in a worker
@@ -164,6 +182,8 @@ class DicomDataset(Dataset):
             raise ConfigError(f"DICOM source {src} is neither a folder nor a manifest file")
         self._quarantine: list[QuarantineEntry] = []
         self.items: list[tuple[str, int | None]] = []
+        colour: list[bool] = []  # per item: 3 samples per pixel
+        self._header_colour = False  # set by _validate_header for the file it accepts
         for path, label in candidates:
             try:
                 reason = self._validate_header(path)
@@ -171,8 +191,12 @@ class DicomDataset(Dataset):
                 reason = f"corrupt DICOM header ({type(exc).__name__})"
             if reason is None:
                 self.items.append((str(path), label))
+                colour.append(self._header_colour)
             else:
                 self._quarantine_file(path, reason)
+        self.requested_color_mode = color_mode
+        self.colour_files, self.grey_files = sum(colour), len(colour) - sum(colour)
+        self.color_mode = self._resolve_color_mode(color_mode, colour)
         self._deid: Any = None  # created lazily in each process
         self._warmed_pid = os.getpid()  # the constructing process appended already (policy event)
         self._headers: dict[str, dict[str, Any]] = {}  # path -> cached de-identified header
@@ -190,6 +214,24 @@ class DicomDataset(Dataset):
         )
 
     # -------------------------------------------------------------- validation
+    def _resolve_color_mode(self, requested: str, colour: list[bool]) -> str:
+        """``rgb`` refuses the first grey file; ``auto`` keeps colour only when every file has it;
+        colour made grey is logged (never silent)."""
+        if requested == "rgb":
+            grey = next((path for (path, _), c in zip(self.items, colour, strict=True) if not c), None)
+            if grey is not None:
+                rel = self._rel(grey)
+                raise ColorModeError(
+                    f"color_mode 'rgb' needs colour images (3 samples per pixel), but {rel} has one channel "
+                    f"({self.grey_files} of {len(colour)} files are grey)", path=rel,
+                    hint="remove the grey files, or use color_mode 'grey' (every file one channel) or 'auto'")
+        mode = "rgb" if requested == "rgb" or (requested == "auto" and colour and all(colour)) else "grey"
+        if mode == "grey" and self.colour_files:
+            log.warning("%d colour file(s) of %d converted to one grey channel (the mean of R, G and B; "
+                        "color_mode %r)%s; color_mode 'rgb' keeps three channels", self.colour_files, len(colour),
+                        requested, f", as {self.grey_files} file(s) are grey" if requested == "auto" else "")
+        return mode
+
     def _rel(self, path: Path | str) -> str:
         try:
             return str(Path(path).relative_to(self.root))
@@ -210,6 +252,7 @@ class DicomDataset(Dataset):
             return str(exc).split(": ", 1)[-1]
         if "Rows" not in ds or "Columns" not in ds:
             return "no image (Rows/Columns absent)"
+        self._header_colour = int(ds.get("SamplesPerPixel", 1) or 1) > 1  # read by __init__ for this item
         try:
             _single_float(ds, "RescaleSlope", 1.0)
             _single_float(ds, "RescaleIntercept", 0.0)
@@ -385,15 +428,20 @@ class DicomDataset(Dataset):
         if frames > 1:
             arr = arr[min(self.frame, frames - 1)]
         if samples > 1 and arr.ndim == 3:
-            arr = arr.mean(axis=-1)
-        if arr.ndim != 2:
+            # [H, W, 3] RGB (pydicom decodes YBR to RGB): kept as channels, or their mean
+            arr = arr.transpose(2, 0, 1) if self.color_mode == "rgb" else arr.mean(axis=-1)
+        elif self.color_mode == "rgb":
+            raise DeidError("the file has one channel but color_mode is 'rgb'")  # changed since indexed
+        if arr.ndim != (3 if self.color_mode == "rgb" else 2):
             raise DeidError(f"unexpected pixel array shape {arr.shape}")
         arr = arr * header["slope"] + header["intercept"]
         lo, hi = float(arr.min()), float(arr.max())
         if not (np.isfinite(lo) and np.isfinite(hi)):
             raise DeidError("pixel values are not finite")
         arr = (arr - lo) / (hi - lo) if hi > lo else np.zeros_like(arr)
-        pixels = torch.from_numpy(np.ascontiguousarray(arr)).unsqueeze(0)
+        pixels = torch.from_numpy(np.ascontiguousarray(arr))
+        if pixels.dim() == 2:
+            pixels = pixels.unsqueeze(0)
         if self.size is not None and tuple(pixels.shape[-2:]) != self.size:
             pixels = torch.nn.functional.interpolate(
                 pixels.unsqueeze(0), size=self.size, mode="bilinear", align_corners=False

@@ -58,3 +58,13 @@ class RefusedFilesError(DeidError):
     def __init__(self, message: str, *, hint: str | None = None, report: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.report = report  # where the refusal report is (no PHI: indexes, digests, reasons)
+
+
+class ColorModeError(DeidError, ConfigError):
+    """``color_mode="rgb"`` (``data.color_mode: rgb``) met a one-channel (grey) file: a model built
+    for three colour channels cannot take it. ``path`` names the file relative to the data set's
+    root (de-identified pipeline files are sequence numbers); never an attribute value."""
+
+    def __init__(self, message: str, *, path: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.path = path

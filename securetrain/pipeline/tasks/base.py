@@ -70,6 +70,8 @@ class TaskData:
     class_names: list[str] | None = None  # classification: class id -> name (at least 2)
     model_facts: dict[str, Any] = field(default_factory=dict)  # e.g. in_channels, in_features
     kind: str = "classification"  # or "regression"
+    # facts about the inputs for the run's record (result.json training.inputs), e.g. the DICOM colour handling
+    inputs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def regression(self) -> bool:

@@ -278,11 +278,14 @@ class FramesDicomDataset(DicomDataset):
         except Exception as exc:
             raise DeidError(f"cannot decode pixel data ({type(exc).__name__})") from None
         n_frames = int(ds.get("NumberOfFrames", 1) or 1)
-        if int(ds.get("SamplesPerPixel", 1) or 1) > 1:
-            arr = arr.mean(axis=-1)
+        colour = int(ds.get("SamplesPerPixel", 1) or 1) > 1
+        if colour and self.color_mode != "rgb":
+            arr, colour = arr.mean(axis=-1), False
+        elif not colour and self.color_mode == "rgb":
+            raise DeidError("the file has one channel but color_mode is 'rgb'")  # changed since indexed
         if n_frames == 1:
             arr = arr[None]
-        if arr.ndim != 3:
+        if arr.ndim != (4 if colour else 3):  # [F, H, W] or [F, H, W, 3]
             raise DeidError(f"unexpected pixel array shape {arr.shape}")
         if self.frames_mode == "middle":
             arr = arr[arr.shape[0] // 2][None]
@@ -294,11 +297,16 @@ class FramesDicomDataset(DicomDataset):
             raise DeidError("pixel values are not finite")
         arr = (arr - lo) / (hi - lo) if hi > lo else np.zeros_like(arr)
         pixels = torch.from_numpy(np.ascontiguousarray(arr))
+        if colour:
+            pixels = pixels.permute(0, 3, 1, 2)  # [F, 3, H, W]
+        else:
+            pixels = pixels.unsqueeze(1)  # [F, 1, H, W]
         if self.size is not None and tuple(pixels.shape[-2:]) != self.size:
-            pixels = torch.nn.functional.interpolate(pixels.unsqueeze(0), size=self.size, mode="bilinear",
-                                                     align_corners=False).squeeze(0)
+            pixels = torch.nn.functional.interpolate(pixels, size=self.size, mode="bilinear", align_corners=False)
         if self.frames_mode == "all" and self.frames_as == "depth":
-            pixels = pixels.unsqueeze(0)
+            pixels = pixels.permute(1, 0, 2, 3)  # [C, F, H, W] (C: 1, or 3 colour channels)
+        else:  # frames as channels: frame 0's channel(s), then frame 1's, ...
+            pixels = pixels.reshape(-1, *pixels.shape[-2:])
         item: dict[str, Any] = {"pixels": pixels.float(), "meta": {k: str(ds.get(k, "") or "") for k in self.meta_keys}}
         if self.has_labels:
             item["label"] = torch.tensor(-1 if label is None else label, dtype=torch.long)
@@ -318,7 +326,8 @@ def _single_number(ds: Any, keyword: str, default: float) -> float:
         raise DeidError(f"{keyword} is not a single number") from None
 
 
-def dicom_dataset(config: PipelineConfig, manifest: Path, secrets: RunSecrets, audit: AuditRecorder | None):
+def dicom_dataset(config: PipelineConfig, manifest: Path, secrets: RunSecrets, audit: AuditRecorder | None,
+                  color_mode: str | None = None):
     from securetrain.devices import resolve_backend
 
     d = config.data
@@ -333,6 +342,7 @@ def dicom_dataset(config: PipelineConfig, manifest: Path, secrets: RunSecrets, a
         frames=d.frames,
         depth=d.depth,
         frames_as=d.frames_as,
+        color_mode=color_mode or d.color_mode,
     )
 
 
@@ -350,8 +360,34 @@ class DicomClassification:
         if not labels.is_file():
             raise TaskError("the de-identified data is missing", hint="run the de-identification stage first")
         names = json.loads(labels.read_text())["classes"]
-        train = dicom_dataset(ctx.config, deid_dir / "train.csv", ctx.secrets, ctx.audit)
-        evaluation = dicom_dataset(ctx.config, deid_dir / "eval.csv", ctx.secrets, ctx.audit)
+        train, evaluation = self._datasets(ctx, deid_dir)
         first = next((item for item in (train[i] for i in range(len(train))) if item is not None), None)
         facts = {"in_channels": int(first["pixels"].shape[0])} if first is not None else {}
-        return TaskData(train=train, eval=evaluation, class_names=names, model_facts=facts)
+        colour, grey = train.colour_files + evaluation.colour_files, train.grey_files + evaluation.grey_files
+        inputs = {"color_mode": train.color_mode, "requested": ctx.config.data.color_mode, "colour_files": colour,
+                  "grey_files": grey, "converted_to_grey": colour if train.color_mode == "grey" else 0}
+        return TaskData(train=train, eval=evaluation, class_names=names, model_facts=facts, inputs=inputs)
+
+    @staticmethod
+    def _datasets(ctx: TaskContext, deid_dir: Path) -> tuple[FramesDicomDataset, FramesDicomDataset]:
+        """Both splits in one colour mode: ``auto`` keeps colour only when every file of both is
+        colour; ``rgb`` refuses a grey file, naming its manifest row (the de-identified name is
+        the row's sequence number; the input path may carry PHI)."""
+        from securetrain.masking.dicom.errors import ColorModeError
+
+        config = ctx.config
+        try:
+            train = dicom_dataset(config, deid_dir / "train.csv", ctx.secrets, ctx.audit)
+            evaluation = dicom_dataset(config, deid_dir / "eval.csv", ctx.secrets, ctx.audit)
+        except ColorModeError as exc:
+            name = Path(exc.path).name
+            row = f"manifest data row {int(name.split('.')[0]) + 1} " if name.split(".")[0].isdigit() else ""
+            raise ColorModeError(
+                f"data.color_mode is 'rgb' but {row}(de-identified as {name}) is a one-channel (grey) image; "
+                "a model built for three colour channels cannot take it", path=name,
+                hint="remove the grey files from the manifest, or set data.color_mode: grey (every image one "
+                     "channel) or auto") from None
+        if train.color_mode != evaluation.color_mode:  # auto, colour on one side only: grey for both
+            train = dicom_dataset(config, deid_dir / "train.csv", ctx.secrets, ctx.audit, color_mode="grey")
+            evaluation = dicom_dataset(config, deid_dir / "eval.csv", ctx.secrets, ctx.audit, color_mode="grey")
+        return train, evaluation
