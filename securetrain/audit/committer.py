@@ -38,6 +38,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -53,6 +54,10 @@ MAX_FRAME = 64 * 1024 * 1024
 _UCRED = struct.Struct("3i")
 _ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
 BYE = {"bye": True}
+#: Longest wait for more writers before a transaction starts (see CommitServer._linger).
+MAX_LINGER_S = 0.002
+#: About how far apart writers' requests arrive after a batch's replies (measured: 30-60 us).
+_ARRIVAL_GAP_S = 0.00004
 HELLO = {"hello": 1}
 
 
@@ -199,10 +204,11 @@ class CommitServer:
         with contextlib.suppress(OSError):
             conn.close()
 
-    def _read_ready(self, batch: list[tuple[socket.socket, dict[str, Any]]]) -> bool:
-        """Wait, then accept, read and queue into ``batch`` what is ready; True if kicked."""
+    def _read_ready(self, batch: list[tuple[socket.socket, dict[str, Any]]], timeout: float | None = None) -> bool:
+        """Wait (at most ``timeout`` seconds, None: until something happens), then accept, read and
+        queue into ``batch`` what is ready; True if kicked."""
         kicked = False
-        for key, _mask in self._selector.select():
+        for key, _mask in self._selector.select(timeout):
             obj = key.fileobj
             if obj is self._sock:
                 self._accept()
@@ -233,19 +239,26 @@ class CommitServer:
 
     def _loop(self) -> None:
         try:
+            expected: set[Any] = set()  # who took part in the last transaction
+            commit_s = 0.0  # how long it took
             while not self._closing:
                 batch: list[tuple[socket.socket, dict[str, Any]]] = []
                 kicked = self._read_ready(batch)
+                if batch or kicked:
+                    kicked = self._linger(batch, kicked, expected, commit_s)
                 if self._closing or not (batch or kicked):
                     continue  # read but not processed when closing: answered bye below
                 handle_many = self._handle_ref()
                 if handle_many is None:  # the log was garbage-collected without close()
                     self._closing = True
                     continue
+                expected = self._senders(batch, kicked)
+                started = time.monotonic()
                 try:
                     replies = handle_many([request for _, request in batch])
                 except Exception as exc:  # noqa: BLE001 - every request of the batch gets the error
                     replies = [error_reply(exc)] * len(batch)
+                commit_s = time.monotonic() - started
                 for (conn, _), reply in zip(batch, replies, strict=True):
                     try:
                         _send(conn, reply)
@@ -258,6 +271,40 @@ class CommitServer:
                 with contextlib.suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)
             self._close_descriptors()
+
+    def _senders(self, batch: list[tuple[socket.socket, dict[str, Any]]], kicked: bool) -> set[Any]:
+        """The connections (and this process, as ``self``, when it kicked) with requests in ``batch``."""
+        senders: set[Any] = {conn for conn, _ in batch}
+        if kicked:
+            senders.add(self)
+        return senders
+
+    def _linger(self, batch: list[tuple[socket.socket, dict[str, Any]]], kicked: bool, expected: set[Any],
+                commit_s: float) -> bool:
+        """Wait briefly for the rest of the last transaction's writers to send again; True if kicked.
+
+        Writers that each wait for their own entry come back at slightly different times after their
+        replies; committing the first arrival at once split 8 of them into transactions of 4-5 on
+        average, each paying the database's per-transaction cost (measured). The wait ends as soon
+        as every writer of the last transaction is in, and never lasts longer than that transaction
+        took: a writer that is late anyway would only have waited that long for the next commit.
+        A writer that does not come back drops out of ``expected`` with this batch.
+        """
+        expected = {who for who in expected if who is self or who in self._conns}  # a dropped peer never sends
+        wait = min(commit_s, MAX_LINGER_S)
+        if wait <= 0.0 or len(expected) < 2:
+            return kicked
+        deadline = time.monotonic() + wait
+        while not self._closing:
+            missing = len(expected - self._senders(batch, kicked))
+            left = deadline - time.monotonic()
+            if not missing or left <= 0.0:
+                break
+            if missing > 1:  # let several arrive per wake-up (each costs the clients' CPU a switch)
+                time.sleep(min(left, _ARRIVAL_GAP_S * missing))
+                left = max(0.0, deadline - time.monotonic())
+            kicked = self._read_ready(batch, left) or kicked
+        return kicked
 
     def _close_descriptors(self) -> None:
         """Close this process's descriptors: the listening socket, the connections, the selector and

@@ -548,3 +548,89 @@ def test_the_serving_process_commits_itself_once_its_serving_thread_stops(
     assert [e.resource for e in first.entries()] == ["a", "b", "c"]
     assert first.verify().ok
     first.close()
+
+
+# -- the server waits briefly for the writers of its last transaction (CommitServer._linger) ------
+
+def _slow_batches(address: str, commit_s: float) -> tuple[committer.CommitServer, list[int]]:
+    """A bare server whose "commit" takes ``commit_s`` and that notes each batch's size."""
+    sizes: list[int] = []
+
+    def handle_many(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        sizes.append(len(requests))
+        time.sleep(commit_s)
+        return [{"entries": []}] * len(requests)
+
+    return committer.CommitServer(address, handle_many), sizes
+
+
+def _clients(address: str, n: int) -> list[committer.CommitClient]:
+    return [committer.CommitClient(address, timeout=10) for _ in range(n)]
+
+
+def _call_all(clients: list[committer.CommitClient], delays: list[float]) -> list[float]:
+    """Each client sends after its delay (threads); returns when each got its reply (monotonic)."""
+    done = [0.0] * len(clients)
+    start = time.monotonic()
+
+    def one(i: int) -> None:
+        time.sleep(max(0.0, start + delays[i] - time.monotonic()))
+        clients[i].call({"n": i})
+        done[i] = time.monotonic()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(clients))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return done
+
+
+def test_writers_that_return_a_little_apart_share_one_transaction(tmp_path: Path) -> None:
+    address = committer.address_for(f"test-linger:{tmp_path}")
+    server, sizes = _slow_batches(address, commit_s=0.02)  # waits are capped at MAX_LINGER_S (2 ms)
+    clients = _clients(address, 3)
+    try:
+        for _ in range(20):  # until one transaction holds all three (they send at once)
+            sizes.clear()
+            _call_all(clients, [0.0, 0.0, 0.0])
+            if sizes == [3]:
+                break
+        assert sizes == [3]
+        # The same three come back up to 1.2 ms apart: before, the first was always committed alone.
+        # (A few tries: on a loaded machine a thread may start later than the 2 ms bound.)
+        firsts = []
+        for _ in range(5):
+            sizes.clear()
+            _call_all(clients, [0.0, 0.0006, 0.0012])
+            firsts.append(sizes[0])
+            if sizes[0] >= 2:
+                break
+        assert max(firsts) >= 2, firsts
+        assert committer.MAX_LINGER_S <= 0.005, "a few milliseconds at most (the issue's bound)"
+    finally:
+        for c in clients:
+            c.close()
+        server.close()
+
+
+def test_a_writer_that_does_not_come_back_delays_the_others_by_the_bound_at_most(tmp_path: Path) -> None:
+    address = committer.address_for(f"test-linger-bound:{tmp_path}")
+    server, sizes = _slow_batches(address, commit_s=0.05)
+    clients = _clients(address, 2)
+    try:
+        for _ in range(20):
+            sizes.clear()
+            _call_all(clients, [0.0, 0.0])
+            if sizes == [2]:
+                break
+        assert sizes == [2]
+        sizes.clear()
+        # The second writer is busy for 1 s: the first is committed after the bounded wait, alone.
+        done = _call_all(clients, [0.0, 1.0])
+        assert sizes[0] == 1
+        assert done[0] < done[1] - 0.5, "the first writer did not wait for the second"
+    finally:
+        for c in clients:
+            c.close()
+        server.close()
