@@ -68,6 +68,14 @@ class HEEvaluationReport(BaseModel):
     accuracy_plaintext: float | None
     accuracy_exact: float | None
     accuracy_approximated: float | None
+    # released values vs the exact model's, root mean square (max_abs_error is the worst sample)
+    rmse_vs_exact: float | None = None
+    # real-valued ``targets`` (a one-output regression model): errors of the released and the exact
+    # model's values against them, in the targets' units
+    rmse_encrypted: float | None = None
+    rmse_plaintext: float | None = None
+    mae_encrypted: float | None = None
+    mae_plaintext: float | None = None
     # per-sample agreement of the released decisions (threshold / argmax), with or without labels
     prediction_agreement: float  # vs the exact model: same predicted class
     prediction_agreement_vs_plan: float  # vs the plan in plaintext: CKKS noise + rounding only
@@ -193,9 +201,12 @@ def evaluate_encrypted(
     packing: Literal["auto", "on", "off"] = "auto",
     batch_size: int | None = None,
     threads: int | None = None,
+    targets: Any = None,
 ) -> HEEvaluationReport:
     """Evaluate ``model`` (``nn.Module`` or :class:`HEPlan`) on encrypted ``features``; ``labels``
-    are class ids (0/1 for one output column, 0..K-1 for K columns).
+    are class ids (0/1 for one output column, 0..K-1 for K columns). A regression model (one output
+    column, ``output="logits"``) passes real-valued ``targets`` instead: the report then has the
+    RMSE/MAE of the released and the exact values against them (AUC and accuracy stay ``None``).
 
     Everything that can refuse does so **before** any key or ciphertext is made: unsupported
     layers (:class:`HEUnsupportedLayerError`, naming the layer), activations whose calibrated
@@ -240,6 +251,7 @@ def evaluate_encrypted(
             raise HEModelError(f"{len(y)} labels for {len(x)} samples")
         if y is not None:
             y = check_class_ids(y, plan.n_outputs)
+        target_values = _regression_targets(targets, labels, plan.n_outputs, len(x), output)
         cal_x = x if calibration is None else np.vstack(
             [_rows(_array(calibration, what="calibration features"), plan.n_inputs, "calibration features"), x])
         if not isinstance(model, HEPlan):
@@ -319,6 +331,7 @@ def evaluate_encrypted(
                  "CKKS noise / rounding of the threshold)", 100 * (1 - agree_plan))
     n = len(x)
     blocks = bundle_blocks(inputs)
+    errors = _regression_errors(target_values, released, exact)
     report = HEEvaluationReport(
         n_samples=n,
         n_features=x.shape[1],
@@ -338,6 +351,8 @@ def evaluate_encrypted(
         max_abs_error_vs_exact=float(np.max(np.abs(released - exact))),
         max_abs_error_vs_plan=float(np.max(np.abs(released - plain))),
         approximation_error_vs_exact=float(np.max(np.abs(plain - exact))),
+        rmse_vs_exact=float(np.sqrt(np.mean((released - exact) ** 2))),
+        **errors,
         auc_encrypted=auc_e,
         auc_plaintext=auc_p,
         auc_exact=auc_p,
@@ -395,8 +410,37 @@ def evaluate_encrypted(
             "accuracy_plaintext": acc_p,
             "prediction_agreement": agree,
             "prediction_agreement_vs_plan": agree_plan,
+            "rmse_vs_exact": report.rmse_vs_exact,
+            **errors,
         })
     return report
+
+
+def _regression_targets(targets: Any, labels: Any, n_outputs: int, n_samples: int, output: str
+                        ) -> np.ndarray | None:
+    """Real-valued targets of a one-output regression model, checked before any key exists."""
+    if targets is None:
+        return None
+    if labels is not None:
+        raise HEModelError("pass labels (class ids) or targets (real values), not both")
+    if n_outputs != 1 or output != "logits":
+        raise HEModelError(f"targets are for a regression model with one output column and output='logits' "
+                           f"(this model has {n_outputs} column(s), output={output!r})",
+                           hint="classifiers take labels (class ids)")
+    values = _array(targets, np.float64, "targets").reshape(-1)
+    if len(values) != n_samples:
+        raise HEModelError(f"{len(values)} targets for {n_samples} samples")
+    if not np.all(np.isfinite(values)):
+        raise HEModelError("targets must be finite numbers")
+    return values
+
+
+def _regression_errors(targets: np.ndarray | None, released: np.ndarray, exact: np.ndarray) -> dict[str, float]:
+    if targets is None:
+        return {}
+    enc, plain = released[:, 0] - targets, exact[:, 0] - targets
+    return {"rmse_encrypted": float(np.sqrt(np.mean(enc ** 2))), "rmse_plaintext": float(np.sqrt(np.mean(plain ** 2))),
+            "mae_encrypted": float(np.mean(np.abs(enc))), "mae_plaintext": float(np.mean(np.abs(plain)))}
 
 
 #: Measured CKKS error ≈ NOISE_CONSTANT · 2^-scale_bits (fresh encryption + one plaintext product,

@@ -66,9 +66,12 @@ def _print_result(result) -> None:  # noqa: ANN001 - PipelineResult
         table.add_row("encrypted checkpoint", f"step {last.step}, key id {last.key_id}", str(last.path))
     if result.he:
         h = result.he
-        table.add_row("HE evaluation (CKKS)", f"{h.samples} samples, max abs err {h.max_abs_error:.1e}, "
-                      f"AUC {_fmt(h.encrypted_auc)} (plaintext {_fmt(h.plaintext_auc)}), same prediction "
-                      f"{_fmt(h.prediction_agreement)}", f"N={h.poly_modulus_degree}")
+        scores = (f"RMSE {_fmt(h.rmse_encrypted)} (plaintext {_fmt(h.rmse_plaintext)})"
+                  if h.task_kind == "regression" else
+                  f"AUC {_fmt(h.encrypted_auc)} (plaintext {_fmt(h.plaintext_auc)}), same prediction "
+                  f"{_fmt(h.prediction_agreement)}")
+        table.add_row("HE evaluation (CKKS)", f"{h.samples} samples, max abs err {h.max_abs_error:.1e}, {scores}",
+                      f"N={h.poly_modulus_degree}")
     if result.audit:
         a = result.audit
         verdict = "[green]verified[/]" if a.verified else "[red]FAILED[/]"

@@ -199,8 +199,8 @@ class ExecutionConfig(BaseModel):
 
 class HEConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    enabled: bool = Field(True, description="Score the trained classifier under CKKS. Regression tasks: "
-                          "refused; tabular-regression turns it off unless set.")
+    enabled: bool = Field(True, description="Score the trained model under CKKS (classifiers: AUC/accuracy; "
+                          "regression: RMSE/MAE in the target's units). tabular-regression turns it off unless set.")
     scope: Literal["auto", "head", "model"] = Field(
         "auto", description="head: the last linear layer on plaintext features; model: the whole model "
         "(tabular MLP/logistic; hidden activations become polynomials); auto: the whole model for tables "
@@ -287,8 +287,8 @@ def _resolve(path: Path, base: Path | None) -> Path:
 
 def regression_defaults(config: PipelineConfig) -> None:
     """A regression task's settings: ``rmse`` selects the best checkpoint unless
-    ``training.validation.metric`` is set; HE scoring (which scores classifiers) is off unless
-    ``he.enabled`` is set, and refused when it is; ``data.classes`` has no meaning and is refused."""
+    ``training.validation.metric`` is set; HE scoring is off unless ``he.enabled`` is set (an
+    opt-in: it costs keys and ciphertexts); ``data.classes`` has no meaning and is refused."""
     if config.data.classes is not None:
         raise ConfigError("data.classes: a regression task has no classes",
                           hint="remove data.classes, or use tabular-classification for class labels")
@@ -298,10 +298,6 @@ def regression_defaults(config: PipelineConfig) -> None:
     if "enabled" not in config.he.model_fields_set:
         config.he.enabled = False
         config.he.model_fields_set.discard("enabled")
-    elif config.he.enabled:
-        raise ConfigError("he.enabled: HE scoring is not available for a regression task (it scores a "
-                          "classifier's logits and reports AUC/accuracy)",
-                          hint="set he.enabled: false (the default for regression tasks)")
 
 
 def load_pipeline_config(

@@ -153,6 +153,12 @@ HE_EXPLAINED = (
     "scores from the threshold; a sample scored near the threshold can flip accuracy while the AUC "
     "barely moves.</p>"
 )
+HE_REGRESSION_EXPLAINED = (
+    "<p><b>Reading these numbers.</b> The data owner decrypts one value per sample and un-standardises it "
+    "(output × std + mean, the training split's), so every error here is in the target's units. RMSE and "
+    "MAE compare the encrypted and the plaintext model's predictions with the held-out targets; the "
+    "encrypted-vs-plaintext RMSE is what encryption added (CKKS noise and the released values' rounding).</p>"
+)
 
 
 def resumed_notice(training: TrainingSummary) -> str:
@@ -293,10 +299,13 @@ def markdown_summary(result: PipelineResult) -> str:
                      f"{_num(best.get('accuracy'))}, macro AUC {_num(best.get('auc'))} |")
     if result.he:
         h = result.he
+        scores = (f"RMSE plain {_num(h.rmse_plaintext)} / encrypted {_num(h.rmse_encrypted)}, encrypted vs plain "
+                  f"RMSE {_sci(h.rmse_vs_plaintext)}" if h.task_kind == "regression" else
+                  f"AUC plain {_num(h.plaintext_auc)} / encrypted {_num(h.encrypted_auc)}, prediction agreement "
+                  f"{_num(h.prediction_agreement)}")
         lines.append(
             f"| HE evaluation ({h.scope}) | {h.samples} samples, max abs error {h.max_abs_error:.2e}, "
-            f"AUC plain {_num(h.plaintext_auc)} / encrypted {_num(h.encrypted_auc)}, prediction agreement "
-            f"{_num(h.prediction_agreement)}, {h.ms_per_sample:.2f} ms/sample |"
+            f"{scores}, {h.ms_per_sample:.2f} ms/sample |"
         )
     if result.audit:
         a = result.audit
@@ -417,23 +426,32 @@ def write_html_report(result: PipelineResult, path: Path) -> Path:
     )
     if result.he:
         h = result.he
+        regression = h.task_kind == "regression"
+        scores: list[tuple[str, object]] = [
+            ("RMSE plaintext / encrypted (vs the held-out targets)", f"{_num(h.rmse_plaintext)} / {_num(h.rmse_encrypted)}"),
+            ("MAE plaintext / encrypted", f"{_num(h.mae_plaintext)} / {_num(h.mae_encrypted)}"),
+            ("RMSE of the encrypted vs the plaintext predictions", _sci(h.rmse_vs_plaintext)),
+        ] if regression else [
+            ("AUC plaintext / encrypted", f"{_num(h.plaintext_auc)} / {_num(h.encrypted_auc)}"),
+            ("accuracy plaintext / encrypted", f"{_num(h.plaintext_accuracy)} / {_num(h.encrypted_accuracy)}"),
+            ("same predicted class as the plaintext model", _num(h.prediction_agreement)),
+        ]
+        units = " (target's units; decrypted outputs un-standardised)" if regression else ""
         sections += [
             "<h2>Homomorphic evaluation (CKKS)</h2>",
             _table([
                 ("scope", "whole model" if h.scope == "model" else "linear head on data-owner features"),
                 ("samples × features", f"{h.samples} × {h.features}"),
                 ("encrypted scores per sample", h.outputs),
-                ("max abs error vs the exact model", f"{h.max_abs_error:.3e}"),
+                (f"max abs error vs the exact model{units}", f"{h.max_abs_error:.3e}"),
                 ("of which CKKS noise / polynomial approximation",
                  f"{_sci(h.max_abs_error_vs_plan)} / {_sci(h.approximation_error)}"),
-                ("AUC plaintext / encrypted", f"{_num(h.plaintext_auc)} / {_num(h.encrypted_auc)}"),
-                ("accuracy plaintext / encrypted", f"{_num(h.plaintext_accuracy)} / {_num(h.encrypted_accuracy)}"),
-                ("same predicted class as the plaintext model", _num(h.prediction_agreement)),
+                *scores,
                 ("time", f"{h.ms_per_sample:.3f} ms/sample"),
                 ("poly modulus degree", h.poly_modulus_degree),
                 ("public context size", f"{h.public_context_bytes:,} bytes"),
             ]),
-            HE_EXPLAINED,
+            HE_REGRESSION_EXPLAINED if regression else HE_EXPLAINED,
         ]
     if result.audit:
         a = result.audit

@@ -137,6 +137,15 @@ class HESummary(BaseModel):
     packed: bool | None = None
     # fraction of samples whose encrypted decision (threshold / argmax) equals the plaintext model's
     prediction_agreement: float | None = None
+    # regression (decrypted outputs un-standardised; every error here, max_abs_error included, in the
+    # target's units): RMSE/MAE of the encrypted and plaintext predictions against the held-out targets,
+    # and the encrypted predictions' RMSE against the plaintext ones (CKKS noise and rounding)
+    task_kind: str = "classification"
+    rmse_encrypted: float | None = None
+    rmse_plaintext: float | None = None
+    mae_encrypted: float | None = None
+    mae_plaintext: float | None = None
+    rmse_vs_plaintext: float | None = None
 
 
 class AuditSummary(BaseModel):

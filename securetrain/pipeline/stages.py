@@ -99,14 +99,9 @@ def build_task_model(config: PipelineConfig, data: TaskData):
 
 def regression_validation(config: PipelineConfig, data: TaskData, task: Any = None) -> PipelineConfig:
     """A custom regression task's defaults (the built-in task gets them when the config loads):
-    ``rmse`` selects the best checkpoint unless ``training.validation.metric`` was set; HE scoring
-    is refused (it scores a classifier's logits)."""
+    ``rmse`` selects the best checkpoint unless ``training.validation.metric`` was set."""
     if not data.regression:
         return config
-    if config.he.enabled:
-        raise ConfigError("he.enabled: HE scoring is not available for a regression task (it scores a "
-                          "classifier's logits and reports AUC/accuracy)",
-                          hint="set he.enabled: false for this task")
     validation = config.training.validation
     if getattr(task, "metrics", None) is None and validation.metric not in REGRESSION_METRICS:
         raise ConfigError(f"training.validation.metric: {validation.metric!r} is not a validation metric of a "
@@ -435,7 +430,6 @@ def extract_features(
     from securetrain.training.batches import split_batch
 
     task, data = task_datasets(config, secrets, audit)
-    regression_validation(config, data, task)  # refuses HE for a regression task
     if len(data.eval) == 0:
         raise PipelineError("the evaluation split is empty", hint="use more patients or raise data.eval_fraction")
     model = load_trained_model(config, secrets, audit, data, which=config.he.checkpoint)
@@ -447,6 +441,12 @@ def extract_features(
         "head_weight": head.weight.detach().clone(),
         "head_bias": linear_bias(head).clone(),
     }
+    if data.regression:  # the model outputs standardised values unless trained with target_scaling: none
+        from securetrain.pipeline.target_scaling import load_target_scaling
+
+        scaling = load_target_scaling(config.run_dir)
+        out["target_mean"] = torch.tensor(scaling.mean if scaling else 0.0, dtype=torch.float64)
+        out["target_std"] = torch.tensor(scaling.std if scaling else 1.0, dtype=torch.float64)
     if _he_scope(config) == "model":
         with torch.no_grad():
             inputs = torch.cat([split_batch(b)[0].flatten(1).float() for b in loader])
@@ -542,12 +542,19 @@ def he_evaluate(
     from securetrain.he import HEModelError
 
     head = he_head(features["head_weight"], features["head_bias"])
+    regression = "target_std" in features
+    labels: torch.Tensor | None = features["labels"]
+    targets: torch.Tensor | None = None
+    std = 1.0
+    if regression:  # real-valued targets, standardised as the model's outputs are (errors scaled back below)
+        mean, std = float(features["target_mean"]), float(features["target_std"])
+        labels, targets = None, (features["labels"].double().reshape(-1) - mean) / std
     report = None
     if "layer_kinds" in features:
         scope, model = "model", _he_model_from_chain(features)
         try:
             report = evaluate_encrypted(
-                model, features["model_inputs"], features["labels"], audit=audit, decimals=config.he.decimals
+                model, features["model_inputs"], labels, targets=targets, audit=audit, decimals=config.he.decimals
             )
         except HEModelError as exc:
             if config.he.scope == "model":
@@ -557,13 +564,17 @@ def he_evaluate(
     if report is None:
         scope, model = "head", head
         report = evaluate_encrypted(
-            model, features["features"], features["labels"], audit=audit, decimals=config.he.decimals
+            model, features["features"], labels, targets=targets, audit=audit, decimals=config.he.decimals
         )
     out_features = [m for m in model.modules() if isinstance(m, nn.Linear)][-1].out_features
+
+    def units(value: float | None) -> float | None:  # regression: standardised errors -> the target's units
+        return None if value is None else value * std
+
     return HESummary(
         samples=report.n_samples,
         features=report.n_features,
-        max_abs_error=report.max_abs_error,
+        max_abs_error=report.max_abs_error * std,
         plaintext_auc=report.auc_plaintext,
         encrypted_auc=report.auc_encrypted,
         plaintext_accuracy=report.accuracy_plaintext,
@@ -573,11 +584,18 @@ def he_evaluate(
         public_context_bytes=report.public_context_bytes,
         scope=scope,
         outputs=out_features,
-        max_abs_error_vs_plan=getattr(report, "max_abs_error_vs_plan", None),
-        approximation_error=getattr(report, "approximation_error_vs_exact", None),
+        max_abs_error_vs_plan=units(getattr(report, "max_abs_error_vs_plan", None)),
+        approximation_error=units(getattr(report, "approximation_error_vs_exact", None)),
         out_of_interval_fraction=getattr(report, "out_of_interval_fraction", None),
         packed=getattr(report, "packed", None),
-        prediction_agreement=getattr(report, "prediction_agreement", None),
+        # a decision threshold (0 on a logit) means nothing for a regression value
+        prediction_agreement=None if regression else getattr(report, "prediction_agreement", None),
+        task_kind="regression" if regression else "classification",
+        rmse_encrypted=units(getattr(report, "rmse_encrypted", None)),
+        rmse_plaintext=units(getattr(report, "rmse_plaintext", None)),
+        mae_encrypted=units(getattr(report, "mae_encrypted", None)),
+        mae_plaintext=units(getattr(report, "mae_plaintext", None)),
+        rmse_vs_plaintext=units(getattr(report, "rmse_vs_exact", None)) if regression else None,
     )
 
 

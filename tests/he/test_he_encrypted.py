@@ -291,3 +291,30 @@ def test_cli_probabilities_are_exact_at_decryption_and_calibration_is_recorded(t
     probs = np.loadtxt(tmp_path / "p.csv", delimiter=",")
     np.testing.assert_allclose(probs, 1 / (1 + np.exp(-logits[:, 0])), atol=2e-5)
     assert '"probabilities"' in r.output and '"accuracy": 1.0' in r.output
+
+
+def test_regression_targets_give_rmse_and_mae_of_encrypted_and_exact_values(data) -> None:  # noqa: ANN001
+    """A one-output regression model scored against real-valued targets (no class ids)."""
+    x, _ = data
+    torch.manual_seed(1)
+    model = nn.Linear(30, 1).eval()
+    targets = model(torch.tensor(x, dtype=torch.float32)).detach().numpy().reshape(-1) + np.linspace(-1, 1, len(x))
+    audit = MemoryAuditRecorder()
+    r = evaluate_encrypted(model, x, targets=targets, audit=audit)
+    exact = model(torch.tensor(x, dtype=torch.float64).float()).detach().double().numpy().reshape(-1)
+    assert r.rmse_plaintext == pytest.approx(float(np.sqrt(np.mean((exact - targets) ** 2))), rel=1e-5)
+    assert r.mae_plaintext == pytest.approx(float(np.mean(np.abs(exact - targets))), rel=1e-5)
+    assert r.rmse_vs_exact is not None and r.rmse_vs_exact <= r.max_abs_error <= 1e-4
+    assert r.rmse_encrypted == pytest.approx(r.rmse_plaintext, abs=2e-4)
+    assert r.auc_encrypted is None and r.accuracy_encrypted is None
+    assert audit.events[-1]["details"]["rmse_encrypted"] == r.rmse_encrypted
+    from securetrain.he.errors import HEModelError
+
+    with pytest.raises(HEModelError, match="not both"):
+        evaluate_encrypted(model, x, np.zeros(len(x)), targets=targets)
+    with pytest.raises(HEModelError, match="one output column"):
+        evaluate_encrypted(nn.Linear(30, 2), x, targets=targets)
+    with pytest.raises(HEModelError, match="finite"):
+        evaluate_encrypted(model, x, targets=np.full(len(x), np.nan))
+    r = evaluate_encrypted(model, x, (targets > 0).astype(int))  # a classifier's report is unchanged
+    assert r.rmse_encrypted is None and r.rmse_vs_exact is not None

@@ -183,6 +183,32 @@ def test_a_target_on_a_1e5_scale_trains_to_a_sensible_rmse_in_its_own_units(tmp_
     assert statement["predicate"]["model"]["targetScaling"] == t.target_scaling
 
 
+def test_he_scores_a_regression_model_in_the_targets_units(tmp_path: Path) -> None:
+    """HE scoring of a price model: the decrypted outputs are un-standardised; RMSE/MAE of the
+    encrypted and the plaintext predictions against the held-out prices, and the encrypted
+    predictions' RMSE against the plaintext ones (CKKS noise), all in the target's units."""
+    data = _config(tmp_path, training={"epochs": 12, "log_every": 10}, he={"enabled": True})
+    data["data"]["source"] = str(_claims_csv(tmp_path / "prices.csv", scale=1000.0, offset=3e5))
+    config = load_pipeline_config(data=data)
+    result = run_pipeline(config)
+    h, t = result.he, result.training
+    assert h is not None and t.best is not None and t.target_scaling is not None
+    assert h.task_kind == "regression" and h.outputs == 1 and h.scope == "head"  # the MLP's hidden ReLU: head
+    assert h.encrypted_auc is None and h.plaintext_auc is None and h.prediction_agreement is None
+    # The plaintext predictions are the best checkpoint's validation, in prices.
+    assert h.rmse_plaintext == pytest.approx(t.best["value"], rel=1e-4)
+    best = next(v for v in t.validation if v["epoch"] == t.best["epoch"])
+    assert h.mae_plaintext == pytest.approx(best["mae"], rel=1e-4)
+    std = t.target_scaling["std"]
+    assert h.rmse_vs_plaintext is not None and 0 <= h.rmse_vs_plaintext < 1e-3 * std  # CKKS noise, in prices
+    assert h.max_abs_error < 1e-2 * std and h.max_abs_error >= h.rmse_vs_plaintext
+    assert h.rmse_encrypted == pytest.approx(h.rmse_plaintext, abs=h.rmse_vs_plaintext + 1e-9)
+    page = result.report_html.read_text()
+    assert "RMSE plaintext / encrypted" in page and "AUC plaintext" not in page
+    out = json.loads((config.run_dir / "result.json").read_text())["he"]
+    assert out["task_kind"] == "regression" and out["rmse_encrypted"] == pytest.approx(h.rmse_encrypted)
+
+
 def test_target_scaling_none_trains_on_the_raw_targets(tmp_path: Path) -> None:
     config = load_pipeline_config(data=_config(tmp_path, data={"target_scaling": "none"}))
     result = run_pipeline(config)
@@ -209,8 +235,7 @@ def test_non_finite_or_non_numeric_targets_are_refused(tmp_path: Path) -> None:
 
 
 def test_regression_config_refusals(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"he.enabled: HE scoring is not available for a regression task"):
-        load_pipeline_config(data=_config(tmp_path, he={"enabled": True}))
+    assert load_pipeline_config(data=_config(tmp_path, he={"enabled": True})).he.enabled  # opt-in HE scoring
     with pytest.raises(ConfigError, match=r"data.classes: a regression task has no classes"):
         load_pipeline_config(data=_config(tmp_path, data={"classes": ["a", "b"]}))
     explicit = load_pipeline_config(data=_config(tmp_path, training={"validation": {"metric": "mae"}}))
@@ -280,9 +305,12 @@ def test_custom_regression_task(tmp_path: Path) -> None:
     assert t.validation[-1]["rmse"] < t.validation[0]["rmse"] or t.validation[-1]["rmse"] < 2.5
 
 
-def test_custom_regression_refuses_he_and_a_wide_model(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"HE scoring is not available for a regression task"):
-        run_pipeline(load_pipeline_config(data=_custom(tmp_path / "a", he={"enabled": True})))
+def test_custom_regression_he_scoring_and_a_wide_model(tmp_path: Path) -> None:
+    result = run_pipeline(load_pipeline_config(data=_custom(tmp_path / "a", he={"enabled": True})))
+    h = result.he
+    assert h is not None and h.task_kind == "regression" and h.scope == "head" and h.encrypted_auc is None
+    assert h.rmse_vs_plaintext is not None and h.rmse_vs_plaintext < 1e-3
+    assert h.rmse_encrypted == pytest.approx(h.rmse_plaintext, abs=1e-3)
     with pytest.raises(ConfigError, match=r"'accuracy' is not a validation metric of a regression task"):
         run_pipeline(load_pipeline_config(data=_custom(tmp_path / "c", training={"validation": {"metric": "accuracy"}})))
     with pytest.raises(ModelOutputError, match=r"regression, so it must return \[2, 1\]"):
