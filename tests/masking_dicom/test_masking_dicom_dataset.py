@@ -200,3 +200,60 @@ def test_a_corrupt_header_element_is_quarantined_at_index_time(tmp_path: Path) -
     assert len(dataset) == 1 and dataset[0] is not None
     [entry] = dataset.quarantine_report()
     assert entry["path"] == "b-bad.dcm" and "corrupt" in entry["reason"]
+
+
+def test_every_epoch_records_its_reads_also_from_the_cached_header(synthetic_set: Path) -> None:
+    """A cached de-identified header does not make a later load unaudited: the file is read again
+    (its pixels leave the dataset again), so each epoch records each file's read. Before, only the
+    first load in a process was recorded: with num_workers=0 or persistent workers, epochs 2+ left
+    no trace."""
+    audit = MemoryAuditRecorder()
+    ds = DicomDataset(synthetic_set, BASIC, SECRET, size=16, audit=audit)
+    loader = ds.dataloader(batch_size=4, num_workers=0)
+    for _ in range(3):
+        for _batch in loader:
+            pass
+    reads = [e for e in audit.events if e["action"] == "dicom.read"]
+    assert len(reads) == 3 * len(ds)
+    per_file = {}
+    for e in reads:
+        per_file[e["details"]["sha256"]] = per_file.get(e["details"]["sha256"], 0) + 1
+    assert set(per_file.values()) == {3}
+
+
+def test_persistent_workers_record_every_epoch_in_the_audit_log(synthetic_set: Path, tmp_path: Path) -> None:
+    from securetrain.audit.keys import create_signing_key
+    from securetrain.audit.log import AuditLog
+
+    key = tmp_path / "audit.pem"
+    create_signing_key(key)
+    log = AuditLog(f"sqlite:///{tmp_path}/audit.db", signing_key=key, checkpoint_every=None)
+    ds = DicomDataset(synthetic_set, BASIC, SECRET, size=16, audit=log)
+    loader = ds.dataloader(batch_size=4, num_workers=1, persistent_workers=True)
+    for _ in range(3):
+        for _batch in loader:
+            pass
+    del loader
+    reads = [e for e in log.entries() if e.action == "dicom.read"]
+    assert len(reads) == 3 * len(ds)
+    assert log.verify().ok
+    log.close()
+
+
+def test_a_file_changed_after_its_header_was_cached_is_de_identified_again(synthetic_set: Path) -> None:
+    """The cache is keyed by the file's content: a file replaced between epochs (same path) is read,
+    recorded with its new digest and de-identified again, never served under a stale header."""
+    import pydicom
+
+    audit = MemoryAuditRecorder()
+    ds = DicomDataset(synthetic_set, BASIC, SECRET, size=16, audit=audit)
+    first = ds[0]
+    path = ds.items[0][0]
+    d = pydicom.dcmread(path)
+    assert first["meta"]["Modality"] != "OT"
+    d.Modality = "OT"
+    d.save_as(path)
+    again = ds[0]
+    reads = [e["details"]["sha256"] for e in audit.events if e["action"] == "dicom.read"]
+    assert len(reads) == 2 and reads[0] != reads[1]
+    assert again["meta"]["Modality"] == "OT"  # the new file's header, not the cached one

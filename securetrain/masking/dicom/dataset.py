@@ -199,7 +199,7 @@ class DicomDataset(Dataset):
         self.color_mode = self._resolve_color_mode(color_mode, colour)
         self._deid: Any = None  # created lazily in each process
         self._warmed_pid = os.getpid()  # the constructing process appended already (policy event)
-        self._headers: dict[str, dict[str, Any]] = {}  # path -> cached de-identified header
+        self._headers: dict[str, dict[str, Any]] = {}  # path -> de-identified header of the bytes with its "sha256"
         self.audit.record(
             "deid.policy_applied",
             f"policy:{self.policy.name}",
@@ -400,24 +400,30 @@ class DicomDataset(Dataset):
 
         from securetrain.masking.dicom.engine import read_dicom
 
+        # Every load reads the file and records that read (its pixels leave the dataset again);
+        # the cached header is used only for the very bytes it was made from.
+        data = Path(path).read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
         header = self._headers.get(path)
-        if header is None:
-            data = Path(path).read_bytes()
-            digest = hashlib.sha256(data).hexdigest()
+        if header is None or header["sha256"] != digest:
             ds = read_dicom(io.BytesIO(data), name=Path(path).name)
             self._note_read(reads, digest, len(data))
             ds, report = self._deidentifier().deidentify_dataset(ds)
             header = {
+                "sha256": digest,
                 "meta": {k: str(ds.get(k, "") or "") for k in self.meta_keys},
                 "slope": _single_float(ds, "RescaleSlope", 1.0),
                 "intercept": _single_float(ds, "RescaleIntercept", 0.0),
             }
-            if not report.pixels_masked:  # masked pixels must be re-masked on every load
+            if report.pixels_masked:  # masked pixels must be re-masked on every load
+                self._headers.pop(path, None)
+            else:
                 self._headers[path] = header
         else:
             import pydicom
 
-            ds = pydicom.dcmread(path, specific_tags=list(_PIXEL_TAGS), force=True)
+            ds = pydicom.dcmread(io.BytesIO(data), specific_tags=list(_PIXEL_TAGS), force=True)
+            self._note_read(reads, digest, len(data))
         try:
             arr = ds.pixel_array
         except Exception as exc:
