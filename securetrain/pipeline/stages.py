@@ -266,7 +266,8 @@ def train(
     loss_fn, metrics_fn = getattr(task, "loss", None), getattr(task, "metrics", None)
     scaling = None
     if data.regression:  # MSE on one output per sample, and regression metrics whatever the targets' values
-        loss_fn, metrics_fn, scaling = _regression_objective(config, data, loss_fn, metrics_fn)
+        resuming = run_checkpoint_store(config, secrets, None).latest() is not None
+        loss_fn, metrics_fn, scaling = _regression_objective(config, data, loss_fn, metrics_fn, resuming=resuming)
     result = Trainer(
         model,
         data.train,
@@ -326,27 +327,39 @@ def train(
     )
 
 
-def _regression_objective(config: PipelineConfig, data: TaskData, loss_fn: Any, metrics_fn: Any
-                          ) -> tuple[Any, Any, Any]:
+def _regression_objective(config: PipelineConfig, data: TaskData, loss_fn: Any, metrics_fn: Any, *,
+                          resuming: bool = False) -> tuple[Any, Any, Any]:
     """Loss, metrics and target scaling of a regression task. Without a task ``loss`` and with
     ``data.target_scaling: standard``, MSE on targets standardised by the training split's mean and
     std, the metrics getting predictions restored to the target's units; a task's own loss works on
-    the targets as they are (it defines their scale), so nothing is scaled."""
+    the targets as they are (it defines their scale), so nothing is scaled. A resumed run keeps the
+    scaling its checkpoints were trained with (the run's saved one, or none), whatever the config
+    says now: continuing raw-target weights on standardised targets (or the reverse) would undo them."""
     from torch import nn
 
     from securetrain.pipeline.target_scaling import (
         MetricsInTargetUnits,
         StandardisedMSE,
         fit_target_scaling,
+        load_target_scaling,
         save_target_scaling,
     )
     from securetrain.training.validation import regression_metrics
 
     metrics_fn = metrics_fn or regression_metrics
-    if loss_fn is not None or config.data.target_scaling == "none":
+    if loss_fn is not None:
         save_target_scaling(config.run_dir, None)
-        return loss_fn or nn.MSELoss(), metrics_fn, None
-    scaling = fit_target_scaling(data.train)
+        return loss_fn, metrics_fn, None
+    wanted = config.data.target_scaling == "standard"
+    saved = load_target_scaling(config.run_dir) if resuming else None
+    if resuming and wanted != (saved is not None):
+        log.warning("data.target_scaling is %r but this run's checkpoints were trained %s; resuming keeps that "
+                    "(start a new run to change it)", config.data.target_scaling,
+                    "on standardised targets" if saved else "on the raw targets")
+    if (resuming and saved is None) or (not resuming and not wanted):
+        save_target_scaling(config.run_dir, None)
+        return nn.MSELoss(), metrics_fn, None
+    scaling = saved or fit_target_scaling(data.train)
     save_target_scaling(config.run_dir, scaling)
     log.info("regression targets standardised for training: mean %.6g, std %.6g (%d training samples); "
              "metrics and predictions are restored to the target's units", scaling.mean, scaling.std, scaling.samples)

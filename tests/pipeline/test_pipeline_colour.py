@@ -47,6 +47,7 @@ def test_rgb_mode_keeps_three_channels(tmp_path: Path, photometric: str) -> None
     pixels = data[0]["pixels"]
     assert pixels.shape == (3, 16, 16)
     assert torch.allclose(pixels, _joint(truth), atol=1.5 / 255)  # R, G, B in order, not Y/Cb/Cr
+    assert torch.equal(data[0]["pixels"], pixels)  # the cached-header path (later epochs) decodes alike
 
 
 def test_default_stays_one_grey_channel_and_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -219,6 +219,22 @@ def test_target_scaling_none_trains_on_the_raw_targets(tmp_path: Path) -> None:
     assert load_target_scaling(config.run_dir) is None
 
 
+@pytest.mark.parametrize(("first", "then"), [("none", "standard"), ("standard", "none")])
+def test_a_resumed_run_keeps_the_scaling_its_checkpoints_were_trained_with(tmp_path: Path, first: str,
+                                                                          then: str) -> None:
+    """Checkpoints trained on raw targets (a run before target scaling, or target_scaling: none) are
+    not continued on standardised ones, nor the reverse: the run's own record decides, not the config."""
+    from securetrain.pipeline.target_scaling import load_target_scaling
+
+    one = run_pipeline(load_pipeline_config(data=_config(tmp_path, data={"target_scaling": first})))
+    config = load_pipeline_config(data=_config(tmp_path, data={"target_scaling": then}, training={"epochs": 2}))
+    again = run_pipeline(config)
+    assert again.training.resumed_from == one.training.steps and again.training.steps > one.training.steps
+    assert (again.training.target_scaling is None) == (first == "none")
+    assert (load_target_scaling(config.run_dir) is None) == (first == "none")
+    assert again.training.target_scaling == one.training.target_scaling
+
+
 def test_non_finite_or_non_numeric_targets_are_refused(tmp_path: Path) -> None:
     values = [f"{i / 10:.1f}" for i in range(240)]
     for name, bad, match in (("inf", "inf", r"non-finite value\(s\)"), ("nan", "nan", r"loss_amount.*(empty|non-finite)"),
