@@ -45,6 +45,7 @@ from securetrain import __version__
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
 from securetrain.errors import SecureTrainError
 from securetrain.io.atomic import atomic_write_bytes
+from securetrain.masking.dicom.ages import AGGREGATED_AGE, aggregate_age
 from securetrain.masking.dicom.burned_in.cleaner import BurnedInCleaner
 from securetrain.masking.dicom.burned_in.codec import clear_unused_bits
 from securetrain.masking.dicom.charset import repair_character_set
@@ -323,6 +324,7 @@ class Deidentifier:
         self._full_dates = Option.RETAIN_LONGITUDINAL_FULL_DATES.value in opts
         self._modified_dates = Option.RETAIN_LONGITUDINAL_MODIFIED_DATES.value in opts
         self._retain_uids = Option.RETAIN_UIDS.value in opts
+        self._aggregate_ages = policy.age_over_89 == "aggregate"
         self._safe_private = policy.safe_private_set if self.profile.private_action == "C" else frozenset()
         table = load_table()
         self._method_text = [
@@ -571,6 +573,8 @@ class Deidentifier:
             if action == "K" and vr != "SQ":
                 if vr in TEXT_VRS:
                     ctx.retained_text.append((ds, tag, path))  # scrubbed later, decoded only on a hit
+                elif vr == "AS" and self._aggregate_ages:
+                    self._aggregate_age(ds, tag, ctx, path)
                 continue
             if (
                 action in _RAW_ACTIONS
@@ -611,6 +615,31 @@ class Deidentifier:
                 ds._dict[raw.tag] = raw._replace(VR=vr, length=0, value=b"")
         self._note(ctx, path, tag, action)
         return True
+
+    def _aggregate_age(self, ds: Dataset, tag: int, ctx: _Ctx, path: str) -> None:
+        """A retained Age String under ``age_over_89: aggregate``: every value above 89 years
+        becomes 090Y (C); a value that is not an age empties the element (Z: we could not check
+        it, and an empty Type 2/3 attribute keeps the object valid). An unchanged value stays raw."""
+        raw: Any = ds.get_item(tag)
+        is_raw = getattr(raw, "is_raw", False)
+        value = raw.value
+        if is_raw:
+            text = value.decode("ascii", "replace") if isinstance(value, bytes) else ""
+            values = text.split("\\")
+        else:
+            values = [str(v) for v in value] if isinstance(value, pydicom.multival.MultiValue) else [str(value or "")]
+        values = [v.strip(" \x00") for v in values]
+        capped = [aggregate_age(v) for v in values]
+        if capped == values:
+            return
+        # the ages that are gone (not mere reformatting) feed the retained-text scrub
+        self._collect(ctx, "AS", [v for v, c in zip(values, capped, strict=True) if c in (None, AGGREGATED_AGE)])
+        new = [] if any(v is None for v in capped) else cast(list[str], capped)
+        if is_raw:
+            ds._dict[raw.tag] = raw._replace(VR="AS", **_raw_value("\\".join(new), "AS"))
+        else:
+            raw.value = new if len(new) > 1 else (new[0] if new else None)
+        self._note(ctx, path, tag, "C" if new else "Z")
 
     def _remap_values(self, values: list[str]) -> Any:
         out = [v if (not v or is_well_known_uid(v)) else self.mapper.uid(v) for v in values]
@@ -773,6 +802,8 @@ class Deidentifier:
                         self._walk(item, ctx, f"{path}[{i}].", True)
                 elif elem.VR in TEXT_VRS:
                     ctx.retained_text.append((ds, tag, path))
+                elif elem.VR == "AS" and self._aggregate_ages:
+                    self._aggregate_age(ds, tag, ctx, path)
                 continue
             raw = ds.get_item(tag)
             raw_vr = getattr(raw, "VR", None)

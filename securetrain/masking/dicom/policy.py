@@ -21,6 +21,8 @@ from securetrain.masking.dicom.profile_table import SIMPLE_ACTIONS, Option
 from securetrain.resources import resolve_policy
 
 POLICY_ENV_PREFIX = "SECURETRAIN_DEID_POLICY__"
+# Birth dates that, kept beside the study dates, give a patient's age back.
+_BIRTH_DATE_TAGS = {0x00100030: "PatientBirthDate", 0x00100033: "PatientBirthDateInAlternativeCalendar"}
 _TAG_RE = re.compile(r"^\(?\s*([0-9A-Fa-f]{4})\s*,?\s*([0-9A-Fa-f]{4})\s*\)?$")
 
 
@@ -202,6 +204,10 @@ class DicomPolicy(BaseModel):
     # identity (the item's PatientID, else its PatientName + PatientBirthDate), never the object's
     # patient's; or is emptied / removed. A policy override of the tag wins at every depth.
     nested_patient_identity: Literal["pseudonymise", "empty", "remove"] = "pseudonymise"
+    # Retained Age Strings (AS: Patient's Age, Selector AS Value, at any depth) above 89 years are
+    # written as the one category 090Y (HIPAA Safe Harbor); a retained AS value that is not an age
+    # is emptied. ``keep`` is PS3.15's Retain Patient Characteristics as the standard has it.
+    age_over_89: Literal["aggregate", "keep"] = "aggregate"
 
     @field_validator("options")
     @classmethod
@@ -237,7 +243,20 @@ class DicomPolicy(BaseModel):
             raise ValueError("pixel_masks: given but option clean_pixel_data is not selected")
         if self.safe_private and Option.RETAIN_SAFE_PRIVATE not in opts:
             raise ValueError("safe_private: given but option retain_safe_private is not selected")
+        if self.age_over_89 == "aggregate":
+            self._refuse_retained_birth_dates()
         return self
+
+    def _refuse_retained_birth_dates(self) -> None:
+        """A birth date kept (K) or shifted (C: the study dates move by the same offset) gives the
+        exact age back, so it would undo the 090Y category."""
+        for key, action in self.overrides.items():
+            tag = parse_tag(key)
+            if tag in _BIRTH_DATE_TAGS and action in ("K", "C"):
+                raise ValueError(
+                    f"age_over_89: aggregate cannot hold while overrides keep {_BIRTH_DATE_TAGS[tag]} ({action}): "
+                    "a retained birth date reveals ages over 89; drop the override or set age_over_89: keep"
+                )
 
     @property
     def option_values(self) -> frozenset[str]:
