@@ -70,8 +70,11 @@ def _provider(keyring: Path | None) -> Any:
     return provider_from_env(None)
 
 
-def _run_stream(label: str, path: Path, body: Any, on_data: Any = None) -> Any:
-    size = path.stat().st_size
+def _run_stream(label: str, path: Path, body: Any, on_data: Any = None, *, size: int | None = None) -> Any:
+    """``body`` on ``path`` opened for reading, with a progress bar over ``size`` bytes (default:
+    the file's size; a pipe's is unknown)."""
+    if size is None and _is_regular(path):
+        size = path.stat().st_size
     with progress_bar() as bar, open(path, "rb") as raw:
         task = bar.add_task(label, total=size, status="")
 
@@ -81,27 +84,61 @@ def _run_stream(label: str, path: Path, body: Any, on_data: Any = None) -> Any:
                 on_data(chunk)
 
         result = body(TappedReader(raw, tap))
-        bar.update(task, completed=size, status="ok")
+        bar.update(task, completed=size, status="ok")  # None (a pipe's unknown size) leaves it as counted
     return result
+
+
+def _is_regular(path: Path) -> bool:
+    import stat
+
+    return stat.S_ISREG(path.stat().st_mode)
+
+
+def _plaintext_length(source: Path, declared: int | None) -> int:
+    """How many bytes ``encrypt`` reads from ``source``: a regular file's size (``--length``, if
+    given, must be it); a pipe, FIFO or device has no size, so ``--length`` must say it, because the
+    container declares the plaintext length in its header, before the first segment."""
+    from securetrain.crypto.errors import CryptoError
+
+    if _is_regular(source):
+        size = source.stat().st_size
+        if declared is not None and declared != size:
+            raise CryptoError(f"--length {declared} is not the size of {source} ({size} bytes)",
+                              hint="leave --length out for a regular file")
+        return size
+    if declared is None:
+        raise CryptoError(
+            f"cannot encrypt {source}: it is a pipe, FIFO or device, whose size is not known in advance, and "
+            "the container declares the plaintext length in its header before the first segment",
+            hint="pass --length N with the exact number of bytes it will deliver (e.g. --length $(stat -c %s FILE) "
+                 "for cat FILE | ...), or encrypt a regular file")
+    return declared
 
 
 @checkpoint_app.command("encrypt")
 @_typed_io
 def encrypt_cmd(
-    source: Path = typer.Argument(..., exists=True, dir_okay=False, help="Plaintext file (e.g. .safetensors)."),
+    source: Path = typer.Argument(..., exists=True, dir_okay=False,
+                                  help="Plaintext file (e.g. .safetensors), or a pipe/FIFO with --length."),
     output: Path = typer.Argument(..., help="Encrypted container to write (atomically)."),
     keyring: Path | None = KeyringOpt,
     key_id: str | None = typer.Option(None, help="KEK id to wrap with (default: the current key)."),
     segment_size: int = typer.Option(1 << 20, help="Plaintext bytes per AES-GCM segment."),
+    length: int | None = typer.Option(
+        None, "--length", min=0,
+        help="Exact plaintext bytes a pipe or FIFO source delivers (required for one: the container header "
+             "declares the length up front); a regular file's size otherwise. More or fewer bytes: refused, "
+             "nothing written."),
 ) -> None:
-    """Encrypt any file into the streaming AEAD container."""
+    """Encrypt any file (or a pipe of known length, streamed) into the streaming AEAD container."""
     from securetrain.crypto._container import encrypt_stream
     from securetrain.crypto.private_file import private_writer
 
+    size = _plaintext_length(source, length)  # before any key is opened or output created
     provider = _provider(keyring)
     with private_writer(output) as out:
         header = _run_stream("encrypt", source, lambda src: encrypt_stream(
-            src, out, provider, length=source.stat().st_size, segment_size=segment_size, key_id=key_id))
+            src, out, provider, length=size, segment_size=segment_size, key_id=key_id), size=size)
     console.print(f"wrote {output} ({header.total_length} bytes, key {header.key_ids[0]})")
 
 

@@ -369,16 +369,42 @@ def keyring_lock(path: str | os.PathLike[str]) -> Iterator[None]:
 
     Without it two concurrent rotations could each save a keyring missing the other's new key,
     orphaning every file re-wrapped under the lost key.
+
+    The lock file is removed by the run that created it, when it is done (failed or not), so a
+    failed ``keys init`` leaves nothing behind; a lock file that was already there (another
+    version's, a crash's) is used and left alone, and being read-only does not stop it (a read-only
+    descriptor locks as well).
     """
     import fcntl  # POSIX only; imported here so the module still imports elsewhere
 
     lock_path = Path(f"{path}.lock")
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
+    while True:
+        try:
+            fd, created = os.open(lock_path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o600), True
+        except FileExistsError:
+            try:
+                fd, created = os.open(lock_path, os.O_RDONLY), False
+            except FileNotFoundError:  # its creator removed it just now: create one
+                continue
         fcntl.flock(fd, fcntl.LOCK_EX)
+        # The creator removes the file while it still holds the lock: a waiter that opened that
+        # file gets a lock nobody else will ask for, so it starts again on the current file.
+        try:
+            current = os.stat(lock_path)
+        except FileNotFoundError:
+            current = None
+        mine = os.fstat(fd)
+        if current is not None and (current.st_dev, current.st_ino) == (mine.st_dev, mine.st_ino):
+            break
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    try:
         yield
     finally:
+        if created:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock_path)
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 

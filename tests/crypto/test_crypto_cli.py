@@ -200,3 +200,101 @@ def test_verify_several_files_checks_every_one_and_names_the_bad_ones(app: typer
     assert "FAILED cut.stenc" in out and "FAILED flip.stenc" in out, out
     r = run(app, "checkpoint", "verify", "cut.stenc", "-k", str(kr))
     assert isinstance(r.exception, TruncatedError) and str(r.exception).startswith("cut.stenc: "), r.exception
+
+
+def _feed_fifo(path, data: bytes):  # type: ignore[no-untyped-def]
+    """A FIFO at ``path`` and a thread writing ``data`` into it (it blocks until a reader opens it)."""
+    import threading
+
+    os.mkfifo(path)
+
+    def write() -> None:
+        try:
+            with open(path, "wb") as f:
+                f.write(data)
+        except BrokenPipeError:  # the reader went away (a refused encrypt): nothing to deliver
+            pass
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_encrypt_from_a_pipe_is_refused_clearly_without_length(app: typer.Typer, env) -> None:
+    """Found by review: `cat x | securetrain checkpoint encrypt /dev/stdin ...` (or a FIFO) said only
+    "source has more than the declared 0 bytes". The container declares the plaintext length in its
+    header before the first segment, so a pipe needs --length; without it: one clear error, up front,
+    before the pipe is read or the output created."""
+    from securetrain.crypto.errors import CryptoError
+
+    kr = env / "keyring.json"
+    assert run(app, "keys", "init", "-k", str(kr)).exit_code == 0
+    writer = _feed_fifo(env / "pipe", b"x" * 10)
+    r = run(app, "checkpoint", "encrypt", "pipe", "c.stenc", "-k", str(kr))
+    os.close(os.open(env / "pipe", os.O_RDONLY | os.O_NONBLOCK))  # lets the writer's open return
+    writer.join(5)
+    assert isinstance(r.exception, CryptoError), r.exception
+    message = str(r.exception)
+    assert "pipe" in message and "--length" in message and "declared 0 bytes" not in message, message
+    assert not (env / "c.stenc").exists()
+
+
+def test_encrypt_streams_from_a_pipe_with_length(app: typer.Typer, env) -> None:
+    from securetrain.crypto.errors import LimitExceededError, TruncatedError
+
+    kr = env / "keyring.json"
+    assert run(app, "keys", "init", "-k", str(kr)).exit_code == 0
+    data = os.urandom(3 * 1024 + 5)
+    _feed_fifo(env / "pipe", data).join(0)
+    r = run(app, "checkpoint", "encrypt", "pipe", "c.stenc", "-k", str(kr), "--length", str(len(data)),
+            "--segment-size", "1024")
+    assert r.exit_code == 0, r.output
+    assert run(app, "checkpoint", "decrypt", "c.stenc", "out.bin", "-k", str(kr)).exit_code == 0
+    assert (env / "out.bin").read_bytes() == data
+    _feed_fifo(env / "cpipe", (env / "c.stenc").read_bytes())  # decrypt reads a pipe as it is
+    r = run(app, "checkpoint", "decrypt", "cpipe", "out2.bin", "-k", str(kr))
+    assert r.exit_code == 0, r.output
+    assert (env / "out2.bin").read_bytes() == data
+    # A pipe that delivers more or less than declared: typed, and no container is written.
+    for declared, error in ((len(data) - 1, LimitExceededError), (len(data) + 1, TruncatedError)):
+        os.unlink(env / "pipe")
+        _feed_fifo(env / "pipe", data)
+        r = run(app, "checkpoint", "encrypt", "pipe", "d.stenc", "-k", str(kr), "--length", str(declared))
+        assert isinstance(r.exception, error), r.exception
+        assert not (env / "d.stenc").exists()
+    # A regular file with a --length that is not its size: refused before anything is written.
+    (env / "plain.bin").write_bytes(data)
+    r = run(app, "checkpoint", "encrypt", "plain.bin", "d.stenc", "-k", str(kr), "--length", "7")
+    assert "--length" in str(r.exception) and not (env / "d.stenc").exists(), r.exception
+
+
+def test_failed_keys_init_leaves_no_lock_file(app: typer.Typer, env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: a failed `keys init` left an empty `<keyring>.lock` behind. The lock file a run
+    created is removed when it is done (failed or not)."""
+    from securetrain.crypto.errors import KeyringError
+
+    kr = env / "keyring.json"
+    lock = env / "keyring.json.lock"
+    monkeypatch.setenv("SECURETRAIN_KEYRING_PASSPHRASE", "short")  # refused inside the lock (save)
+    r = run(app, "keys", "init", "-k", str(kr))
+    assert isinstance(r.exception, KeyringError), r.exception
+    assert not kr.exists() and not lock.exists()
+    monkeypatch.setenv("SECURETRAIN_KEYRING_PASSPHRASE", PASS)
+    assert run(app, "keys", "init", "-k", str(kr)).exit_code == 0
+    assert not lock.exists()
+    assert isinstance(run(app, "keys", "init", "-k", str(kr)).exception, KeyringError)  # exists, no --force
+    assert not lock.exists()
+
+
+def test_a_lock_file_left_behind_does_not_block_the_next_run(app: typer.Typer, env) -> None:
+    """A lock file from elsewhere (an older version, a crash) is harmless: the next run takes the lock
+    and leaves that file alone (it removes only a lock file it created)."""
+    kr = env / "keyring.json"
+    lock = env / "keyring.json.lock"
+    lock.write_bytes(b"")
+    os.chmod(lock, 0o400)  # even one this user cannot write
+    r = run(app, "keys", "init", "-k", str(kr))
+    assert r.exit_code == 0, r.output
+    assert lock.exists() and kr.exists()
+    assert run(app, "keys", "rotate", "-k", str(kr)).exit_code == 0
+    assert lock.exists()

@@ -386,3 +386,31 @@ def test_keyring_save_refuses_a_path_that_is_not_a_regular_file(tmp_path, monkey
         LocalKeyring.create("k1").save(path, log2_n=FAST)
     assert str(path) in str(info.value) and ".tmp" not in str(info.value), info.value
     assert sorted((p.name, p.lstat().st_mode) for p in tmp_path.iterdir()) == before
+
+
+def test_keyring_lock_excludes_while_lock_files_come_and_go(tmp_path) -> None:
+    """The lock file is removed by the run that created it; a waiter that opened the removed file
+    must not think it holds the lock while a newer run holds one on a new file."""
+    import threading
+
+    from securetrain.crypto.keys import keyring_lock
+
+    path = tmp_path / "ring.json"
+    inside: list[int] = []
+    overlaps: list[int] = []
+
+    def worker() -> None:
+        for _ in range(40):
+            with keyring_lock(path):
+                inside.append(1)
+                if len(inside) > 1:
+                    overlaps.append(len(inside))
+                inside.pop()
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not overlaps
+    assert not (tmp_path / "ring.json.lock").exists()
