@@ -291,33 +291,60 @@ def fast_ok(raw: bytes, seq: int, prev: str) -> bool:
     return details_canonical(text[head.end() - 1 : end + 1])
 
 
+def has_float(value: object) -> bool:
+    if isinstance(value, float):
+        return True
+    if isinstance(value, dict):
+        return any(has_float(v) for v in value.values())
+    return isinstance(value, list) and any(has_float(v) for v in value)
+
+
+def prev_hash_mismatch(seq: int) -> str:
+    """The words for a broken chain at ``seq``; the same as 'securetrain audit verify' prints."""
+    if seq == 0:
+        return "prev_hash is not the genesis hash (entry 0 was altered, or entries before it were added)"
+    return f"prev_hash does not match the hash of entry {seq - 1} (entry {seq - 1} or {seq} was altered, " \
+           "or entries were removed)"
+
+
 def exact_check(raw: bytes, seq: int, prev: str) -> None:
-    """The specification, check by check (docs/audit-format.md); raises Failure naming the problem."""
+    """The specification, check by check (docs/audit-format.md); raises Failure naming the problem.
+
+    Checks and words are those of 'securetrain audit verify' (securetrain/audit/entrycheck.py), in the
+    same order, so both name a broken entry in the same sentence."""
     try:
         obj = json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError):
-        raise Failure("not valid JSON", seq) from None
+        raise Failure("entry is not valid JSON", seq) from None
     if not isinstance(obj, dict) or (set(obj) != FIELDS and set(obj) != FIELDS | {"server_view"}):
-        raise Failure(f"fields must be exactly {sorted(FIELDS)}, optionally with server_view", seq)
+        raise Failure(f"entry must have exactly the fields {sorted(FIELDS)} (and optionally 'server_view')", seq)
     if obj["v"] != 1 or type(obj["v"]) is not int:
         raise Failure(f"unknown format version {obj['v']!r}", seq)
-    if type(obj["seq"]) is not int or obj["seq"] != seq:
-        raise Failure(f"seq is {obj['seq']!r}, expected {seq} (entry deleted, inserted or reordered)", seq)
-    if any(not isinstance(obj[f], str) for f in STR_FIELDS) or not isinstance(obj["details"], dict):
-        raise Failure("a field has the wrong type", seq)
+    if type(obj["seq"]) is not int:
+        raise Failure("seq is not an integer", seq)
+    for name in STR_FIELDS:
+        if not isinstance(obj[name], str):
+            raise Failure(f"{name} is not a string", seq)
+    if not isinstance(obj["details"], dict):
+        raise Failure("details is not an object", seq)
+    if has_float(obj["details"]):
+        raise Failure("details contain a float, which the format forbids", seq)
     view = obj.get("server_view", {"role": "", "addr": None, "time": ""})
     if (not isinstance(view, dict) or set(view) != SERVER_VIEW_FIELDS or not isinstance(view["role"], str)
             or not isinstance(view["time"], str) or not (view["addr"] is None or isinstance(view["addr"], str))):
-        raise Failure("server_view must hold exactly role (string), addr (string or null) and time (string)", seq)
+        raise Failure("server_view must be an object of exactly role (string), addr (string or null) and time "
+                      "(string)", seq)
+    if obj["seq"] != seq:
+        raise Failure(f"entry claims seq {obj['seq']}, expected {seq} (entry deleted, inserted or reordered)", seq)
     try:
         canonical = jcs(obj).encode()
-    except Failure as exc:
-        raise Failure(str(exc), seq) from None
+    except Failure:
+        raise Failure("entry holds a value with no RFC 8785 canonical form (integer outside +/-(2^53-1) or lone "
+                      "surrogate)", seq) from None
     if canonical != raw:
-        raise Failure("bytes are not RFC 8785 canonical JSON (edited by hand?)", seq)
+        raise Failure("entry bytes are not RFC 8785 canonical JSON (edited by hand?)", seq)
     if obj["prev_hash"] != prev:
-        raise Failure(f"prev_hash does not match the hash of entry {seq - 1} (entry {seq - 1} or {seq} was altered, "
-                      "or entries were removed)", seq)
+        raise Failure(prev_hash_mismatch(seq), seq)
 
 
 MAX_LINE = 1 << 20
@@ -326,6 +353,7 @@ MAX_LINE = 1 << 20
 def line_batches(handle, digest):  # noqa: ANN001, ANN201
     """Lines (newline stripped) in batches, reading 1 MiB at a time; feeds every byte to digest."""
     carry = b""
+    number = 0  # lines yielded so far: the long line's seq
     while True:
         buf = handle.read(1 << 20)
         if not buf:
@@ -334,7 +362,8 @@ def line_batches(handle, digest):  # noqa: ANN001, ANN201
         parts = (carry + buf).split(b"\n")
         carry = parts.pop()
         if len(carry) > MAX_LINE:
-            raise Failure(f"a line longer than {MAX_LINE} bytes")
+            raise Failure(f"entry line longer than {MAX_LINE} bytes", number + len(parts))
+        number += len(parts)
         yield parts
     if carry:
         yield [carry]
@@ -679,8 +708,8 @@ def verify(args: argparse.Namespace) -> dict:
                 while pending and pending[0][1] == tree.size:
                     _, size, root, kind = pending.pop(0)
                     if root != tree.root():
-                        raise Failure(f"Merkle root of the first {size} entries does not match the {kind} checkpoint",
-                                      size - 1 if size else None)
+                        raise Failure(f"Merkle root of the first {size} entries does not match the {kind} checkpoint "
+                                      "(history before it was rewritten)", size - 1 if size else None)
                     covered = max(covered, size)
                 if i == len(leaves):
                     return
@@ -757,7 +786,8 @@ def verify(args: argparse.Namespace) -> dict:
                     check(batch)
         if pending:
             _, size, _, kind = pending[0]
-            raise Failure(f"export has {tree.size} entries but a {kind} checkpoint covers {size}: the tail was removed", tree.size)
+            raise Failure(f"the log has {tree.size} entries but a {kind} checkpoint covers {size}: the tail was "
+                          "removed", tree.size)
         if covered < tree.size:
             # An export always ends at a checkpoint that signs every entry in it (docs/audit-format.md),
             # so unsigned entries were appended afterwards - or the checkpoints were removed.
@@ -887,6 +917,9 @@ def verify_proof(args: argparse.Namespace) -> dict:
             result["checks"].append(f"RFC 6962 consistency proof {old} -> {new} verifies")
             ends = ((old, old_root), (new, new_root))
             size, root = new, new_root
+            proven = {"kind": "consistency", "old_size": old, "new_size": new}
+            what = (f"verified that the tree of {old} entries is a prefix of the signed tree of {new} entries "
+                    "(the log only grew)")
         else:
             entry = proof["entry"].encode()
             leaf, index, size, root = leaf_hash(entry), int(proof["leaf_index"]), int(proof["tree_size"]), bytes.fromhex(proof["root_hash"])
@@ -898,6 +931,8 @@ def verify_proof(args: argparse.Namespace) -> dict:
                 raise Failure(f"inclusion proof of entry {index} in a tree of {size} does not verify", index)
             result["checks"].append(f"RFC 6962 inclusion proof of entry {index} in a tree of {size} verifies")
             ends = ((size, root),)
+            proven = {"kind": "inclusion", "leaf_index": index, "tree_size": size}
+            what = f"verified that entry {index} is in the signed tree of {size} entries"
         # Every held checkpoint passed along is checked (signed by an accepted key, one of the proof's
         # ends), for inclusion proofs too: a trust input is never silently ignored.
         for path in args.trusted_checkpoint or []:
@@ -918,7 +953,8 @@ def verify_proof(args: argparse.Namespace) -> dict:
             result["checks"].append(f"{len(notes)} key hand-overs verify (signed by the old and the new key, starting "
                                     "from the trusted key); the proven tree extends the tree each one signs")
         result["checks"].append(f"the root is signed by the trusted key (checkpoint of size {size})")
-        result.update(ok=True, entries=size, root_hash=root.hex())
+        # A proof checks one entry's inclusion (or that the log only grew), not the entries of the tree.
+        result.update(ok=True, entries=None, proof=proven, verified=what, root_hash=root.hex())
     except Failure as exc:
         result.update(error=str(exc), seq=exc.seq)
     except (OSError, KeyError, ValueError, TypeError) as exc:
@@ -929,13 +965,14 @@ def verify_proof(args: argparse.Namespace) -> dict:
 def write_html(result: dict, path: str) -> None:
     status = ("VERIFIED" if result["trusted"] else "SELF-CONSISTENT ONLY (UNTRUSTED KEY)") if result["ok"] else "FAILED"
     rows = "".join(f"<li>{html.escape(c)}</li>" for c in result["checks"])
+    checked = f"Proof: {result['verified']}" if result.get("verified") else f"Entries: {result['entries']}"
     warn = "".join(f"<li>{html.escape(w)}</li>" for w in result["warnings"])
     err = "" if result["ok"] else f"<p class=bad>First problem (seq {result['seq']}): {html.escape(str(result['error']))}</p>"
     Path(path).write_text(
         f"<!doctype html><meta charset=utf-8><title>Audit verification: {status}</title>"
         "<style>body{font-family:sans-serif}.bad{color:#b00}.ok{color:#070}</style>"
         f"<h1 class={'ok' if result['ok'] else 'bad'}>Audit log {status}</h1>"
-        f"<p>Entries: {result['entries']}<br>Root: <code>{result['root_hash']}</code></p>{err}"
+        f"<p>{html.escape(checked)}<br>Root: <code>{result['root_hash']}</code></p>{err}"
         f"<h2>Checks passed</h2><ul>{rows}</ul><h2>Warnings</h2><ul>{warn}</ul>", encoding="utf-8")
 
 
@@ -974,7 +1011,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, indent=2))
     elif result["ok"]:
         what = "OK" if result["trusted"] else "SELF-CONSISTENT (UNTRUSTED KEY)"
-        print(f"{what}: {result['entries']} entries verified, root {result['root_hash']}")
+        checked = result.get("verified") or f"{result['entries']} entries verified"  # a proof says what it checked
+        print(f"{what}: {checked}, root {result['root_hash']}")
         for w in result["warnings"]:
             print(f"warning: {w}")
     else:

@@ -219,7 +219,9 @@ def export(
 
 def prove(
     seq: Optional[int] = typer.Argument(None, help="Entry to prove (omit with --consistency)."), db: Optional[str] = _DB,
-    size: Optional[int] = typer.Option(None, "--size", help="Tree size (default: latest checkpoint)."),
+    size: Optional[int] = typer.Option(
+        None, "--size", help="Tree size to prove against (default: the latest checkpoint's); the proof's "
+                             "log_size is the log's own size."),
     consistency: Optional[int] = typer.Option(
         None, "--consistency", help="Print a consistency proof from this older tree size instead."),
     schema: Optional[str] = _SCHEMA,
@@ -231,8 +233,13 @@ def prove(
     """
     from securetrain.audit.errors import AuditConfigError
 
+    from securetrain.audit.merkle import NO_PROOF_FROM_EMPTY_TREE
+
     if (seq is None) == (consistency is None):
         raise AuditConfigError("give either SEQ (inclusion proof) or --consistency OLD_SIZE")
+    if consistency is not None and consistency < 1:  # before the log is opened: nothing to look up
+        raise AuditConfigError(f"--consistency {consistency}: {NO_PROOF_FROM_EMPTY_TREE}",
+                               hint="--consistency OLD_SIZE must be at least 1: the size of a checkpoint you hold")
     with _open(db, schema=schema) as log:
         if size is None:
             cp = log.latest_checkpoint()
@@ -249,6 +256,9 @@ def prove(
         # After a key rotation the checkpoint is signed by a newer key: the hand-over notes (with
         # consistency proofs) let a verifier holding an older key follow the chain to it.
         proof["handovers"] = log.handover_proofs(target)
+        # tree_size/new_size is the size proven against (--size, default the latest checkpoint); the
+        # log may have grown past it. Informational: nothing in the proof depends on it.
+        proof["log_size"] = log.size()
     typer.echo(json.dumps(proof, indent=2))
 
 

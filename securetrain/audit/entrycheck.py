@@ -166,35 +166,42 @@ def fast_accept(raw: bytes, seq: int, prev_hash: str) -> bool:
             and (text.isascii() or ASTRAL(text) is None) and details_canonical(text[head.end() - 1 : end + 1]))
 
 
+def prev_hash_mismatch(seq: int) -> str:
+    """The words for a broken chain at ``seq`` (the standalone verifier, audit/verify_audit.py, says
+    the same: an auditor comparing the two reports reads one sentence)."""
+    if seq == 0:
+        return "prev_hash is not the genesis hash (entry 0 was altered, or entries before it were added)"
+    return (f"prev_hash does not match the hash of entry {seq - 1} (entry {seq - 1} or {seq} was altered, "
+            "or entries were removed)")
+
+
 def check_entry(raw: bytes, obj: Any, seq: int, prev_hash: str, *, raw_is_canonical: bool = False) -> None:
     """The exact (slow) check of one entry; raises :class:`AuditIntegrityError` naming the problem.
 
     ``raw_is_canonical``: the caller encoded ``raw`` from ``obj`` itself, canonically (database rows)."""
     check_object(obj, seq)
     if obj["seq"] != seq:
-        raise fail(seq, "seq", f"entry claims seq {obj['seq']}, expected {seq}")
+        raise fail(seq, "seq", f"entry claims seq {obj['seq']}, expected {seq} (entry deleted, inserted or reordered)")
     if raw_is_canonical:
         if obj["prev_hash"] != prev_hash:
-            raise fail(seq, "prev_hash", "prev_hash does not match the previous entry's hash "
-                                          "(this or the previous entry was altered, or entries were removed)")
+            raise fail(seq, "prev_hash", prev_hash_mismatch(seq))
         return
     try:
         canonical = canonical_bytes(obj)
     except AuditEventError:  # e.g. an integer beyond 2^53 or a lone surrogate: tampered data
         raise fail(seq, "canonical", "entry holds a value with no RFC 8785 canonical form "
-                                      "(integer outside ±(2^53-1) or lone surrogate)") from None
+                                      "(integer outside +/-(2^53-1) or lone surrogate)") from None
     if canonical != raw:
-        raise fail(seq, "canonical", "entry bytes are not RFC 8785 canonical JSON")
+        raise fail(seq, "canonical", "entry bytes are not RFC 8785 canonical JSON (edited by hand?)")
     if obj["prev_hash"] != prev_hash:
-        raise fail(seq, "prev_hash", "prev_hash does not match the previous entry's hash "
-                                      "(this or the previous entry was altered, or entries were removed)")
+        raise fail(seq, "prev_hash", prev_hash_mismatch(seq))
 
 
 def parse_line(raw: bytes, seq: int) -> Any:
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-        raise fail(seq, "json", "line is not valid JSON") from None
+        raise fail(seq, "json", "entry is not valid JSON") from None
 
 
 def chunk_worker_main(argv: list[str]) -> None:

@@ -64,7 +64,14 @@ from securetrain.audit.handover import (
 from securetrain.audit.keys import default_origin, load_signing_key, public_key_pem
 from securetrain.audit.signers import CheckpointSigner, VaultTransitSigner
 from securetrain.audit.indexes import HANDOVER_ACTION_SQL, ensure_handover_index
-from securetrain.audit.merkle import CompactRange, consistency_proof, inclusion_proof, leaf_hash, root_hash
+from securetrain.audit.merkle import (
+    NO_PROOF_FROM_EMPTY_TREE,
+    CompactRange,
+    consistency_proof,
+    inclusion_proof,
+    leaf_hash,
+    root_hash,
+)
 from securetrain.audit.models import TABLES, AuditCheckpointRow, AuditEntryRow, sqlite_tables
 from securetrain.audit.note import (
     Checkpoint,
@@ -1676,8 +1683,11 @@ class AuditLog:
         with self._read_engine.connect() as conn:
             leaves = self._leaf_hashes(conn, tree_size)
             row = conn.execute(self._entry_select().where(E.c.seq == seq)).first()
-        if len(leaves) != tree_size or row is None or not 0 <= seq < tree_size:
-            raise AuditError(f"entry {seq} is not in a tree of size {tree_size} (log has {len(leaves)} entries)")
+        if len(leaves) != tree_size:
+            raise AuditError(self._beyond_log(tree_size, len(leaves), f"cannot prove entry {seq}"))
+        if row is None or not 0 <= seq < tree_size:
+            raise AuditError(f"cannot prove entry {seq}: it is not among entries 0..{tree_size - 1} of tree size "
+                             f"{tree_size} (the size proven against){self._log_size_note(tree_size)}")
         entry = _entry_from_row(row)[0]
         return {
             "seq": seq, "tree_size": tree_size, "leaf_index": seq,
@@ -1686,15 +1696,33 @@ class AuditLog:
         }
 
     def consistency_proof(self, old_size: int, new_size: int | None = None) -> dict[str, Any]:
+        """RFC 6962 consistency proof from the tree of ``old_size`` (at least 1) to ``new_size``
+        (default: the log's size)."""
+        if old_size < 1:
+            raise AuditError(f"cannot prove {old_size} -> {new_size}: {NO_PROOF_FROM_EMPTY_TREE}; the old size must be "
+                             "at least 1")
         new_size = self.size() if new_size is None else new_size
         with self._read_engine.connect() as conn:
             leaves = self._leaf_hashes(conn, new_size)
-        if len(leaves) != new_size or not 0 <= old_size <= new_size:
-            raise AuditError(f"cannot prove {old_size} -> {new_size}: log has {len(leaves)} entries")
+        if len(leaves) != new_size:
+            raise AuditError(self._beyond_log(new_size, len(leaves), f"cannot prove {old_size} -> {new_size}"))
+        if old_size > new_size:
+            raise AuditError(f"cannot prove {old_size} -> {new_size}: the old size is larger than the tree size "
+                             f"{new_size} (the size proven against){self._log_size_note(new_size)}")
         return {
             "old_size": old_size, "new_size": new_size, "old_root": root_hash(leaves[:old_size]).hex(),
             "new_root": root_hash(leaves).hex(), "proof": [p.hex() for p in consistency_proof(old_size, leaves)],
         }
+
+    def _log_size_note(self, tree_size: int) -> str:
+        """'; the log has N entries' where the log's size is not the size proven against."""
+        size = self.size()
+        return "" if size == tree_size else f"; the log has {size} entries"
+
+    @staticmethod
+    def _beyond_log(tree_size: int, read: int, what: str) -> str:
+        return (f"{what}: tree size {tree_size} (the size proven against) is larger than the log; "
+                f"the log has only {read} entries")
 
     def handover_proofs(self, tree_size: int) -> list[dict[str, Any]]:
         """What a proof at ``tree_size`` needs to follow a key rotation offline.

@@ -131,6 +131,11 @@ def _path(m: int, leaves: Sequence[bytes], lo: int, hi: int) -> list[bytes]:
     return _path(m - k, leaves, lo + k, hi) + [root_hash(leaves[lo : lo + k])]
 
 
+#: Why a consistency proof needs an old size of at least 1 (the offline verifier rejects one from 0).
+NO_PROOF_FROM_EMPTY_TREE = ("RFC 6962 has no consistency proof from tree size 0: the empty tree is a prefix of "
+                            "every tree, so such a proof would prove nothing")
+
+
 def consistency_proof(size1: int, leaves: Sequence[bytes]) -> list[bytes]:
     """PROOF(m, D[n]) of RFC 6962 §2.1.2; empty when ``size1`` is 0 or equals the tree size."""
     n = len(leaves)

@@ -226,7 +226,7 @@ def _finish(walk: _Walk, own: list, trusted: list, *, require_signed: bool) -> N
                                          "checkpoint (appended after the export, or its checkpoints were removed)")
     if walk.pending:
         cp, is_trusted = walk.pending[0]
-        raise _fail(cr.size, "truncated", f"log has {cr.size} entries but a {_kind(cp, is_trusted)} "
+        raise _fail(cr.size, "truncated", f"the log has {cr.size} entries but a {_kind(cp, is_trusted)} "
                                           f"checkpoint covers {cp.tree_size}: the tail was removed")
 
 

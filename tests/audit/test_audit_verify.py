@@ -580,3 +580,130 @@ def test_standalone_missing_vkey_file_is_unreadable_input(log: AuditLog, tmp_pat
     assert standalone(out, "--vkey", str(held_key)).returncode == 0
     res = standalone(out, "--vkey", "garbage+1234+AAAA")
     assert res.returncode == 1, res.stderr  # a malformed literal key is still a verification failure
+
+
+# -- the same entry failure is worded the same by `audit verify` and the standalone verifier -------
+def _edit(field: str, value: object):  # noqa: ANN202
+    def fn(line: bytes) -> bytes:
+        obj = json.loads(line)
+        if value is _DROP:
+            del obj[field]
+        else:
+            obj[field] = value
+        return rfc8785.dumps(obj) + b"\n"
+    return fn
+
+
+_DROP = object()
+_ENTRY_TAMPERS = {
+    "json": lambda line: b"{not json\n",
+    "fields": _edit("hostname", _DROP),
+    "version": _edit("v", 2),
+    "seq-type": _edit("seq", "5"),
+    "seq": _edit("seq", 6),
+    "type": _edit("actor", 5),
+    "details-type": _edit("details", [1]),
+    "float": lambda line: line.replace(b'"rows":5', b'"rows":5.5'),
+    "server-view": _edit("server_view", {"role": 1}),
+    "not-canonical": lambda line: line.replace(b'","', b'", "', 1),
+    "big-int": lambda line: line.replace(b'"rows":5', b'"rows":9007199254740993'),
+    "prev-hash": _edit("actor", "mallory"),  # entry 5 re-canonical: entry 6's prev_hash breaks
+    "long-line": lambda line: line.replace(b'"rows":5', b'"rows":5,"x":"' + b"a" * (3 << 20) + b'"'),
+}
+
+
+def _rewrite_history(lines: list[bytes]) -> list[bytes]:
+    """Entry 2 edited and every later entry re-chained: only the checkpoints can tell."""
+    out, prev = lines[:2], canonical.sha256_hex(lines[1].rstrip(b"\n"))
+    for i, line in enumerate(lines[2:], start=2):
+        obj = json.loads(line)
+        obj["actor"] = "mallory" if i == 2 else obj["actor"]
+        obj["prev_hash"] = prev
+        raw = rfc8785.dumps(obj)
+        out.append(raw + b"\n")
+        prev = canonical.sha256_hex(raw)
+    return out
+
+
+_LOG_TAMPERS = {"truncate": lambda lines: lines[:7], "rewrite-history": _rewrite_history}
+
+
+@pytest.mark.parametrize("tamper", sorted(_ENTRY_TAMPERS) + sorted(_LOG_TAMPERS))
+def test_entry_failures_are_worded_alike_by_both_verifiers(log: AuditLog, tmp_path: Path, held_key: Path,
+                                                           tamper: str) -> None:
+    """Found by review: the two verifiers named the same broken entry differently ("not valid JSON" /
+    "line is not valid JSON", "a field has the wrong type" / "actor is not a string", ...). An auditor
+    comparing the two reports must read the same sentence."""
+    out = log.export(tmp_path / "exp")
+    lines = (out / "entries.jsonl").read_bytes().splitlines(keepends=True)
+    if tamper in _LOG_TAMPERS:
+        lines = _LOG_TAMPERS[tamper](lines)
+    else:
+        lines[5] = _ENTRY_TAMPERS[tamper](lines[5])
+    (out / "entries.jsonl").write_bytes(b"".join(lines))
+    _refresh_manifest(out, "entries.jsonl")
+    mine = cli("verify", "--export", str(out), "--public-key", str(held_key))
+    theirs = standalone(out, "--vkey", str(held_key))
+    assert mine.exit_code == 1 and theirs.returncode == 1, (mine.output, theirs.stderr)
+    said = flat(mine)
+    assert "FAILED: entry seq=" in said, said
+    mine_text = said[said.index("FAILED: "):]
+    theirs_text = " ".join(theirs.stderr.split())
+    assert mine_text == theirs_text, (tamper, mine_text, theirs_text)
+
+
+# -- `audit prove`: the size proven against, the log's size, and size 0 ---------------------------
+def _said(r) -> str:  # noqa: ANN001
+    """What a failed command told the user: its output and its typed error (printed by the root CLI)."""
+    return " ".join(f"{r.output} {r.exception or ''}".split())
+
+
+def test_prove_names_the_size_proven_against_and_the_log_size(log: AuditLog) -> None:
+    """Found by review: with --size N the errors called N the log's size ("entry 9 is not in a tree of
+    size 8 (log has 8 entries)" for a log of 10). N is the size proven against; the log's real size is
+    said where it differs, and printed in the proof as log_size."""
+    r = cli("prove", "5", "--size", "8", "--db", log.url)
+    assert r.exit_code == 0, r.output
+    proof = json.loads(r.output)
+    assert proof["tree_size"] == 8 and proof["log_size"] == 10
+    for args in (("9", "--size", "8"), ("--consistency", "9", "--size", "8")):
+        r = cli("prove", *args, "--db", log.url)
+        text = _said(r)
+        assert r.exit_code != 0 and "{" not in r.output, text
+        assert "tree size 8 (the size proven against)" in text and "the log has 10 entries" in text, text
+        assert "log has 8" not in text, text
+    r = cli("prove", "3", "--size", "50", "--db", log.url)
+    text = _said(r)
+    assert r.exit_code != 0 and "tree size 50 (the size proven against)" in text, text
+    assert "the log has only 10 entries" in text, text
+
+
+@pytest.mark.parametrize("old", ["0", "-1"])
+def test_prove_consistency_from_size_0_is_refused_up_front(tmp_path: Path, old: str) -> None:
+    """RFC 6962 has no consistency proof from the empty tree (it would prove nothing, and the
+    standalone verifier rejects it): refused before the log is even opened, saying why."""
+    r = cli("prove", "--consistency", old, "--db", f"sqlite:///{tmp_path}/no/such/dir/audit.db")
+    text = _said(r)
+    assert r.exit_code != 0 and "{" not in r.output, text
+    assert "--consistency" in text and "RFC 6962" in text and "at least 1" in text, text
+    assert "no/such/dir" not in text, text  # refused before the database was looked at
+
+
+def test_standalone_proof_result_says_what_was_checked(log: AuditLog, tmp_path: Path, held_key: Path) -> None:
+    """Found by review: `verify_audit.py --proof` printed "OK: 8 entries verified" for a proof, which
+    verifies one entry's inclusion (or that the log only grew), not 8 entries."""
+    (tmp_path / "inc.json").write_text(cli("prove", "5", "--db", log.url).output)
+    (tmp_path / "cons.json").write_text(cli("prove", "--consistency", "4", "--size", "8", "--db", log.url).output)
+    res = standalone(Path(""), "--proof", str(tmp_path / "inc.json"), "--vkey", str(held_key))
+    assert res.returncode == 0 and "entries verified" not in res.stdout, res.stdout
+    assert res.stdout.startswith("OK: verified that entry 5 is in the signed tree of 8 entries, root"), res.stdout
+    res = standalone(Path(""), "--proof", str(tmp_path / "cons.json"), "--vkey", str(held_key))
+    assert res.returncode == 0 and "entries verified" not in res.stdout, res.stdout
+    assert res.stdout.startswith("OK: verified that the tree of 4 entries is a prefix of the signed tree of 8 "
+                                 "entries (the log only grew), root"), res.stdout
+    res = standalone(Path(""), "--proof", str(tmp_path / "inc.json"), "--vkey", str(held_key), "--json")
+    result = json.loads(res.stdout)
+    assert result["entries"] is None and result["proof"] == {"kind": "inclusion", "leaf_index": 5, "tree_size": 8}
+    html = tmp_path / "r.html"
+    standalone(Path(""), "--proof", str(tmp_path / "cons.json"), "--vkey", str(held_key), "--html", str(html))
+    assert "Entries:" not in html.read_text() and "the tree of 4 entries is a prefix" in html.read_text()
