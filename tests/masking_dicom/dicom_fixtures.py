@@ -22,6 +22,9 @@ POLICY_DIR = Path(__file__).resolve().parents[2] / "policies"
 
 CT_IMAGE = "1.2.840.10008.5.1.4.1.1.2"
 SR_DOC = "1.2.840.10008.5.1.4.1.1.88.33"
+ENCAPSULATED_PDF = "1.2.840.10008.5.1.4.1.1.104.1"
+# A PDF whose text names the patient: what metadata de-identification cannot clean.
+PDF_WITH_PHI = b"%PDF-1.4\n1 0 obj (Discharge letter: QUIRINIUS BARTHOLOMEW, MRN PID-7734-QQ) endobj\n%%EOF\n"
 
 
 def _item(**kw: object) -> Dataset:
@@ -131,6 +134,28 @@ def make_dataset(
     ds.BitsAllocated, ds.BitsStored, ds.HighBit = 16, 16, 15
     ds.PixelRepresentation = 0
     ds.PixelData = np.arange(64, dtype=np.uint16).reshape(8, 8).tobytes()
+    return ds
+
+
+def make_encapsulated_pdf(document: bytes = PDF_WITH_PHI, sop_class: str = ENCAPSULATED_PDF) -> Dataset:
+    """An Encapsulated PDF Storage object (PS3.3 A.45.1) whose document text carries PHI."""
+    ds = Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.MediaStorageSOPClassUID = sop_class
+    ds.file_meta.MediaStorageSOPInstanceUID = "1.3.6.1.4.1.99999.1.2.3.4.900"
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.SOPClassUID = sop_class
+    ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID
+    ds.StudyInstanceUID = "1.3.6.1.4.1.99999.1.2.3.4.901"
+    ds.SeriesInstanceUID = "1.3.6.1.4.1.99999.1.2.3.4.902"
+    ds.PatientID = "PID-7734-QQ"
+    ds.PatientName = "QUIRINIUS^BARTHOLOMEW"
+    ds.Modality = "DOC"
+    ds.BurnedInAnnotation = "YES"  # Type 1 in the module: the document may hold identifying text
+    ds.DocumentTitle = "Discharge letter QUIRINIUS"
+    ds.MIMETypeOfEncapsulatedDocument = "application/pdf"
+    ds.EncapsulatedDocument = document + b"\x00" * (len(document) % 2)
+    ds.EncapsulatedDocumentLength = len(document)
     return ds
 
 

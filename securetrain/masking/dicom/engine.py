@@ -51,6 +51,13 @@ from securetrain.masking.dicom.burned_in.codec import clear_unused_bits
 from securetrain.masking.dicom.charset import repair_character_set
 from securetrain.masking.dicom.dates import shift_da, shift_dt
 from securetrain.masking.dicom.decoders import gdcm_last_resort
+from securetrain.masking.dicom.documents import (
+    TAG_ENCAPSULATED_DOCUMENT,
+    TAG_ENCAPSULATED_DOCUMENT_LENGTH,
+    is_encapsulated_document,
+    refuse_document,
+    sop_class_of,
+)
 from securetrain.masking.dicom.errors import (
     DeidError,
     DicomDirectoryError,
@@ -286,10 +293,11 @@ def _fmt(tag: int) -> str:
 class _Ctx:
     """Per-object state of one de-identification pass."""
 
-    __slots__ = ("report", "day_offset", "phi", "retained_text")
+    __slots__ = ("report", "day_offset", "phi", "retained_text", "sop_class")
 
-    def __init__(self, report: DeidReport, day_offset: int | None) -> None:
+    def __init__(self, report: DeidReport, day_offset: int | None, sop_class: str = "") -> None:
         self.report = report
+        self.sop_class = sop_class  # the object's, for messages about nested content
         self.day_offset = day_offset
         self.phi: set[str] = set()  # needles (see scrub.py), not raw values
         self.retained_text: list[tuple[Dataset, int, str]] = []
@@ -315,7 +323,7 @@ class Deidentifier:
         self.keys = key if isinstance(key, DeidKeys) else DeidKeys.from_secret(key)
         self.audit = audit or NullAuditRecorder()
         self.record_changes = record_changes
-        self.profile = compile_profile(policy.option_values, policy.override_tags)
+        self.profile = compile_profile(policy.option_values, {**_document_action(policy), **policy.override_tags})
         self.mapper = KeyedMapper(self.keys, max_shift_days=policy.max_date_shift_days)
         self.pseudonyms: dict[str, str] = {}
         self.burned_in = BurnedInCleaner(policy)  # .counts: cleaned/refused/... for the report
@@ -350,6 +358,8 @@ class Deidentifier:
     def deidentify_dataset(self, ds: Dataset, *, source: str | None = None) -> tuple[Dataset, DeidReport]:
         """De-identify ``ds`` in place and return it with its report. Raises :class:`DeidError`."""
         refuse_dicomdir(ds, source or "<dataset>")
+        if self.policy.encapsulated_documents == "reject" and is_encapsulated_document(ds):
+            raise refuse_document(sop_class_of(ds), source or "<dataset>")  # before any OCR: cheap refusal
         report = DeidReport(source=source)
         identity = patient_identity(ds, self.policy.missing_patient_identity)  # before any OCR: cheap refusal
         if not self._keeps_overlays(ds):
@@ -359,7 +369,7 @@ class Deidentifier:
         pseudonym = self._pseudonym_for(identity)
         report.patient_pseudonym = pseudonym
         day_offset = self.mapper.day_offset(pseudonym) if self._modified_dates else None
-        ctx = _Ctx(report, day_offset)
+        ctx = _Ctx(report, day_offset, sop_class_of(ds))
         self._walk(ds, ctx, "")
         self._ensure_patient_id(ds, ctx)
         if self.policy.scrub_retained_text:
@@ -651,6 +661,9 @@ class Deidentifier:
         tag = int(elem.tag)
         if " or " in vr:  # ambiguous dictionary VR ("US or SS", "OB or OW"): both forms act alike here
             vr = vr.split(" or ")[0]
+        if tag == TAG_ENCAPSULATED_DOCUMENT and action != "K":
+            self._drop_document(ds, elem, ctx, path)
+            return
         if action == "K" or action == RECURSE_UIDS or (action == "C" and vr == "SQ"):
             if vr == "SQ":
                 for i, item in enumerate(elem.value or ()):
@@ -684,6 +697,18 @@ class Deidentifier:
             else:
                 elem.value = None  # a U row with a non-UI VR: fail closed
         self._note(ctx, path, tag, action)
+
+    def _drop_document(self, ds: Dataset, elem: Any, ctx: _Ctx, path: str) -> None:
+        """An Encapsulated Document met by the walk (at the top level under ``remove``, or nested at
+        any depth): refused under ``reject``; else emptied, and its Encapsulated Document Length
+        made 0, the length of what is written (it kept the old document's length)."""
+        if self.policy.encapsulated_documents == "reject":
+            raise refuse_document(ctx.sop_class, ctx.report.source or "<dataset>", path)
+        elem.value = None
+        self._note(ctx, path, TAG_ENCAPSULATED_DOCUMENT, "Z")
+        if TAG_ENCAPSULATED_DOCUMENT_LENGTH in ds._dict:
+            ds[TAG_ENCAPSULATED_DOCUMENT_LENGTH].value = 0
+            self._note(ctx, f"{path[:-len('(0042,0011)')]}(0042,0015)", TAG_ENCAPSULATED_DOCUMENT_LENGTH, "C")
 
     def _dummy(self, vr: str) -> Any:
         if vr in _NUMERIC_VRS:
@@ -928,6 +953,12 @@ class Deidentifier:
         report.counts[action] += 1
         if self.record_changes:
             report.changes.append(TagChange(_fmt(tag), tag, action))
+
+
+def _document_action(policy: DicomPolicy) -> dict[int, str]:
+    """The compiled action of (0042,0011) Encapsulated Document: K under ``keep``; else the table's
+    (the walk refuses or empties the document, see ``_drop_document``)."""
+    return {TAG_ENCAPSULATED_DOCUMENT: "K"} if policy.encapsulated_documents == "keep" else {}
 
 
 def _policy_line(policy: DicomPolicy) -> str:

@@ -32,6 +32,13 @@ class DicomDirectoryError(DeidError):
     (a folder run reports it as *rejected*); build a new DICOMDIR for the output if one is needed."""
 
 
+class EncapsulatedDocumentError(DeidError):
+    """The object carries an encapsulated document ((0042,0011): PDF, CDA, STL/OBJ/MTL models) and
+    the policy refuses it (``encapsulated_documents: reject``, the default). The document's own
+    text -- a report or letter naming the patient -- is beyond metadata de-identification, so the
+    object is not written (a folder run reports it as *rejected*)."""
+
+
 class UnreadableDicomError(DeidError):
     """The input is not DICOM, is truncated, or its pixels cannot be decoded."""
 

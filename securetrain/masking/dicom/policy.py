@@ -23,6 +23,7 @@ from securetrain.resources import resolve_policy
 POLICY_ENV_PREFIX = "SECURETRAIN_DEID_POLICY__"
 # Birth dates that, kept beside the study dates, give a patient's age back.
 _BIRTH_DATE_TAGS = {0x00100030: "PatientBirthDate", 0x00100033: "PatientBirthDateInAlternativeCalendar"}
+_ENCAPSULATED_DOCUMENT = 0x00420011
 _TAG_RE = re.compile(r"^\(?\s*([0-9A-Fa-f]{4})\s*,?\s*([0-9A-Fa-f]{4})\s*\)?$")
 
 
@@ -208,6 +209,12 @@ class DicomPolicy(BaseModel):
     # written as the one category 090Y (HIPAA Safe Harbor); a retained AS value that is not an age
     # is emptied. ``keep`` is PS3.15's Retain Patient Characteristics as the standard has it.
     age_over_89: Literal["aggregate", "keep"] = "aggregate"
+    # Objects with an Encapsulated Document (0042,0011) -- PDF, CDA, STL/OBJ/MTL -- or of an
+    # encapsulated-document SOP class: the document's own text can name the patient and nothing
+    # here cleans it. ``reject`` refuses the object (EncapsulatedDocumentError, a policy rejection);
+    # ``remove`` writes it with an empty document and Encapsulated Document Length 0; ``keep`` copies
+    # the document unchanged (only for documents known to carry no personal data).
+    encapsulated_documents: Literal["reject", "remove", "keep"] = "reject"
 
     @field_validator("options")
     @classmethod
@@ -245,6 +252,9 @@ class DicomPolicy(BaseModel):
             raise ValueError("safe_private: given but option retain_safe_private is not selected")
         if self.age_over_89 == "aggregate":
             self._refuse_retained_birth_dates()
+        if any(parse_tag(key) == _ENCAPSULATED_DOCUMENT for key in self.overrides):
+            raise ValueError("overrides: EncapsulatedDocument (0042,0011) is decided by encapsulated_documents "
+                             "(reject | remove | keep), not by an override")
         return self
 
     def _refuse_retained_birth_dates(self) -> None:

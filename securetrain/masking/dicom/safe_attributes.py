@@ -31,8 +31,8 @@ SAFE_UNLISTED_TEXT_KEYWORDS: frozenset[str] = frozenset(
         "PositionReferenceIndicator", "ReconstructionAlgorithm",
         # presentation: how to display pixel values
         "WindowCenterWidthExplanation", "RescaleType", "LUTExplanation", "ContentLabel",
-        # file-set/meta bookkeeping written by implementations
-        "ImplementationVersionName",
+        # file-set/meta bookkeeping written by implementations; the format of an encapsulated document
+        "ImplementationVersionName", "MIMETypeOfEncapsulatedDocument",
         # the de-identification record itself (written after the pass)
         "DeidentificationMethod",
     }

@@ -6,7 +6,8 @@ a :class:`FileOutcome` each:
 
 * ``written`` / ``would_write`` (dry run) -- de-identified;
 * ``rejected`` -- the policy refuses it on purpose (``burned_in: reject``: possible burned-in
-  text; ``missing_patient_identity: reject``: no patient identity), with the reason;
+  text; ``missing_patient_identity: reject``: no patient identity; ``encapsulated_documents:
+  reject``: a PDF/CDA/model document; a DICOMDIR), with the reason;
 * ``quarantined`` -- it could not be processed (not DICOM, truncated, a corrupt element, pixels
   that cannot be decoded or an object that cannot be encoded), with the reason.
 
@@ -173,6 +174,7 @@ def _process_chunk(job: tuple[list[tuple[int, str, str]], str | None, str]) -> t
         BurnedInAnnotationError,
         DeidError,
         DicomDirectoryError,
+        EncapsulatedDocumentError,
         MissingPatientIdentityError,
     )
     from securetrain.masking.dicom.output import BatchWriter
@@ -195,7 +197,8 @@ def _process_chunk(job: tuple[list[tuple[int, str, str]], str | None, str]) -> t
                 dst = lambda report, _t=target: os.path.join(_t, _output_name(report))  # noqa: E731
             try:
                 report = _WORKER.deidentify_file(src, dst, dry_run=target is None, writer=writer, label=f"input #{index}")
-            except (BurnedInAnnotationError, MissingPatientIdentityError, DicomDirectoryError) as exc:  # refused on purpose
+            except (BurnedInAnnotationError, MissingPatientIdentityError, DicomDirectoryError,
+                    EncapsulatedDocumentError) as exc:  # refused on purpose
                 results.append({**base, "outcome": "rejected", "reason": str(exc), "sha256": _sha256_of(src)})
                 continue
             except DeidError as exc:  # UnreadableDicomError, or an object that cannot be processed

@@ -130,7 +130,12 @@ def run_shard(shard: ShardSpec, out_dir: str | os.PathLike[str], policy_path: st
     """De-identify one shard into ``out_dir`` (skipped when its recorded result still verifies)."""
     from securetrain.audit.recorder import MemoryAuditRecorder
     from securetrain.masking.dicom.engine import Deidentifier
-    from securetrain.masking.dicom.errors import BurnedInAnnotationError, DeidError, MissingPatientIdentityError
+    from securetrain.masking.dicom.errors import (
+        BurnedInAnnotationError,
+        DeidError,
+        EncapsulatedDocumentError,
+        MissingPatientIdentityError,
+    )
     from securetrain.masking.dicom.keys import DeidKeys
     from securetrain.masking.dicom.policy import load_policy
 
@@ -151,6 +156,9 @@ def run_shard(shard: ShardSpec, out_dir: str | os.PathLike[str], policy_path: st
         except MissingPatientIdentityError:  # the policy needs a patient identity (the split's key)
             result.rows.append(RowOutcome(row, "rejected", "missing_patient_identity"))
             recorder.record("deid.reject", f"input:{row}", outcome="refused", details={"reason": "missing_patient_identity"})
+        except EncapsulatedDocumentError:  # encapsulated_documents: reject (a PDF/CDA's text is not cleaned)
+            result.rows.append(RowOutcome(row, "rejected", "encapsulated_document"))
+            recorder.record("deid.reject", f"input:{row}", outcome="refused", details={"reason": "encapsulated_document"})
         except DeidError as exc:
             result.rows.append(RowOutcome(row, "quarantined", type(exc).__name__))
             recorder.record("deid.quarantine", f"input:{row}", outcome="refused", details={"reason": type(exc).__name__})
