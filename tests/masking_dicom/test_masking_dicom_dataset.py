@@ -5,7 +5,10 @@ from __future__ import annotations
 import csv
 import pickle
 import shutil
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -257,3 +260,51 @@ def test_a_file_changed_after_its_header_was_cached_is_de_identified_again(synth
     reads = [e["details"]["sha256"] for e in audit.events if e["action"] == "dicom.read"]
     assert len(reads) == 2 and reads[0] != reads[1]
     assert again["meta"]["Modality"] == "OT"  # the new file's header, not the cached one
+
+
+class _GatedRecorder(_BatchRecorder):
+    """append_many signals that it started, then waits until released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def append_many(self, events: list) -> list:
+        self.started.set()
+        assert self.release.wait(10), "never released"
+        return super().append_many(events)
+
+
+def test_a_batch_is_decoded_while_its_reads_are_committed(synthetic_set: Path) -> None:
+    """The batch's append (a database commit) overlaps de-identifying and decoding its files, so its
+    wait is hidden rather than added; before, every file was decoded first, then the append ran."""
+    audit = _GatedRecorder()
+    ds = DicomDataset(synthetic_set, BASIC, SECRET, size=16, audit=audit)
+    deid = ds._deidentifier()
+    original = deid.deidentify_dataset
+    overlapped: list[bool] = []
+
+    def deidentify_while_appending(d):  # noqa: ANN001, ANN202
+        overlapped.append(audit.started.wait(5))  # the append is already under way
+        audit.release.set()
+        return original(d)
+
+    deid.deidentify_dataset = deidentify_while_appending
+    items = ds.__getitems__([0, 1, 2, 3])
+    assert len(items) == 4 and overlapped and all(overlapped)
+    assert audit.batches == [4]
+
+
+def test_no_item_leaves_before_its_batch_append_has_returned(synthetic_set: Path) -> None:
+    audit = _GatedRecorder()
+    ds = DicomDataset(synthetic_set, BASIC, SECRET, size=16, audit=audit)
+    out: list[Any] = []
+    worker = threading.Thread(target=lambda: out.append(ds.__getitems__([0, 1, 2])))
+    worker.start()
+    assert audit.started.wait(10)
+    time.sleep(0.5)  # everything else of the batch is done by now
+    assert worker.is_alive() and not out, "the batch was returned before its reads were recorded"
+    audit.release.set()
+    worker.join(10)
+    assert len(out[0]) == 3 and audit.batches == [3]

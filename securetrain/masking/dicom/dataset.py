@@ -30,6 +30,7 @@ modified). Worker processes report through that directory, so the report is comp
 
 from __future__ import annotations
 
+import concurrent.futures
 import csv
 import hashlib
 import io
@@ -37,10 +38,10 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
@@ -79,6 +80,19 @@ _PIXEL_TAGS = (
     "BluePaletteColorLookupTableData", "SegmentedRedPaletteColorLookupTableData",
     "SegmentedGreenPaletteColorLookupTableData", "SegmentedBluePaletteColorLookupTableData",
 )
+
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class _Opened:
+    """A file read and parsed, not yet de-identified or decoded (see ``DicomDataset._open``)."""
+
+    path: str
+    digest: str
+    ds: Any
+    header: dict[str, Any] | None  # the cached de-identified header of these bytes, if any
 
 
 def _single_float(ds: Any, keyword: str, default: float) -> float:
@@ -200,6 +214,8 @@ class DicomDataset(Dataset):
         self._deid: Any = None  # created lazily in each process
         self._warmed_pid = os.getpid()  # the constructing process appended already (policy event)
         self._headers: dict[str, dict[str, Any]] = {}  # path -> de-identified header of the bytes with its "sha256"
+        # (pid, executor): the thread that appends a batch's reads while the batch is decoded
+        self._audit_thread: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
         self.audit.record(
             "deid.policy_applied",
             f"policy:{self.policy.name}",
@@ -312,6 +328,7 @@ class DicomDataset(Dataset):
         state = self.__dict__.copy()
         state["_deid"] = None  # caches and keys are rebuilt per worker
         state["_headers"] = {}
+        state["_audit_thread"] = None
         return state
 
     def _deidentifier(self) -> Any:
@@ -339,17 +356,36 @@ class DicomDataset(Dataset):
             if callable(warm_up):
                 warm_up()
 
-    def _get(self, index: int, reads: list[tuple[str, str, str, dict[str, Any]]] | None) -> dict[str, Any] | None:
+    def _item(self, index: int) -> tuple[str, int | None]:
         n = len(self.items)
         if not -n <= index < n:
             raise IndexError(index)
-        path, label = self.items[index % n]
+        return self.items[index % n]
+
+    def _get(self, index: int, reads: list[tuple[str, str, str, dict[str, Any]]] | None) -> dict[str, Any] | None:
+        path, label = self._item(index)
+        return self._guarded(path, lambda: self._load(path, label, reads))
+
+    def _guarded(self, path: str, load: Callable[[], _T]) -> _T | None:
+        """``load()``, or None with the file quarantined when it fails."""
         try:
-            return self._load(path, label, reads)
+            return load()
         except Exception as exc:  # one bad file must never end the epoch or kill a worker
             reason = str(exc) if isinstance(exc, DeidError) else f"load failed ({type(exc).__name__})"
             self._quarantine_file(path, reason)
             return None
+
+    def _record_reads_in_background(
+        self, reads: list[tuple[str, str, str, dict[str, Any]]],
+    ) -> concurrent.futures.Future[None] | None:
+        """Start appending ``reads`` on this process's audit thread; None when there are none."""
+        if not reads:
+            return None
+        pid = os.getpid()
+        if self._audit_thread is None or self._audit_thread[0] != pid:  # none yet, or the parent's (fork)
+            self._audit_thread = (pid, concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="securetrain-dataset-audit"))
+        return self._audit_thread[1].submit(self._record_reads, list(reads))
 
     def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:
         """Batched fetch (used by every ``DataLoader`` with a batch size, whatever its collate
@@ -361,10 +397,25 @@ class DicomDataset(Dataset):
         before its data leaves the dataset, at one commit per batch instead of one per file."""
         self._warm_audit()
         reads: list[tuple[str, str, str, dict[str, Any]]] = []
+        opened: list[tuple[_Opened, int | None] | None] = []
         try:
-            loaded = [self._get(i, reads) for i in indices]
-        finally:
+            for i in indices:
+                path, label = self._item(i)
+                o = self._guarded(path, lambda path=path: self._open(path, reads))  # type: ignore[misc]
+                opened.append(None if o is None else (o, label))
+        except BaseException:
             self._record_reads(reads)  # also for the reads of a batch that then failed
+            raise
+        # The batch's append commits in the background while its files are de-identified and
+        # decoded (the costly half): the commit's wait is hidden instead of added. Nothing is
+        # returned before it is durable, and its failure fails the batch.
+        appended = self._record_reads_in_background(reads)
+        try:
+            loaded = [None if o is None else self._guarded(o[0].path, lambda o=o: self._finish(*o))  # type: ignore[misc]
+                      for o in opened]
+        finally:
+            if appended is not None:
+                appended.result()
         items = [item for item in loaded if item is not None]
         if not items and indices:
             raise DeidError(f"all {len(indices)} items of a batch failed to load; see quarantine_report()")
@@ -396,21 +447,37 @@ class DicomDataset(Dataset):
 
     def _load(self, path: str, label: int | None,
               reads: list[tuple[str, str, str, dict[str, Any]]] | None = None) -> dict[str, Any]:
-        import numpy as np
+        return self._finish(self._open(path, reads), label)
 
+    def _open(self, path: str, reads: list[tuple[str, str, str, dict[str, Any]]] | None) -> _Opened:
+        """Read the file, note its read, parse it: the cheap first half of a load.
+
+        Every load reads the file and records that read (its pixels leave the dataset again); the
+        cached header is used only for the very bytes it was made from."""
         from securetrain.masking.dicom.engine import read_dicom
 
-        # Every load reads the file and records that read (its pixels leave the dataset again);
-        # the cached header is used only for the very bytes it was made from.
         data = Path(path).read_bytes()
         digest = hashlib.sha256(data).hexdigest()
         header = self._headers.get(path)
         if header is None or header["sha256"] != digest:
             ds = read_dicom(io.BytesIO(data), name=Path(path).name)
-            self._note_read(reads, digest, len(data))
+            header = None
+        else:
+            import pydicom
+
+            ds = pydicom.dcmread(io.BytesIO(data), specific_tags=list(_PIXEL_TAGS), force=True)
+        self._note_read(reads, digest, len(data))
+        return _Opened(path, digest, ds, header)
+
+    def _finish(self, opened: _Opened, label: int | None) -> dict[str, Any]:
+        """De-identify (unless the header is cached) and decode: the costly second half of a load."""
+        import numpy as np
+
+        path, ds, header = opened.path, opened.ds, opened.header
+        if header is None:
             ds, report = self._deidentifier().deidentify_dataset(ds)
             header = {
-                "sha256": digest,
+                "sha256": opened.digest,
                 "meta": {k: str(ds.get(k, "") or "") for k in self.meta_keys},
                 "slope": _single_float(ds, "RescaleSlope", 1.0),
                 "intercept": _single_float(ds, "RescaleIntercept", 0.0),
@@ -419,11 +486,6 @@ class DicomDataset(Dataset):
                 self._headers.pop(path, None)
             else:
                 self._headers[path] = header
-        else:
-            import pydicom
-
-            ds = pydicom.dcmread(io.BytesIO(data), specific_tags=list(_PIXEL_TAGS), force=True)
-            self._note_read(reads, digest, len(data))
         try:
             arr = ds.pixel_array
         except Exception as exc:
