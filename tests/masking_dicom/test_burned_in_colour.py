@@ -197,3 +197,32 @@ def test_written_samples_have_the_headers_width_whatever_the_decoder_returned() 
     assert np.array_equal(frames_of(out), values.astype(np.uint16))
     with pytest.raises(BurnedInAnnotationError, match="do not fit"):
         write_pixels(ds, np.full((1, ROWS, COLS, 1), -1, dtype=np.int32))
+
+
+def _unconvertible(photometric: str, bits: int) -> Dataset:
+    """A flagged US object whose colour pydicom cannot convert to RGB (zero samples: only the header counts)."""
+    ds, _ = make_image([], rows=ROWS, cols=COLS, bg="noise", flag="YES", modality="US")
+    ds.SamplesPerPixel, ds.PhotometricInterpretation, ds.PlanarConfiguration = 3, photometric, 0
+    ds.BitsAllocated = ds.BitsStored = bits
+    ds.HighBit = bits - 1
+    per_pixel = {"YBR_PARTIAL_420": 1.5, "YBR_PARTIAL_422": 2, "YBR_FULL_422": 2}.get(photometric, 3)
+    ds.PixelData = bytes(int(ROWS * COLS * per_pixel) * bits // 8)
+    return pydicom.dcmread(io.BytesIO(encode_dataset(ds)))
+
+
+@pytest.mark.parametrize("photometric,bits", [("YBR_PARTIAL_422", 8), ("YBR_PARTIAL_420", 8),
+                                              ("YBR_FULL", 16), ("YBR_FULL_422", 16)])
+@pytest.mark.parametrize("mode", [CLEAN, MASKS])
+def test_unconvertible_ybr_is_refused_naming_the_colour_space_and_the_way_out(
+        photometric: str, bits: int, mode: dict) -> None:
+    """pydicom converts only 8-bit YBR_FULL / YBR_FULL_422 to RGB; anything else is refused before
+    decoding, with a message that names the photometric interpretation and bit depth and says what
+    to do (16-bit YBR said 'cannot decode pixel data (...: ValueError)' and advised installing a
+    decoder, which cannot help)."""
+    with pytest.raises(BurnedInAnnotationError) as exc:
+        Deidentifier(policy(**mode), SECRET).deidentify_dataset(_unconvertible(photometric, bits))
+    message = str(exc.value)
+    assert photometric in message and f"{bits}-bit" in message
+    assert "8-bit YBR_FULL" in message  # what is supported
+    assert "convert" in message and "RGB" in message and "allow-flagged" in message  # the way out
+    assert "install" not in message and "ValueError" not in message

@@ -308,3 +308,29 @@ def test_no_item_leaves_before_its_batch_append_has_returned(synthetic_set: Path
     audit.release.set()
     worker.join(10)
     assert len(out[0]) == 3 and audit.batches == [3]
+
+
+@pytest.mark.parametrize("photometric,bits", [("YBR_FULL", 16), ("YBR_FULL_422", 16), ("YBR_PARTIAL_422", 8)])
+def test_colour_that_cannot_become_rgb_is_quarantined_at_index_time_naming_it(
+        tmp_path: Path, photometric: str, bits: int) -> None:
+    """pydicom converts only 8-bit YBR_FULL / YBR_FULL_422 to RGB: other YBR files are quarantined
+    when indexed with a reason that names the colour space and says what to do (a 16-bit YBR_FULL
+    file failed at load time as 'cannot decode pixel data (ValueError)')."""
+    from dicom_fixtures import make_dataset
+
+    def colour(pi: str, width: int, name: str) -> None:
+        ds = make_dataset()
+        ds.SamplesPerPixel, ds.PhotometricInterpretation, ds.PlanarConfiguration = 3, pi, 0
+        ds.BitsAllocated = ds.BitsStored = width
+        ds.HighBit = width - 1
+        ds.PixelData = bytes(8 * 8 * 3 * width // 8)
+        ds.save_as(tmp_path / name, enforce_file_format=True)
+
+    colour("YBR_FULL", 8, "a-good.dcm")
+    colour(photometric, bits, "b-ybr.dcm")
+    dataset = DicomDataset(tmp_path, BASIC, SECRET, color_mode="rgb")
+    assert len(dataset) == 1 and dataset[0]["pixels"].shape == (3, 8, 8)
+    [entry] = dataset.quarantine_report()
+    assert entry["path"] == "b-ybr.dcm"
+    assert f"{photometric} colour pixel data ({bits}-bit)" in entry["reason"]
+    assert "8-bit YBR_FULL" in entry["reason"] and "convert" in entry["reason"] and "RGB" in entry["reason"]

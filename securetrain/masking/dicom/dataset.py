@@ -257,6 +257,7 @@ class DicomDataset(Dataset):
     def _validate_header(self, path: Path) -> str | None:
         from pydicom.pixels import get_decoder
 
+        from securetrain.masking.dicom.colour import SUPPORTED, unconvertible_colour
         from securetrain.masking.dicom.engine import patient_identity, read_dicom
         from securetrain.masking.dicom.pixels import burned_in_status
 
@@ -282,6 +283,9 @@ class DicomDataset(Dataset):
                     return f"no pixel decoder available for transfer syntax {tsyntax.name}"
             except (ValueError, NotImplementedError):
                 return "unsupported or private transfer syntax"
+        colour = unconvertible_colour(ds, compressed=bool(tsyntax is not None and tsyntax.is_compressed))
+        if colour is not None:  # pydicom would fail at load time with a bare ValueError (16-bit YBR)
+            return f"{colour} cannot be read as RGB: {SUPPORTED}; convert the file to 8-bit RGB first or leave it out"
         try:  # every item's meta carries a pseudonymous PatientID: no identity, no item
             patient_identity(ds, self.policy.missing_patient_identity)
         except DeidError as exc:

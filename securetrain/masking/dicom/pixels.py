@@ -84,12 +84,18 @@ def apply_pixel_masks(ds: Dataset, masks: Iterable[PixelMask]) -> None:
     them (burned_in.codec.write_pixels): colour becomes RGB with Planar Configuration 0 (planar
     and YBR input, 4:2:2 included), and pixels that ever went through lossy compression keep
     Lossy Image Compression 01."""
-    from securetrain.masking.dicom.burned_in.codec import decode_frames, paint, write_pixels
+    from securetrain.masking.dicom.burned_in.codec import (
+        decode_frames,
+        paint,
+        refuse_unconvertible_colour,
+        write_pixels,
+    )
     from securetrain.masking.dicom.burned_in.regions import Region
     from securetrain.masking.dicom.errors import BurnedInAnnotationError
 
     if int(ds.get("BitsAllocated", 8) or 8) == 1:
         raise DeidError("Clean Pixel Data does not support 1-bit pixel data")
+    refuse_unconvertible_colour(ds)  # a rejection naming the colour space, not an "undecodable" quarantine
     try:
         frames = decode_frames(ds)
     except BurnedInAnnotationError as exc:

@@ -22,6 +22,7 @@ from pydicom.dataset import Dataset
 from pydicom.uid import UID, ExplicitVRBigEndian, ExplicitVRLittleEndian, JPEG2000Lossless
 
 from securetrain.masking.dicom.burned_in.regions import Region
+from securetrain.masking.dicom.colour import RGB_CONVERTIBLE_YBR, SUPPORTED, describe, unconvertible_colour
 from securetrain.masking.dicom.decoders import gdcm_last_resort
 from securetrain.masking.dicom.errors import BurnedInAnnotationError
 
@@ -50,7 +51,26 @@ def transfer_syntax(ds: Dataset) -> UID:
     return UID(str(ts))
 
 
-_CONVERTIBLE_YBR = frozenset({"YBR_FULL", "YBR_FULL_422"})
+def unconvertible_colour_error(description: str) -> BurnedInAnnotationError:
+    """The refusal of colour that cannot be masked (``description``: :func:`colour.describe`):
+    names the colour space and bit depth, what is supported and the ways out."""
+    return BurnedInAnnotationError(
+        f"cannot mask {description}: {SUPPORTED}, and masked colour is written as RGB",
+        hint="convert these objects to 8-bit RGB with an imaging toolkit before de-identification; otherwise "
+             "they stay refused (or, with burned_in: allow-flagged, are passed on unmasked and still flagged)",
+    )
+
+
+def refuse_unconvertible_colour(ds: Dataset) -> None:
+    """Refuse YBR colour that nothing here turns into RGB, before decoding (a 16-bit YBR_FULL
+    decode fails with a ValueError that reads like a missing decoder)."""
+    try:
+        compressed = transfer_syntax(ds).is_compressed
+    except ValueError:  # private or unknown syntax: the decoder step reports it
+        return
+    description = unconvertible_colour(ds, compressed=compressed)
+    if description is not None:
+        raise unconvertible_colour_error(description)
 
 
 def decode_frames(ds: Dataset) -> np.ndarray:
@@ -59,8 +79,9 @@ def decode_frames(ds: Dataset) -> np.ndarray:
     The colour space is taken from what the decoder reports about the array it returned (not
     assumed from the header, and whatever ``pixel_array_options`` the caller set on ``ds``):
     YBR_FULL / YBR_FULL_422 are converted to RGB, a decoder's YBR_ICT / YBR_RCT output is already
-    RGB, and any other YBR form (YBR_PARTIAL_422 / _420) is refused -- :func:`write_pixels` labels
-    colour it writes back as RGB, so it must be RGB.
+    RGB, and any other YBR form (YBR_PARTIAL_422 / _420, YBR with more than 8 bits) is refused before
+    decoding, naming it (:func:`refuse_unconvertible_colour`) -- :func:`write_pixels` labels colour it
+    writes back as RGB, so it must be RGB.
 
     Refuses (with the reason) what cannot be masked safely: no decoder, 1-bit or float data,
     a shape that does not match the header."""
@@ -70,6 +91,7 @@ def decode_frames(ds: Dataset) -> np.ndarray:
         raise BurnedInAnnotationError("cannot clean burned-in text in 1-bit pixel data")
     ts = transfer_syntax(ds)
     header_pi = str(ds.get("PhotometricInterpretation", "") or "").strip().upper()
+    refuse_unconvertible_colour(ds)
     try:
         from pydicom.pixels import get_decoder
 
@@ -78,11 +100,6 @@ def decode_frames(ds: Dataset) -> np.ndarray:
         options: dict[str, Any] = {"as_rgb": True}  # (pydicom types **kwargs as the whole options dict)
         arr, meta = get_decoder(ts).as_array(ds, **options)
     except Exception as exc:
-        if header_pi.startswith("YBR") and header_pi not in _CONVERTIBLE_YBR | {"YBR_ICT", "YBR_RCT"}:
-            raise BurnedInAnnotationError(
-                f"cannot decode {header_pi} colour pixel data to look for burned-in text",
-                hint="convert such objects to RGB first, or reject them",
-            ) from None
         raise BurnedInAnnotationError(
             f"cannot decode pixel data ({ts.name}: {type(exc).__name__}) to look for burned-in text",
             hint="install a pydicom decoder for this transfer syntax (python-gdcm, pylibjpeg, pylibjpeg-openjpeg, pylibjpeg-rle)",
@@ -95,11 +112,8 @@ def decode_frames(ds: Dataset) -> np.ndarray:
     arr = arr.reshape((frames, rows, cols, samples))
     decoded_pi = str(meta.get("photometric_interpretation", header_pi) or header_pi).strip().upper()
     if samples == 3 and decoded_pi.startswith("YBR"):
-        if decoded_pi not in _CONVERTIBLE_YBR or arr.dtype != np.uint8:
-            raise BurnedInAnnotationError(
-                f"cannot convert {decoded_pi} colour pixel data ({arr.dtype.itemsize * 8}-bit) to RGB to mask it",
-                hint="convert such objects to RGB first, or reject them",
-            )
+        if decoded_pi not in RGB_CONVERTIBLE_YBR or arr.dtype != np.uint8:
+            raise unconvertible_colour_error(describe(decoded_pi, arr.dtype.itemsize * 8))
         from pydicom.pixels import convert_color_space
 
         arr = convert_color_space(arr, "YBR_FULL", "RGB")
