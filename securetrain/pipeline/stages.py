@@ -397,9 +397,11 @@ def load_trained_model(config: PipelineConfig, secrets: RunSecrets, audit: Audit
     if data is None:
         _, data = task_datasets(config, secrets, None)
     model = build_task_model(config, data)
+    from securetrain.training.state import load_model_state
+
     prefix = "model/"
     state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-    model.load_state_dict(state, strict=True)
+    load_model_state(model, state, strict=True)  # a model built compiled (torch.compile) loads the plain names too
     return model.eval()
 
 

@@ -9,6 +9,7 @@ and the default losses (:mod:`securetrain.training.losses`) read batches the sam
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,14 +44,33 @@ def split_batch(batch: Any) -> tuple[Any, torch.Tensor]:
     )
 
 
+def compiled_inner(model: nn.Module) -> nn.Module | None:
+    """The module a ``torch.compile`` wrapper (``OptimizedModule``) runs, or None for any other model.
+    (Only looked up when torch.compile was used, i.e. ``torch._dynamo`` is imported already.)"""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    wrapper = getattr(eval_frame, "OptimizedModule", None)
+    return model._orig_mod if wrapper is not None and isinstance(model, wrapper) else None
+
+
+def strip_compile(model: nn.Module) -> nn.Module:
+    """``model`` without its ``torch.compile`` wrapper(s): the user's module, whose parameter names
+    (``0.weight``, not ``_orig_mod.0.weight``) are the ones checkpoints hold."""
+    inner = compiled_inner(model)
+    while inner is not None:
+        model, inner = inner, compiled_inner(inner)
+    return model
+
+
 _SIGNATURES: dict[type, inspect.Signature | None] = {}
 
 
 def _forward_signature(model: nn.Module) -> inspect.Signature | None:
-    """The signature of the user's ``forward`` (under DDP's ``.module`` / Opacus' ``._module``)."""
+    """The signature of the user's ``forward`` (under DDP's ``.module`` / Opacus' ``._module`` /
+    torch.compile's ``._orig_mod``)."""
     inner: Any = model
-    for _ in range(4):
+    for _ in range(6):
         nxt = getattr(inner, "module", None) if isinstance(inner, nn.parallel.DistributedDataParallel) else None
+        nxt = nxt if nxt is not None else compiled_inner(inner)
         nxt = nxt if nxt is not None else inner.__dict__.get("_modules", {}).get("_module")
         if not isinstance(nxt, nn.Module):
             break

@@ -93,18 +93,19 @@ def local_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dic
     msd, osd = cast(tuple[dict[str, Any], dict[str, Any]], get_state_dict(model, optimizer))
     tensors: dict[str, torch.Tensor] = {}
     layout: dict[str, Any] = {}
-    for fqn, value in msd.items():
+    for fqn, value in msd.items():  # names without torch.compile's "_orig_mod." (st.plain_name)
         local, lay = _local(value)
-        tensors[f"model/{fqn}"], layout[f"model/{fqn}"] = st.detach_for_save(local), lay
+        name = f"model/{st.plain_name(fqn)}"
+        tensors[name], layout[name] = st.detach_for_save(local), lay
     scalars: dict[str, dict[str, Any]] = {}
     for fqn, entries in osd.get("state", {}).items():
         for key, value in entries.items():
-            name = f"optim/{fqn}/{key}"
+            name = f"optim/{st.plain_name(fqn)}/{key}"
             if isinstance(value, torch.Tensor):
                 local, lay = _local(value)
                 tensors[name], layout[name] = st.detach_for_save(local), lay
             else:
-                scalars.setdefault(fqn, {})[key] = value
+                scalars.setdefault(st.plain_name(fqn), {})[key] = value
     return tensors, layout, {"param_groups": osd.get("param_groups", []), "scalars": scalars}
 
 
@@ -116,6 +117,9 @@ def load_local_state(model: nn.Module, optimizer: torch.optim.Optimizer, tensors
 
     # templates (initialises empty optimizer state); typed as in local_state()
     msd, osd = cast(tuple[dict[str, Any], dict[str, Any]], get_state_dict(model, optimizer))
+    # Saved names with or without torch.compile's "_orig_mod." (written before names were plain).
+    tensors = {st.plain_name(k): v for k, v in tensors.items()}
+    scalars = {st.plain_name(k): v for k, v in optim_meta.get("scalars", {}).items()}
 
     def fill(name: str, template: torch.Tensor) -> torch.Tensor:
         if name not in tensors:
@@ -130,16 +134,15 @@ def load_local_state(model: nn.Module, optimizer: torch.optim.Optimizer, tensors
             local.copy_(saved)
         return template
 
-    new_msd = {fqn: fill(f"model/{fqn}", value) for fqn, value in msd.items()}
-    scalars = optim_meta.get("scalars", {})
+    new_msd = {fqn: fill(f"model/{st.plain_name(fqn)}", value) for fqn, value in msd.items()}
     state: dict[str, dict[str, Any]] = {}
     for fqn, entries in osd.get("state", {}).items():
         state[fqn] = {}
         for key, value in entries.items():
             if isinstance(value, torch.Tensor):
-                state[fqn][key] = fill(f"optim/{fqn}/{key}", value)
+                state[fqn][key] = fill(f"optim/{st.plain_name(fqn)}/{key}", value)
             else:
-                state[fqn][key] = scalars.get(fqn, {}).get(key, value)
+                state[fqn][key] = scalars.get(st.plain_name(fqn), {}).get(key, value)
     groups = optim_meta.get("param_groups") or osd.get("param_groups", [])
     set_state_dict(model, optimizer, model_state_dict=cast(Any, new_msd),
                    optim_state_dict=cast(Any, {"state": state, "param_groups": groups}))

@@ -11,9 +11,10 @@ refused with :class:`UncheckpointableStateError` naming its path (``state/0/old_
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -131,6 +132,33 @@ def snapshot_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Ten
     aliases = shared_aliases(tensors)
     kept = {name: detach_for_save(t) for name, t in tensors.items() if name not in aliases}
     return {name: kept[aliases.get(name, name)] for name in tensors}
+
+
+#: torch.compile's wrapper (``OptimizedModule``) holds the user's module as ``_orig_mod``, so its state
+#: names read ``_orig_mod.0.weight`` (a compiled submodule: ``enc._orig_mod.fc.bias``).
+COMPILED_SEGMENT = "_orig_mod"
+_COMPILED = re.compile(r"(?:^|(?<=[./]))_orig_mod\.")
+_V = TypeVar("_V")
+
+
+def plain_name(name: str) -> str:
+    """A state-dict name without torch.compile's ``_orig_mod`` segments (``_orig_mod.0.weight`` ->
+    ``0.weight``, ``model/enc._orig_mod.fc.bias`` -> ``model/enc.fc.bias``): the name the model has
+    uncompiled, which checkpoints hold."""
+    return _COMPILED.sub("", name) if COMPILED_SEGMENT in name else name
+
+
+def to_model_names(model_names: Iterable[str], saved: Mapping[str, _V]) -> dict[str, _V]:
+    """``saved`` under the names a model has where the two differ only by ``_orig_mod`` segments: a
+    checkpoint written with or without torch.compile loads into a model with or without it. Other
+    names are kept (and a strict load reports them)."""
+    by_plain = {plain_name(k): k for k in model_names}
+    return {by_plain.get(plain_name(k), k): v for k, v in saved.items()}
+
+
+def load_model_state(model: torch.nn.Module, saved: Mapping[str, torch.Tensor], *, strict: bool = True) -> Any:
+    """``model.load_state_dict(saved)`` accepting either form of names (see :func:`to_model_names`)."""
+    return model.load_state_dict(to_model_names(model.state_dict(), saved), strict=strict)
 
 
 #: ``flatten_optimizer``'s metadata layout; metadata without it is the first layout (top-level state

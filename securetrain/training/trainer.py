@@ -55,6 +55,7 @@ from securetrain.training.batches import (  # noqa: F401 - also importable from 
     call_model,
     default_predict,
     split_batch,
+    strip_compile,
     to_device,
 )
 from securetrain.training.callbacks import StepMetrics, TrainerCallback
@@ -282,7 +283,10 @@ class Trainer:
 
     @property
     def unwrapped_model(self) -> nn.Module:
-        return self.model.module if isinstance(self.model, nn.parallel.DistributedDataParallel) else self.model
+        """The user's module: without DDP and without a ``torch.compile`` wrapper (whose state names
+        carry ``_orig_mod.``); checkpoints hold its names, validation runs it."""
+        model = self.model.module if isinstance(self.model, nn.parallel.DistributedDataParallel) else self.model
+        return strip_compile(model)
 
     @property
     def total_steps(self) -> int | None:
@@ -356,7 +360,7 @@ class Trainer:
         from torch.nn.parameter import is_lazy
         from torch.utils.data import DataLoader, IterableDataset, default_collate
 
-        model = self.model
+        model = strip_compile(self.model)  # materialised uncompiled: the compiled wrapper runs it after
         if not any(is_lazy(t) for t in [*model.parameters(), *model.buffers()]):
             return
         assert self.backend is not None
@@ -489,7 +493,7 @@ class Trainer:
         if precision == "fp16":
             raise TrainingError("strategy fsdp does not support precision fp16 (its GradScaler is not sharded)",
                                 hint="use precision bf16 or fp32, or strategy ddp")
-        if isinstance(self._optimizer_arg, torch.optim.Optimizer) and not sharded.is_fsdp(self.model):
+        if isinstance(self._optimizer_arg, torch.optim.Optimizer) and not sharded.is_fsdp(self.unwrapped_model):
             raise TrainingError("strategy fsdp replaces the model's parameters with shards, so an optimizer built "
                                 "on the unsharded parameters cannot be used",
                                 hint="pass an optimizer factory (params -> optimizer), or fully_shard the model yourself")
@@ -507,7 +511,7 @@ class Trainer:
         """FSDP: every rank writes its own shard; rank 0 then the manifest binding them (see sharded)."""
         assert self.optimizer is not None and self.backend is not None
         p, rank, world = self.progress, self.dist.rank, self.dist.world_size
-        tensors, layout, optim_meta = sharded.local_state(self.model, self.optimizer)
+        tensors, layout, optim_meta = sharded.local_state(self.unwrapped_model, self.optimizer)
         rng_t, rng_m = capture_rng_state(self.backend.device_type)
         tensors.update({f"rng/{k}": v.cpu() for k, v in rng_t.items()})
         shard_state = {"rank": rank, "world_size": world, "step": p.step, "optimizer": optim_meta, "rng": rng_m}
@@ -559,7 +563,9 @@ class Trainer:
 
     def _model_tensors(self) -> dict[str, torch.Tensor]:
         # Tied weights (one Parameter under two names) stay one tensor: written once, re-tied on load.
-        return st.snapshot_tensors({f"model/{k}": v for k, v in self.unwrapped_model.state_dict().items()})
+        # Names without torch.compile's "_orig_mod." (a compiled submodule's too): they load uncompiled.
+        state = self.unwrapped_model.state_dict()
+        return st.snapshot_tensors({f"model/{st.plain_name(k)}": v for k, v in state.items()})
 
     def _save_best(self, metrics: Mapping[str, Any]) -> None:
         """Weights of the best validation so far into ``best_store`` (main rank writes; under FSDP
@@ -570,8 +576,9 @@ class Trainer:
         if self._sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-            full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-            tensors = st.snapshot_tensors({f"model/{k}": cast(torch.Tensor, v) for k, v in full.items()})
+            full = get_model_state_dict(self.unwrapped_model,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            tensors = st.snapshot_tensors({f"model/{st.plain_name(k)}": cast(torch.Tensor, v) for k, v in full.items()})
         if not self.is_main:
             return
         p = self.progress
@@ -619,7 +626,9 @@ class Trainer:
         if fmt == sharded.MANIFEST_FORMAT:
             self._resume_shard(ckpt)
         else:
-            model_sd = {k.removeprefix("model/"): v for k, v in ckpt.tensors.items() if k.startswith("model/")}
+            # Either form of names: with torch.compile's "_orig_mod." (written before) or without.
+            model_sd = st.to_model_names(self.unwrapped_model.state_dict(), {
+                k.removeprefix("model/"): v for k, v in ckpt.tensors.items() if k.startswith("model/")})
             _check_model_state(self.unwrapped_model, model_sd, latest.path.name)
             self.unwrapped_model.load_state_dict(model_sd, strict=True)
             # The hyperparameters this optimizer itself has (load_state_dict's __setstate__ may add
@@ -681,7 +690,7 @@ class Trainer:
         if (state.get("rank"), state.get("world_size"), state.get("step")) != (rank, world, manifest.info.step):
             raise ResumeMismatchError(f"shard {infos[rank].path.name} does not belong to rank {rank} of step "
                                       f"{manifest.info.step} (world {world})", hint="the shard files were moved")
-        sharded.load_local_state(self.model, self.optimizer, shard.tensors, state["optimizer"])
+        sharded.load_local_state(self.unwrapped_model, self.optimizer, shard.tensors, state["optimizer"])
         restore_rng_state({k.removeprefix("rng/"): v for k, v in shard.tensors.items() if k.startswith("rng/")},
                           state["rng"], self.backend.device_type)
 
@@ -726,10 +735,13 @@ class Trainer:
         if self.criterion is not None:
             self.criterion.to(device)
         self._materialise_lazy(device)
-        self._sharded = self.dist.enabled and (cfg.strategy == "fsdp" or sharded.is_fsdp(self.model))
+        self._sharded = self.dist.enabled and (cfg.strategy == "fsdp" or sharded.is_fsdp(self.unwrapped_model))
         if self._sharded:
             self._check_fsdp(precision)
-            self.model = sharded.wrap_fsdp(self.model, self.dist.world_size, device)
+            # fully_shard works in place: a torch.compile wrapper then runs the sharded module
+            # (compile over FSDP, the order torch documents).
+            wrapped = sharded.wrap_fsdp(self.unwrapped_model, self.dist.world_size, device)
+            self.model = wrapped if self.model is self.unwrapped_model else self.model
         if cfg.class_weights is not None:
             self.loss_fn = self._weighted_loss()
         self.optimizer = self._build_optimizer()
@@ -930,7 +942,7 @@ class Trainer:
         ddp = model if isinstance(model, nn.parallel.DistributedDataParallel) else None
         sync = contextlib.nullcontext() if (ddp is None or last or self._per_epoch is None) else ddp.no_sync()
         if self._sharded:  # FSDP2: reduce-scatter gradients only on the window's last micro-batch
-            model.set_requires_gradient_sync(last or self._per_epoch is None)  # type: ignore[operator]
+            self.unwrapped_model.set_requires_gradient_sync(last or self._per_epoch is None)  # type: ignore[operator]
         autocast = (
             torch.autocast(self.device.type, dtype=self._amp_dtype) if self._amp_dtype is not None
             else contextlib.nullcontext()
