@@ -20,8 +20,14 @@ the trainer's own.
   audit log (``privacy.epsilon``) after every epoch and at the end (``privacy.final``), and the run
   stops (reason ``privacy_budget``) before an optimizer step whose ε would exceed ``target_epsilon``.
 - **Model.** Layers Opacus cannot train per-sample are replaced by ``ModuleValidator.fix``
-  (``privacy.fix_model``, e.g. BatchNorm -> GroupNorm); anything still unsupported raises
-  :class:`PrivacyModelError` naming the layer.
+  (``privacy.fix_model``, e.g. BatchNorm -> GroupNorm: BatchNorm normalises each sample with its
+  batch's statistics, so per-sample gradients through it are wrong), with a warning naming each
+  replaced layer (the model trained is then a fixed copy, ``trainer.model``); anything still
+  unsupported, or BatchNorm with ``fix_model: false``, raises :class:`PrivacyModelError` naming the
+  layers by path and the fix. A ``torch.compile`` wrapper is set aside: Opacus' per-sample hooks
+  go on the user's module, which runs uncompiled.
+- **Checks.** The plain trainer's: the default loss's refusals (it is the same loss), a
+  ``loss_fn`` that does not return one scalar tensor (:func:`~securetrain.training.losses.check_loss`).
 - **DDP.** With several processes the model is wrapped in Opacus' DPDDP; each rank Poisson-samples
   its shard, the clipped sums are all-reduced and the noise is added once (rank 0), so ranks stay
   identical and the accountant sees one step per optimizer step at the global rate ``q``.
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import math
 import warnings
 from collections.abc import Iterator, Mapping
@@ -43,12 +50,21 @@ import torch
 from torch import nn
 
 from securetrain.release.errors import PrivacyError, PrivacyModelError
-from securetrain.training.batches import batch_len, to_device
+from securetrain.training.batches import batch_len, strip_compile, to_device
 from securetrain.training.config import PrivacyConfig, TrainingConfig
 from securetrain.training.errors import ResumeMismatchError
+from securetrain.training.losses import check_loss
 from securetrain.training.seeding import epoch_seed
 from securetrain.training.stop import StopReason
-from securetrain.training.trainer import Trainer, TrainResult, optimizer_needs_closure
+from securetrain.training.trainer import (
+    Trainer,
+    TrainResult,
+    batchnorm_layers,
+    describe_layers,
+    optimizer_needs_closure,
+)
+
+log = logging.getLogger("securetrain.release.privacy")
 
 BUDGET_REASON = StopReason.PRIVACY_BUDGET
 _SAMPLER_MIX = 0xD9_5A_3C
@@ -67,20 +83,37 @@ def _require_opacus() -> Any:
     return opacus
 
 
+_BATCHNORM_WHY = ("BatchNorm normalises each sample with its batch's statistics, so per-sample gradients "
+                  "through it are wrong")
+
+
 def validate_model(model: nn.Module, *, fix: bool) -> nn.Module:
-    """The model made DP-trainable (fixed by Opacus where allowed) or :class:`PrivacyModelError`."""
+    """The model made DP-trainable (fixed by Opacus where allowed, with a warning naming each replaced
+    layer) or :class:`PrivacyModelError` naming the layers (by path) and the fix."""
     from opacus.validators import ModuleValidator
 
     errors = ModuleValidator.validate(model, strict=False)
     if errors and fix:
+        before = {name: type(m) for name, m in model.named_modules()}
         model = ModuleValidator.fix(model)
         errors = ModuleValidator.validate(model, strict=False)
+        replaced = [f"{name or '<the model>'} ({before[name].__name__} -> {type(m).__name__})"
+                    for name, m in model.named_modules() if name in before and before[name] is not type(m)]
+        if replaced:
+            why = f"{_BATCHNORM_WHY}. " if any("BatchNorm" in r for r in replaced) else ""
+            log.warning("DP-SGD (training.privacy.fix_model) replaced layers it cannot train per sample: %s. %sThe "
+                        "model trained is that fixed copy, trainer.model, not the model passed in; its checkpoints "
+                        "load into the fixed architecture (opacus.validators.ModuleValidator.fix(model))",
+                        ", ".join(replaced), why)
     if errors:
-        layers = "; ".join(sorted({str(e) for e in errors}))
+        norms = batchnorm_layers(model)
+        others = sorted({str(e) for e in errors if not str(e).startswith("BatchNorm")})
+        parts = ([f"{describe_layers(norms)}: {_BATCHNORM_WHY}"] if norms else []) + others
         raise PrivacyModelError(
-            f"the model has layers DP-SGD cannot train: {layers}",
-            hint="replace them (e.g. BatchNorm -> GroupNorm, LSTM -> opacus.layers.DPLSTM)"
-            + ("" if fix else " or set training.privacy.fix_model: true"),
+            f"the model has layers DP-SGD cannot train: {'; '.join(parts)}",
+            hint=("replace " + ("BatchNorm with GroupNorm (nn.GroupNorm(groups, channels))" if norms else "them")
+                  + (", LSTM with opacus.layers.DPLSTM" if others else "")
+                  + ("" if fix else ", or set training.privacy.fix_model: true to have Opacus replace them")),
         )
     return model
 
@@ -213,7 +246,9 @@ class DPTrainer(Trainer):
             raise PrivacyError("DP-SGD needs an optimizer factory, not an optimizer instance",
                                hint="pass optimizer=lambda params: torch.optim.SGD(params, lr=...)")
         p = self.privacy_config
-        self.model = validate_model(self.model, fix=p.fix_model).to(self.device)
+        if strip_compile(self.model) is not self.model:
+            log.info("DP-SGD trains the module under torch.compile uncompiled (Opacus' per-sample hooks are on it)")
+        self.model = validate_model(strip_compile(self.model), fix=p.fix_model).to(self.device)
         if self.dist.enabled:
             from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
 
@@ -349,7 +384,7 @@ class DPTrainer(Trainer):
         w = self._window
         for i, chunk in enumerate(chunks):
             n = batch_len(chunk)
-            loss = self.loss_fn(self.model, chunk)
+            loss = check_loss(self.loss_fn(self.model, chunk))  # the plain trainer's check of what loss_fn returns
             # An empty Poisson batch still takes a (pure-noise) step; its loss (NaN) is not logged.
             (loss if n else torch.nan_to_num(loss) * 0.0).backward()
             if i < len(chunks) - 1:

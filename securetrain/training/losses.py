@@ -96,6 +96,18 @@ class WeightedCrossEntropy:
         return self.weight
 
 
+def check_loss(loss: Any) -> torch.Tensor:
+    """``loss`` if it is one scalar tensor (what backward and the logged mean need), else a
+    :class:`TrainingError` saying what ``loss_fn`` returned and how to reduce it."""
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return loss
+    what = (f"per-sample losses of shape {list(loss.shape)}" if isinstance(loss, torch.Tensor)
+            else type(loss).__name__)
+    raise TrainingError(f"loss_fn returned {what}; the trainer needs one scalar loss tensor per batch",
+                        hint="return loss_fn's mean (e.g. reduction='mean' or .mean()) as a tensor, "
+                             "not a Python number (.item() detaches it from the graph)")
+
+
 #: Losses that take float targets: integer labels are cast to the outputs' dtype for them.
 _FLOAT_TARGET_LOSSES = (nn.BCEWithLogitsLoss, nn.BCELoss, nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss)
 

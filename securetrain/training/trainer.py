@@ -68,6 +68,7 @@ from securetrain.training.errors import ResumeMismatchError, TrainingError, Unch
 from securetrain.training.losses import (  # noqa: F401 - also importable from here, as before
     LossFn,
     WeightedCrossEntropy,
+    check_loss,
     criterion_loss,
     cross_entropy_loss,
 )
@@ -101,6 +102,19 @@ def optimizer_needs_closure(optimizer: torch.optim.Optimizer) -> bool:
     closure = params.get("closure")
     return closure is not None and closure.default is inspect.Parameter.empty and closure.kind in (
         inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def batchnorm_layers(model: nn.Module, kinds: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._BatchNorm,),
+                     ) -> list[tuple[str, nn.Module]]:
+    """``(path, layer)`` of the model's BatchNorm layers (any of ``kinds``), paths as the model names
+    them (``encoder.1.bn``), without torch.compile's ``_orig_mod.``."""
+    return [(n, m) for n, m in strip_compile(model).named_modules() if isinstance(m, kinds)]
+
+
+def describe_layers(layers: Sequence[tuple[str, nn.Module]], limit: int = 4) -> str:
+    """``"1.1 (BatchNorm2d), head.bn (BatchNorm1d)"`` for error messages (the first ``limit``)."""
+    text = ", ".join(f"{name or '<the model>'} ({type(m).__name__})" for name, m in layers[:limit])
+    return text + (f", ... ({len(layers)} in all)" if len(layers) > limit else "")
 
 
 def _is_empty(data: Any) -> bool:
@@ -913,7 +927,7 @@ class Trainer:
         fails ("Expected more than 1 value per channel") at the end of the epoch; refuse it now."""
         per_rank = self._single_sample_tail() if self._probe_batchnorm else None
         self._probe_batchnorm = False
-        layers = [(n, m) for n, m in self.unwrapped_model.named_modules() if isinstance(m, nn.BatchNorm1d)]
+        layers = batchnorm_layers(self.unwrapped_model, (nn.BatchNorm1d,))
         if per_rank is None or not layers:
             yield
             return
@@ -959,12 +973,7 @@ class Trainer:
                         "has parameters its loss did not use", hint="set training.find_unused_parameters: true "
                         "(TrainingConfig(find_unused_parameters=True)), or freeze them with requires_grad_(False)",
                     ) from exc
-            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                what = (f"per-sample losses of shape {list(loss.shape)}" if isinstance(loss, torch.Tensor)
-                        else type(loss).__name__)
-                raise TrainingError(f"loss_fn returned {what}; the trainer needs one scalar loss tensor per batch",
-                                    hint="return loss_fn's mean (e.g. reduction='mean' or .mean()) as a tensor, "
-                                         "not a Python number (.item() detaches it from the graph)")
+            loss = check_loss(loss)
             scaled = loss / window_size if window_size != 1 else loss
             scaler.scale(scaled).backward() if scaler.is_enabled() else scaled.backward()
         return loss

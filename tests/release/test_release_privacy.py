@@ -22,9 +22,10 @@ from securetrain.crypto.checkpoint import EncryptedCheckpointStore  # noqa: E402
 from securetrain.crypto.keys import LocalKeyring, SecretKey  # noqa: E402
 from securetrain.release.errors import PrivacyError, PrivacyModelError  # noqa: E402
 from securetrain.release.privacy import BUDGET_REASON, DPTrainer, trainer_class  # noqa: E402
+from securetrain.training.batches import compiled_inner  # noqa: E402
 from securetrain.training.callbacks import TrainerCallback  # noqa: E402
 from securetrain.training.config import TrainingConfig  # noqa: E402
-from securetrain.training.errors import ResumeMismatchError  # noqa: E402
+from securetrain.training.errors import ResumeMismatchError, TrainingError  # noqa: E402
 from securetrain.training.safetensors_store import SafetensorsCheckpointStore  # noqa: E402
 from securetrain.training.trainer import Trainer  # noqa: E402
 
@@ -265,3 +266,71 @@ def test_ddp_two_ranks_stay_identical_and_resume_exactly(tmp_path: Path) -> None
     assert full[0]["sample_rate"] == pytest.approx(1 / 5) and 0 < full[0]["epsilon"] <= 3.0
     resumed = [json.loads((tmp_path / "resumed" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert resumed[0] == resumed[1] == full[0]  # stopped at step 3, resumed: same weights and ε
+
+
+# --- the plain trainer's checks under DP-SGD ------------------------------------------------
+
+@pytest.mark.parametrize("target", ["float_1d", "multi_hot"])
+def test_default_loss_refuses_regression_and_multilabel_targets(tmp_path: Path, target: str) -> None:
+    """The default cross-entropy's refusals (one value per sample, multi-hot rows) hold under DP-SGD
+    as in the plain trainer, naming the loss to pass, before any step."""
+    x = _data().tensors[0]
+    if target == "float_1d":
+        model: nn.Module = nn.Sequential(nn.Linear(6, 1), nn.Flatten(0))
+        data, match = TensorDataset(x, x[:, 0]), r"outputs of shape \[\d+\].*MSELoss"
+    else:
+        model, data, match = nn.Linear(6, 4), TensorDataset(x, (x[:, :4] > 0).float()), "BCEWithLogitsLoss"
+    trainer = DPTrainer(model, data, _config(tmp_path), optimizer=_sgd, store=SafetensorsCheckpointStore(tmp_path / "c"))
+    with pytest.raises(TrainingError, match=match):
+        trainer.fit()
+    assert trainer.progress.step == 0
+
+
+@pytest.mark.parametrize(("loss_fn", "match"), [
+    (lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1], reduction="none"),
+     r"per-sample losses of shape \[\d+\]"),
+    (lambda model, batch: nn.functional.cross_entropy(model(batch[0]), batch[1]).item(), "float"),
+], ids=["per_sample", "python_float"])
+def test_a_loss_that_is_not_a_scalar_tensor_is_refused_with_a_hint(tmp_path: Path, loss_fn: Any, match: str) -> None:
+    """Was torch's 'grad can be implicitly created only for scalar outputs' (or an AttributeError):
+    DP-SGD's step skipped the plain trainer's check of what loss_fn returns."""
+    trainer = DPTrainer(_model(), _data(), _config(tmp_path), optimizer=_sgd, loss_fn=loss_fn,
+                        store=SafetensorsCheckpointStore(tmp_path / "c"))
+    with pytest.raises(TrainingError, match=match) as info:
+        trainer.fit()
+    assert "mean" in str(info.value)
+
+
+def test_batchnorm_refusal_and_fix_name_the_layer_and_groupnorm(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Per-sample gradients through BatchNorm are wrong (it mixes the samples of a batch). Refused
+    (fix_model: false) as a PrivacyModelError that names the layer by its path and GroupNorm as the
+    fix; replaced (fix_model: true) with a warning that names the layer, the replacement and that the
+    model passed in is not the one trained."""
+    def model() -> nn.Module:
+        base = _model(norm=True)
+        return nn.Sequential(base[0], nn.Sequential(base[1], base[2]), *base[3:])  # the BatchNorm at "1.1"
+
+    with pytest.raises(PrivacyModelError, match=r"1\.1 \(BatchNorm2d\)") as info:
+        _fit(tmp_path / "nofix", _config(tmp_path / "nofix", privacy={"fix_model": False}), model=model())
+    assert "GroupNorm" in str(info.value) and "fix_model" in str(info.value)
+    passed = model()
+    with caplog.at_level("WARNING", logger="securetrain"):
+        trainer, result = _fit(tmp_path / "fix", _config(tmp_path / "fix", epochs=1), model=passed)
+    assert result.reason == "completed" and trainer.model is not passed
+    warned = [r.getMessage() for r in caplog.records if "GroupNorm" in r.getMessage()]
+    assert warned and "1.1 (BatchNorm2d -> GroupNorm)" in warned[0] and "trainer.model" in warned[0]
+
+
+def test_a_compiled_model_trains_under_dp_with_plain_checkpoint_names(tmp_path: Path) -> None:
+    """Opacus' per-sample hooks go on the user's module, not on torch.compile's wrapper; the
+    checkpoint holds the plain names (no _orig_mod.)."""
+    try:
+        compiled = torch.compile(_model(), backend="eager")
+        compiled(torch.zeros(2, 6))
+    except Exception as exc:  # noqa: BLE001 - this torch build cannot compile here
+        pytest.skip(f"torch.compile(backend='eager') does not work here: {exc}")
+    trainer, result = _fit(tmp_path, _config(tmp_path, epochs=1), model=compiled)
+    assert result.reason == "completed" and result.steps > 0
+    assert compiled_inner(trainer.model) is None and trainer.model is compiled._orig_mod  # trained uncompiled
+    names = {k for k in SafetensorsCheckpointStore(tmp_path / "ckpt").load().tensors if k.startswith("model/")}
+    assert names == {f"model/{k}" for k in _model().state_dict()}
