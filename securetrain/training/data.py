@@ -8,15 +8,18 @@ seed from the *global* torch RNG, which would make a resumed run's dropout masks
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
+import random
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, Subset, TensorDataset
 
+from securetrain.training.errors import TrainingError
 from securetrain.training.seeding import epoch_seed, seed_sample, worker_init_fn
 
 log = logging.getLogger("securetrain.training")
@@ -74,6 +77,96 @@ class ResumableSampler(Sampler[int]):
         if total > len(order) and order:
             order = (order * (-(-total // len(order))))[:total]
         return iter(order[self.rank : total : self.world_size][self.start :])
+
+
+class RankSplitSampler(Sampler[Any]):
+    """A user's own sampler (or, ``batches=True``, batch sampler) split over the ranks of a DDP run.
+
+    Every rank draws the sampler's whole order for the epoch (``set_epoch(epoch)`` first, when it has
+    one) with torch's (CPU), numpy's and Python's global RNGs seeded by ``(seed, epoch)`` and restored after,
+    pads it by wrapping to a multiple of ``world_size`` and takes every ``world_size``-th item from its
+    rank, as :class:`ResumableSampler` does with the engine's order. That is only right when the
+    order is the same on every rank, so the ranks compare a digest of it (``gather``: an all-gather)
+    and refuse, with :class:`TrainingError`, a sampler that draws another order on each (e.g. one
+    seeded from the OS). A resumed epoch redraws the order and skips ``start`` items: exact when the
+    order depends on the epoch and the global RNGs only."""
+
+    def __init__(self, inner: Any, *, length: int, seed: int, rank: int, world_size: int, batches: bool = False,
+                 gather: Callable[[Any], list[Any]] | None = None) -> None:
+        self.inner = inner
+        self.length = length
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.batches = batches
+        self.gather = gather
+        self.order: list[Any] | None = None
+        self.start = 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Draw the epoch's order (every rank alike), keep this rank's share, skip its first ``start``."""
+        set_inner = getattr(self.inner, "set_epoch", None)
+        if callable(set_inner):
+            set_inner(epoch)
+        order = _draw_seeded(lambda: [list(b) if self.batches else b for b in self.inner],
+                             epoch_seed(self.seed, epoch))  # indices as the sampler yields them
+        if self.gather is not None and self.world_size > 1:
+            digests = self.gather(hashlib.sha256(repr(order).encode()).hexdigest())
+            if len(set(digests)) > 1:
+                what = "batch sampler" if self.batches else "sampler"
+                raise TrainingError(
+                    f"the DataLoader's {what} ({type(self.inner).__name__}) draws a different order on each of the "
+                    f"{self.world_size} processes, so the trainer cannot split one order between them (samples would "
+                    "be dropped and repeated)",
+                    hint=f"make its order depend only on the epoch: draw from torch's global RNG (seeded per epoch for "
+                         f"it) or from a generator seeded in set_epoch(epoch); or split it yourself (a {what} with "
+                         "num_replicas and rank attributes is used as is); or pass the Dataset")
+        total = -(-len(order) // self.world_size) * self.world_size
+        if total > len(order) and order:
+            order = (order * (-(-total // len(order))))[:total]
+        self.order = order[self.rank : total : self.world_size]
+        self.start = start
+
+    @property
+    def per_rank(self) -> int | None:
+        """Items (samples, or batches) per rank in a full epoch; None while unknown (no ``len``)."""
+        if self.order is not None:
+            return len(self.order)
+        try:
+            return -(-len(self.inner) // self.world_size)
+        except TypeError:
+            return None
+
+    def __len__(self) -> int:
+        n = self.per_rank
+        if n is None:
+            raise TypeError(f"{type(self.inner).__name__} has no len()")
+        return max(0, n - self.start)
+
+    def __iter__(self) -> Iterator[Any]:
+        assert self.order is not None, "set_epoch() first"
+        return iter(self.order[self.start :])
+
+
+def _draw_seeded(draw: Callable[[], list[Any]], seed: int) -> list[Any]:
+    """``draw()`` with torch's CPU, numpy's and Python's global RNGs seeded by ``seed``, each put back
+    after (accelerator generators are neither seeded nor touched: they drive the training)."""
+    py_state, np_state = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.random.default_generator.manual_seed(seed)
+            np.random.seed(seed % 2**32)
+            random.seed(seed)
+            return draw()
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+
+
+def _shards_itself(sampler: Any, rank: int, world_size: int) -> bool:
+    """A sampler that already yields only this rank's share (``num_replicas``/``rank`` as
+    ``DistributedSampler`` has them, set to this run's)."""
+    return getattr(sampler, "num_replicas", None) == world_size and getattr(sampler, "rank", None) == rank
 
 
 def dataset_labels(data: Any, read: Callable[[Any], Any]) -> torch.Tensor:
@@ -154,28 +247,38 @@ class EpochFeeder:
         pin_memory: bool,
         rank: int = 0,
         world_size: int = 1,
+        gather: Callable[[Any], list[Any]] | None = None,
     ) -> None:
         self.seed = seed
         self.generator = torch.Generator()
-        self.sampler: ResumableSampler | None = None
+        self.sampler: ResumableSampler | RankSplitSampler | None = None
         self.seeded: SampleSeeded | None = None
         self.passthrough: DataLoader[Any] | None = None
+        self.drop_last = drop_last
         collate_fn = None
         sampling: dict[str, Any] | None = {}
         if isinstance(data, DataLoader):
-            if isinstance(data.dataset, IterableDataset) or data.batch_size is None:
-                # Custom batch samplers / iterable datasets keep their own order; resume skips
-                # batches by iterating (exact only if that loader is itself deterministic).
-                self.passthrough = data
+            own_batches = data.batch_size is None  # a batch_sampler of the user's own
+            if isinstance(data.dataset, IterableDataset):
+                self.passthrough = data  # its own order (see the IterableDataset note in docs/training.md)
                 self.batch_size = data.batch_size or batch_size
                 return
-            sampling = _sampler_arguments(data.sampler)
+            sampling = None if own_batches else _sampler_arguments(data.sampler)
             if sampling is None:
-                # A sampler of the user's own kind: keep the loader (its order is the user's choice).
-                self.passthrough = data
-                self.batch_size = data.batch_size
+                # A (batch) sampler of the user's own kind: its order is the user's choice. One process
+                # uses the loader as is; several split the order between them (RankSplitSampler)
+                # unless the sampler shards itself.
+                own = data.batch_sampler if own_batches else data.sampler
+                self.batch_size = data.batch_size or batch_size
+                if world_size == 1 or _shards_itself(own, rank, world_size):
+                    self.passthrough = data
+                    return
+                self.sampler = RankSplitSampler(own, length=len(data.dataset), seed=seed, rank=rank,  # type: ignore[arg-type]
+                                                world_size=world_size, batches=own_batches, gather=gather)
+                self._build_loader(data.dataset, data.batch_size, data.collate_fn, data.drop_last, data.num_workers,
+                                   pin_memory and data.pin_memory)
                 return
-            batch_size, collate_fn = data.batch_size, data.collate_fn
+            batch_size, collate_fn = cast(int, data.batch_size), data.collate_fn  # not None: no batch_sampler
             drop_last, num_workers = data.drop_last, data.num_workers
             pin_memory = pin_memory and data.pin_memory
             data = data.dataset
@@ -191,22 +294,24 @@ class EpochFeeder:
         self.batch_size = batch_size
         self.sampler = ResumableSampler(len(data), seed=seed, shuffle=shuffle, rank=rank, world_size=world_size,  # type: ignore[arg-type]
                                         **(sampling or {}))
+        self._build_loader(data, batch_size, collate_fn, drop_last, num_workers, pin_memory)
+
+    def _build_loader(self, data: Any, batch_size: int | None, collate_fn: Any, drop_last: bool, num_workers: int,
+                      pin_memory: bool) -> None:
+        """The engine's DataLoader over ``self.sampler`` (a batch sampler when it yields batches)."""
         # Workers: per-sample seeding, so augmentation is the same however the epoch's samples are
         # dealt out to workers (a resumed epoch deals only the remaining ones). In-process loading
         # draws from the global RNG, which the checkpoint restores exactly.
-        self.seeded = SampleSeeded(data, seed) if num_workers > 0 else None
-        self.loader = DataLoader(
-            self.seeded if self.seeded is not None else data,
-            batch_size=batch_size,
-            sampler=self.sampler,
-            drop_last=drop_last,
-            num_workers=num_workers,
-            pin_memory=pin_memory,
-            collate_fn=collate_fn,
-            worker_init_fn=worker_init_fn,
-            generator=self.generator,
-        )
-        self.drop_last = drop_last
+        self.seeded = SampleSeeded(data, self.seed) if num_workers > 0 else None
+        common: dict[str, Any] = dict(num_workers=num_workers, pin_memory=pin_memory, collate_fn=collate_fn,
+                                      worker_init_fn=worker_init_fn, generator=self.generator)
+        dataset = self.seeded if self.seeded is not None else data
+        if getattr(self.sampler, "batches", False):
+            self.loader = DataLoader(dataset, batch_sampler=cast(Sampler[list[Any]], self.sampler), **common)
+            self.drop_last = False
+        else:
+            self.loader = DataLoader(dataset, batch_size=batch_size, sampler=self.sampler, drop_last=drop_last, **common)
+            self.drop_last = drop_last
 
     @property
     def dataset_length(self) -> int | None:
@@ -216,6 +321,8 @@ class EpochFeeder:
         """Micro-batches in a full epoch for this rank, ``None`` if unknown (iterable data)."""
         if self.sampler is not None:
             n = self.sampler.per_rank
+            if n is None or getattr(self.sampler, "batches", False):
+                return n  # a split batch sampler: n batches (None: its length is unknown)
             return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
         try:
             return len(self.passthrough)  # type: ignore[arg-type]
@@ -225,10 +332,15 @@ class EpochFeeder:
     def epoch(self, epoch: int, skip_batches: int = 0) -> Iterator[Any]:
         self.generator.manual_seed(epoch_seed(self.seed, epoch) ^ 0x5EED)
         if self.sampler is not None:
-            self.sampler.set_epoch(epoch, start=skip_batches * self.batch_size)
+            per_batch = 1 if getattr(self.sampler, "batches", False) else self.batch_size
+            self.sampler.set_epoch(epoch, start=skip_batches * per_batch)
             if self.seeded is not None:
                 self.seeded.epoch = epoch  # workers copy the dataset when the iterator starts them
             return iter(self.loader)
         assert self.passthrough is not None
+        for own in (self.passthrough.sampler, self.passthrough.batch_sampler):
+            set_epoch = getattr(own, "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(epoch)  # a user's sampler with set_epoch (DistributedSampler's convention)
         it: Iterator[Any] = iter(self.passthrough)
         return itertools.islice(it, skip_batches, None)

@@ -446,7 +446,7 @@ class Trainer:
         return EpochFeeder(
             self.train_data, batch_size=self.batch_size, seed=cfg.seed, shuffle=cfg.shuffle, drop_last=cfg.drop_last,
             num_workers=self.num_workers, pin_memory=backend.pin_memory and device.type != "cpu",
-            rank=self.dist.rank, world_size=self.dist.world_size,
+            rank=self.dist.rank, world_size=self.dist.world_size, gather=self.dist.gather_objects,
         )
 
     def _wrap_distributed(self, device: torch.device) -> None:
@@ -917,7 +917,8 @@ class Trainer:
     def _single_sample_tail(self) -> int | None:
         """Samples per rank when every epoch of the engine's loader ends with a 1-sample batch."""
         sampler = getattr(self.feeder, "sampler", None)
-        if sampler is None or getattr(self.feeder, "drop_last", True) or self.feeder.batch_size <= 1:
+        if (sampler is None or getattr(sampler, "batches", False) or sampler.per_rank is None
+                or getattr(self.feeder, "drop_last", True) or self.feeder.batch_size <= 1):
             return None
         return sampler.per_rank if sampler.per_rank % self.feeder.batch_size == 1 else None
 

@@ -118,17 +118,9 @@ def test_fp16_with_a_closure_optimizer_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_lbfgs_under_ddp_ranks_agree_and_resume_exactly(tmp_path: Path) -> None:
-    import os
-    import subprocess
-    import sys
+    from two_ranks import run_two_ranks
 
-    worker = Path(__file__).with_name("ddp_closure_worker.py")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(worker), str(tmp_path)],
-        capture_output=True, text=True, env=env, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_two_ranks(Path(__file__).with_name("ddp_closure_worker.py"), tmp_path, timeout=300)
     full = [(tmp_path / "full" / f"rank{r}.txt").read_text().split() for r in (0, 1)]
     assert full[0] == full[1] and full[0][1:] == ["4", "completed"]  # 32 per rank, 4 micro-batches, accum 2
     first = [(tmp_path / "resumed" / f"first{r}.txt").read_text().split() for r in (0, 1)]

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import json
 from pathlib import Path
 
 import pytest
 import torch
+from two_ranks import run_two_ranks
 
 from securetrain.training import SafetensorsCheckpointStore
 from securetrain.training.synthetic import make_mlp
@@ -18,12 +17,7 @@ WORKER = Path(__file__).with_name("ddp_worker.py")
 
 @pytest.mark.slow
 def test_torchrun_two_ranks_identical_weights_and_exact_resume(tmp_path: Path) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(WORKER), str(tmp_path)],
-        capture_output=True, text=True, env=env, timeout=180,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_two_ranks(WORKER, tmp_path)
     full = [(tmp_path / "full" / f"rank{r}.sha256").read_text().split() for r in (0, 1)]
     # 100 samples -> 50 per rank -> 7 micro-batches -> 4 steps per epoch (last window short) -> 8 steps
     assert full[0] == full[1] and full[0][1:] == ["8", "completed"]
@@ -50,13 +44,51 @@ def test_torchrun_model_with_unused_parameters(tmp_path: Path) -> None:
     """A user's model with a parameter the loss does not use cannot train under plain DDP: a
     TrainingError names training.find_unused_parameters (it was torch's RuntimeError telling the
     user to pass a DDP argument the Trainer does not expose), and with the setting it trains."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    worker = Path(__file__).with_name("ddp_unused_worker.py")
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(worker), str(tmp_path)],
-        capture_output=True, text=True, env=env, timeout=180,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_two_ranks(Path(__file__).with_name("ddp_unused_worker.py"), tmp_path)
     for rank in (0, 1):
         # 32 samples -> 16 per rank -> 4 steps
         assert (tmp_path / f"rank{rank}.txt").read_text().split("\n")[:2] == ["TrainingError True", "completed 4"]
+
+
+@pytest.mark.slow
+def test_torchrun_custom_samplers_are_split_between_ranks(tmp_path: Path) -> None:
+    """A DataLoader's sampler (or batch sampler) of the user's own kind was used as is under DDP: every
+    rank read every sample. Now the ranks split the sampler's order (each takes every second item),
+    drawn alike on both ranks (global RNGs seeded by (seed, epoch)), resumably; a sampler that shards
+    itself is kept, and one that draws another order on each rank is refused."""
+    from ddp_sampler_worker import ByLabel, N
+
+    run_two_ranks(Path(__file__).with_name("ddp_sampler_worker.py"), tmp_path)
+
+    def ranks(run: str) -> list[dict]:
+        return [json.loads((tmp_path / run / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+    evens = set(range(0, N, 2))
+    full = ranks("sampler")
+    assert [(r["steps"], r["reason"]) for r in full] == [(8, "completed")] * 2  # 40 / 2 ranks / 5 = 4 steps per epoch
+    assert full[0]["digest"] == full[1]["digest"]
+    for epoch in (0, 1):
+        a, b = (r["read"][20 * epoch : 20 * (epoch + 1)] for r in full)
+        assert not set(a) & set(b) and set(a) | set(b) == evens, epoch  # split, nothing read twice
+    assert full[0]["read"][:20] != full[0]["read"][20:]  # another order per epoch
+    resumed = ranks("resumed")
+    assert [r["digest"] for r in resumed] == [full[0]["digest"]] * 2  # stopped at step 3, resumed: bit-identical
+
+    batches = ranks("batches")
+    assert batches[0]["digest"] == batches[1]["digest"] and batches[0]["steps"] == batches[1]["steps"]
+    for rank, record in enumerate(batches):
+        expected: list[int] = []
+        for epoch in (0, 1):
+            sampler = ByLabel()
+            sampler.set_epoch(epoch)
+            order = list(sampler)
+            order += order[: len(order) % 2]  # padded by wrapping to a multiple of 2
+            expected += [i for batch in order[rank::2] for i in batch]
+        assert record["read"] == expected, rank
+
+    sharded = ranks("sharded")
+    assert [set(r["read"]) for r in sharded] == [set(range(0, N, 2)), set(range(1, N, 2))]
+
+    for record in ranks("unseeded"):
+        assert record["error"] == "TrainingError" and "different order on each" in record["message"]
+        assert record["read"] == []

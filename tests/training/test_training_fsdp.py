@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from tensor_digest import digest_tensors as _digest
+from two_ranks import run_two_ranks
 
 from securetrain.crypto.checkpoint import EncryptedCheckpointStore
 from securetrain.crypto.errors import BindingError, DigestMismatchError, SegmentAuthError
@@ -26,14 +25,8 @@ KEK = os.urandom(32).hex()
 @pytest.fixture(scope="module")
 def fsdp_run(tmp_path_factory: pytest.TempPathFactory, ) -> Path:
     out = tmp_path_factory.mktemp("fsdp")
-    env = dict(os.environ, OMP_NUM_THREADS="1", SECURETRAIN_KEK=KEK, SECURETRAIN_KEK_ID="test-kek")
-    for name in ("SECURETRAIN_KEYRING", "SECURETRAIN_VAULT_TRANSIT_KEY", "SECURETRAIN_AUDIT_URL"):
-        env.pop(name, None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(WORKER), str(out)],
-        capture_output=True, text=True, env=env, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-5000:]
+    run_two_ranks(WORKER, out, timeout=300, env={"SECURETRAIN_KEK": KEK, "SECURETRAIN_KEK_ID": "test-kek"},
+                  unset=("SECURETRAIN_KEYRING", "SECURETRAIN_VAULT_TRANSIT_KEY", "SECURETRAIN_AUDIT_URL"))
     return out
 
 

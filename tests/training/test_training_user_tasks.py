@@ -491,6 +491,30 @@ def test_a_weighted_sampler_is_kept_deterministic_and_resumable(tmp_path: Path) 
         assert torch.equal(v, resumed.state_dict()[k]), k
 
 
+def test_a_custom_sampler_gets_set_epoch_every_epoch(tmp_path: Path) -> None:
+    """A sampler of the user's own kind keeps its DataLoader; one with set_epoch (DistributedSampler's
+    convention for a new order per epoch) was never told the epoch, so every epoch had epoch 0's order."""
+    from torch.utils.data import DataLoader, Sampler
+
+    class EpochOrder(Sampler[int]):
+        def __init__(self) -> None:
+            self.epochs: list[int] = []
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epochs.append(epoch)
+
+        def __len__(self) -> int:
+            return 40
+
+        def __iter__(self):  # type: ignore[no-untyped-def]  # noqa: ANN204
+            epoch = self.epochs[-1] if self.epochs else 0
+            return iter(torch.randperm(40, generator=torch.Generator().manual_seed(epoch)).tolist())
+
+    sampler = EpochOrder()
+    r = Trainer(nn.Linear(6, 3), DataLoader(_Seen(), batch_size=8, sampler=sampler), _cfg(tmp_path, epochs=3)).fit()
+    assert r.steps == 15 and sampler.epochs == [0, 1, 2]
+
+
 def test_iterable_data_with_workers_warns_about_duplicates(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Every DataLoader worker iterates an IterableDataset from the start unless it shards itself by
     get_worker_info(): with num_workers 2 each sample is trained on twice. Said once, as a warning."""
