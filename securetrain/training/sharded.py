@@ -48,10 +48,29 @@ def is_fsdp(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
+def shard_groups(model: nn.Module) -> list[list[nn.Module]]:
+    """The direct children that own parameters, grouped so that children sharing a parameter (tied
+    weights: an output projection that is the embedding matrix) are one group; children sharing one
+    with the root's own parameters are left out (the root's group holds them)."""
+    root_own = {id(p) for p in model.parameters(recurse=False)}
+    groups: list[tuple[list[nn.Module], set[int]]] = []
+    for child in model.children():
+        ids = {id(p) for p in child.parameters()}
+        if not ids:
+            continue
+        joined = [g for g in groups if g[1] & ids]
+        groups = [g for g in groups if not g[1] & ids]
+        modules = [m for g in joined for m in g[0]] + [child]
+        groups.append((modules, ids.union(*(g[1] for g in joined))))
+    return [modules for modules, ids in groups if not ids & root_own]
+
+
 def wrap_fsdp(model: nn.Module, world_size: int, device: torch.device) -> nn.Module:
     """``fully_shard`` every direct child that owns parameters, then the root (one mesh, all ranks).
 
-    Rank 0's initial weights are broadcast first, so every rank starts from the same model
+    Children that share a parameter (tied weights) are sharded as one group (``fully_shard([a, b])``;
+    FSDP2 refuses one parameter in two groups), so the tie holds: one sharded parameter under both
+    names. Rank 0's initial weights are broadcast first, so every rank starts from the same model
     (what DDP does on construction).
     """
     import torch.distributed as dist
@@ -64,9 +83,8 @@ def wrap_fsdp(model: nn.Module, world_size: int, device: torch.device) -> nn.Mod
         for tensor in model.state_dict().values():
             dist.broadcast(tensor, src=0)
     mesh = init_device_mesh(device.type, (world_size,))
-    for child in model.children():
-        if any(True for _ in child.parameters()):
-            fully_shard(child, mesh=mesh)
+    for group in shard_groups(model):
+        fully_shard(group[0] if len(group) == 1 else group, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
 
@@ -93,10 +111,12 @@ def local_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dic
     msd, osd = cast(tuple[dict[str, Any], dict[str, Any]], get_state_dict(model, optimizer))
     tensors: dict[str, torch.Tensor] = {}
     layout: dict[str, Any] = {}
+    model_locals: dict[str, torch.Tensor] = {}
     for fqn, value in msd.items():  # names without torch.compile's "_orig_mod." (st.plain_name)
         local, lay = _local(value)
         name = f"model/{st.plain_name(fqn)}"
-        tensors[name], layout[name] = st.detach_for_save(local), lay
+        model_locals[name], layout[name] = local, lay
+    tensors.update(st.snapshot_tensors(model_locals))  # a tied shard (one parameter, two names) is written once
     scalars: dict[str, dict[str, Any]] = {}
     for fqn, entries in osd.get("state", {}).items():
         for key, value in entries.items():

@@ -4,6 +4,8 @@ FSDP2 (``strategy="fsdp"``) on 2 gloo ranks, checkpoints in the encrypted store 
 ``OUTDIR/full`` uninterrupted; ``OUTDIR/resumed`` stopped after 3 steps, then resumed by a fresh
 Trainer and a differently initialised model. Each rank writes ``<run>/rank<R>.sha256`` = digest of
 its local shards, steps, reason; rank 0 also ``<run>/full.sha256`` = digest of the gathered weights.
+``OUTDIR/tied`` and ``OUTDIR/tied-resumed`` do the same with :class:`TiedNet` (an output projection
+that is the embedding matrix); their rank files add whether the tie held after training.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from tensor_digest import digest_tensors as digest
+from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from securetrain.crypto.checkpoint import EncryptedCheckpointStore
@@ -23,10 +26,30 @@ from securetrain.training.distributed import exit_process
 from securetrain.training.synthetic import SyntheticClassification, make_mlp
 
 
-def train(out: Path, rank: int, max_steps: int | None = None, init_seed: int = 0) -> None:
+class TiedNet(nn.Module):
+    """A language-model-shaped head: ``head.weight`` is ``embed.weight`` (both used in their modules'
+    forward, as FSDP needs)."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.embed = nn.Embedding(3, 16)
+            self.inp = nn.Linear(10, 16)
+            self.drop = nn.Dropout(0.1)
+            self.head = nn.Linear(16, 3, bias=False)
+        self.head.weight = self.embed.weight  # the tie
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.inp(x)) + self.embed(torch.zeros(x.shape[0], dtype=torch.long, device=x.device))
+        return self.head(self.drop(h))
+
+
+def train(out: Path, rank: int, max_steps: int | None = None, init_seed: int = 0, tied: bool = False) -> None:
     data = SyntheticClassification(samples=100, features=10, classes=3, seed=5)
     held_out = SyntheticClassification(samples=30, features=10, classes=3, seed=6)
-    model = make_mlp(10, 3, hidden=16, dropout=0.1, seed=rank + init_seed)  # rank 0's init must win
+    # rank 0's init must win
+    model = TiedNet(rank + init_seed) if tied else make_mlp(10, 3, hidden=16, dropout=0.1, seed=rank + init_seed)
     cfg = TrainingConfig(
         epochs=2, batch_size=8, grad_accumulation=2, seed=3, output_dir=out, checkpoint_every=4, log_every=2,
         max_steps=max_steps, strategy="fsdp", stop_check_every=2,
@@ -34,7 +57,8 @@ def train(out: Path, rank: int, max_steps: int | None = None, init_seed: int = 0
     best = EncryptedCheckpointStore.from_env(out / "best", keep_last=1)
     result = Trainer(model, data, cfg, eval_data=held_out, best_store=best).fit()
     local = {k: (v.to_local() if hasattr(v, "to_local") else v) for k, v in model.state_dict().items()}
-    (out / f"rank{rank}.sha256").write_text(f"{digest(local)} {result.steps} {result.reason}\n")
+    tie = f" {model.head.weight is model.embed.weight}" if tied else ""
+    (out / f"rank{rank}.sha256").write_text(f"{digest(local)} {result.steps} {result.reason}{tie}\n")
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
         (out / "full.sha256").write_text(digest(full) + "\n")
@@ -48,6 +72,9 @@ def main() -> int:
     train(out / "full", rank)
     train(out / "resumed", rank, max_steps=3)
     train(out / "resumed", rank, init_seed=100)
+    train(out / "tied", rank, tied=True)
+    train(out / "tied-resumed", rank, max_steps=3, tied=True)
+    train(out / "tied-resumed", rank, init_seed=100, tied=True)
     dist.barrier()  # no rank tears down its connections while a peer is still in a collective
     dist.destroy_process_group()
     return 0

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from tensor_digest import digest_tensors as _digest
+from torch import nn
 from two_ranks import run_two_ranks
 
 from securetrain.crypto.checkpoint import EncryptedCheckpointStore
@@ -74,6 +75,39 @@ def test_every_rank_writes_an_encrypted_shard_bound_by_one_manifest(fsdp_run: Pa
     model.load_state_dict(weights)  # loadable without FSDP
     best = _store(fsdp_run / "full" / "best").load()
     assert set(best.tensors) == {f"model/{k}" for k in model.state_dict()}  # the best weights, gathered in full
+
+
+@pytest.mark.slow
+def test_tied_weights_stay_tied_under_fsdp_and_resume_bit_identically(fsdp_run: Path, kek) -> None:
+    """An output projection that is the embedding matrix: FSDP2 refused it ("shared with a parameter
+    already managed by another FSDP group") since every child was sharded on its own. Children that
+    share a parameter are one FSDP group now: the tie holds, the shard is written once, resume is exact."""
+    from fsdp_worker import TiedNet
+
+    full = [(fsdp_run / "tied" / f"rank{r}.sha256").read_text().split() for r in (0, 1)]
+    assert full[0][1:] == full[1][1:] == ["8", "completed", "True"]  # the tie held after training
+    resumed = [(fsdp_run / "tied-resumed" / f"rank{r}.sha256").read_text().split() for r in (0, 1)]
+    assert resumed == full
+    assert (fsdp_run / "tied-resumed" / "full.sha256").read_text() == (fsdp_run / "tied" / "full.sha256").read_text()
+    store = _store(fsdp_run / "tied" / "checkpoints")
+    manifest = store.load()
+    _, infos = sharded.shard_infos(manifest.metadata, fsdp_run / "tied" / "checkpoints")
+    shard0 = store.shard_store(0).load(infos[0])
+    assert shard0.tensors["model/head.weight"] is shard0.tensors["model/embed.weight"]  # written once
+    weights = {k.removeprefix("model/"): v for k, v in sharded.assemble_full(store, manifest).items()}
+    model = TiedNet(5)
+    model.load_state_dict(weights)
+    assert model.head.weight is model.embed.weight and torch.equal(model.embed.weight, weights["embed.weight"])
+
+
+def test_shard_groups_put_tied_children_together() -> None:
+    from fsdp_worker import TiedNet
+
+    model = TiedNet(0)
+    assert [[type(m).__name__ for m in g] for g in sharded.shard_groups(model)] == [["Linear"], ["Embedding", "Linear"]]
+    shared_with_root = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    shared_with_root.w = shared_with_root[1].weight  # a root parameter: the root's group holds it
+    assert sharded.shard_groups(shared_with_root) == [[shared_with_root[0]]]
 
 
 @pytest.mark.slow
