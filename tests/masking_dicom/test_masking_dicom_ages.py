@@ -111,3 +111,27 @@ def test_aggregate_age_reads_every_unit() -> None:
     assert aggregate_age("4696W") == "090Y" and aggregate_age("4695W") == "089Y"
     assert aggregate_age("") == ""
     assert aggregate_age("abc") is None
+
+
+def test_implicit_vr_and_safe_private_ages_are_aggregated() -> None:
+    """An Implicit VR file's raw AS element (no VR in the stream) and an AS value Retain Safe Private
+    keeps are capped like any other retained age."""
+    import io
+
+    import pydicom
+    from pydicom.uid import ImplicitVRLittleEndian
+
+    ds = make_dataset()
+    ds.PatientAge = "104Y"
+    ds.file_meta.TransferSyntaxUID = ImplicitVRLittleEndian
+    ds.private_block(0x0029, "ACME SAFE 1.0").add_new(0x12, "AS", "095Y")
+    buf = io.BytesIO()
+    pydicom.dcmwrite(buf, ds, enforce_file_format=True)
+    data = load_policy(LONGITUDINAL).model_dump(mode="json")
+    deid = Deidentifier(load_policy(data={
+        **data, "options": [*data["options"], "retain_safe_private"],
+        "safe_private": [{"creator": "ACME SAFE 1.0", "group": "0029", "elements": ["12"]}]}), SECRET)
+    out, _ = deid.deidentify_dataset(pydicom.dcmread(io.BytesIO(buf.getvalue())))
+    back = pydicom.dcmread(io.BytesIO(encode_dataset(out)))
+    assert back.file_meta.TransferSyntaxUID == ImplicitVRLittleEndian
+    assert back.PatientAge == "090Y" and back[0x00291012].value == b"090Y"

@@ -17,6 +17,7 @@ import re
 AGGREGATED_AGE = "090Y"
 
 _AGE_RE = re.compile(r"^(\d+) ?([DWMY])$")
+_AS_BYTES_RE = re.compile(rb"\d{3}[DWMY]")
 # The fewest days any 90 years have (90 * 365 + 21 leap days): a day or week count at least this
 # long may be a 90-year-old, so it is capped (a day early rather than a day late).
 _DAYS_IN_90_YEARS = 90 * 365 + 21
@@ -56,3 +57,9 @@ _COARSER = {
     "W": lambda weeks: (weeks * 7 * 1200 // 36525, "M"),  # a month is 365.25 / 12 days
     "M": lambda months: (months // 12, "Y"),
 }
+
+
+def looks_like_age(value: object) -> bool:
+    """Whether an element of unknown VR (a private one read from an Implicit VR file: ``UN``) holds
+    exactly one conformant Age String, ``nnnU``: such a value is treated as an age."""
+    return isinstance(value, bytes) and _AS_BYTES_RE.fullmatch(value) is not None

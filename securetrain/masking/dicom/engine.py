@@ -45,7 +45,7 @@ from securetrain import __version__
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
 from securetrain.errors import SecureTrainError
 from securetrain.io.atomic import atomic_write_bytes
-from securetrain.masking.dicom.ages import AGGREGATED_AGE, aggregate_age
+from securetrain.masking.dicom.ages import AGGREGATED_AGE, aggregate_age, looks_like_age
 from securetrain.masking.dicom.burned_in.cleaner import BurnedInCleaner
 from securetrain.masking.dicom.burned_in.codec import clear_unused_bits
 from securetrain.masking.dicom.charset import repair_character_set
@@ -827,7 +827,9 @@ class Deidentifier:
                         self._walk(item, ctx, f"{path}[{i}].", True)
                 elif elem.VR in TEXT_VRS:
                     ctx.retained_text.append((ds, tag, path))
-                elif elem.VR == "AS" and self._aggregate_ages:
+                elif self._aggregate_ages and (elem.VR == "AS" or (elem.VR == "UN" and looks_like_age(elem.value))):
+                    if elem.VR == "UN":  # Implicit VR: a private value's VR is unknown; this one is an age
+                        ds[tag] = DataElement(tag, "AS", elem.value.decode("ascii"))
                     self._aggregate_age(ds, tag, ctx, path)
                 continue
             raw = ds.get_item(tag)
