@@ -14,6 +14,7 @@ from typing import Any
 
 from securetrain.io.atomic import atomic_write_bytes
 from securetrain.pipeline.results import PipelineResult, TrainingSummary
+from securetrain.training.architecture import describe_fix
 
 
 def _finite(value: Any) -> bool:
@@ -260,9 +261,11 @@ def _mib(value: Any) -> str:
 
 
 def _privacy_text(p: dict) -> str:
+    replaced = p.get("replaced_layers")  # the trained architecture differs from the model spec's
     return (f"ε = {_num(p.get('epsilon'))} spent of {_num(p.get('target_epsilon'))} at δ = {p.get('delta')} "
             f"({p.get('accountant')} accountant, noise multiplier {_num(p.get('noise_multiplier'))}, "
-            f"clip {p.get('max_grad_norm')})")
+            f"clip {p.get('max_grad_norm')})"
+            + (f"; layers replaced for DP-SGD (trained and saved so): {describe_fix(replaced)}" if replaced else ""))
 
 
 def _privacy_rows(t: Any) -> list[tuple[str, object]]:

@@ -384,7 +384,9 @@ def _json_safe(value: Any) -> Any:
 def load_trained_model(config: PipelineConfig, secrets: RunSecrets, audit: AuditRecorder | None = None,
                        data: TaskData | None = None, *, which: str = "last"):
     """The model restored from the latest (``which="best"``: the best validation's) encrypted
-    checkpoint, authenticated before use."""
+    checkpoint, authenticated before use, in the architecture that was trained: a DP-SGD run's
+    checkpoint records the layers Opacus replaced (BatchNorm -> GroupNorm) and the model is rebuilt
+    fixed the same way. Loading is strict; weights that do not fit raise :class:`ModelArchitectureError`."""
     store = run_checkpoint_store(config, secrets, audit, best=which == "best")
     if which == "best" and store.latest() is None:
         store = run_checkpoint_store(config, secrets, audit)  # no validation ran: the last weights
@@ -396,13 +398,34 @@ def load_trained_model(config: PipelineConfig, secrets: RunSecrets, audit: Audit
         tensors = sharded.assemble_full(store, loaded)  # FSDP: every rank's shard, each verified
     if data is None:
         _, data = task_datasets(config, secrets, None)
-    model = build_task_model(config, data)
-    from securetrain.training.state import load_model_state
+    model = _trained_architecture(config, build_task_model(config, data), loaded.metadata)
+    from securetrain.training.errors import ModelArchitectureError
+    from securetrain.training.state import state_mismatch, to_model_names
 
     prefix = "model/"
-    state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-    load_model_state(model, state, strict=True)  # a model built compiled (torch.compile) loads the plain names too
+    # Either form of names: a model built compiled (torch.compile) loads the plain names too.
+    state = to_model_names(model.state_dict(), {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})
+    mismatch = state_mismatch(model.state_dict(), state)
+    if mismatch is not None:
+        raise ModelArchitectureError(
+            f"{loaded.info.path.name} does not fit the model {config.model.target!r} builds ({mismatch})",
+            hint="build the model that was trained (same model.target code, model.kwargs and task data)")
+    model.load_state_dict(state, strict=True)
     return model.eval()
+
+
+def _trained_architecture(config: PipelineConfig, model: torch.nn.Module, metadata: Any) -> torch.nn.Module:
+    """``model`` as it was trained: the checkpoint's record of a DP run's fix decides, whatever the
+    config says now; a DP checkpoint from before the record was fixed if the config fixes models."""
+    from securetrain.training.architecture import read_model_fix
+
+    recorded = read_model_fix(metadata)
+    privacy = config.training.privacy
+    if recorded is None and not (privacy is not None and privacy.fix_model):
+        return model
+    from securetrain.release.privacy import fixed_for_dp, rebuild_trained_architecture
+
+    return rebuild_trained_architecture(model, recorded) if recorded is not None else fixed_for_dp(model)[0]
 
 
 def _he_scope(config: PipelineConfig) -> str:

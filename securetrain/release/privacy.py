@@ -22,10 +22,12 @@ the trainer's own.
 - **Model.** Layers Opacus cannot train per-sample are replaced by ``ModuleValidator.fix``
   (``privacy.fix_model``, e.g. BatchNorm -> GroupNorm: BatchNorm normalises each sample with its
   batch's statistics, so per-sample gradients through it are wrong), with a warning naming each
-  replaced layer (the model trained is then a fixed copy, ``trainer.model``); anything still
-  unsupported, or BatchNorm with ``fix_model: false``, raises :class:`PrivacyModelError` naming the
-  layers by path and the fix. A ``torch.compile`` wrapper is set aside: Opacus' per-sample hooks
-  go on the user's module, which runs uncompiled.
+  replaced layer (the model trained is then a fixed copy, ``trainer.model``); every checkpoint
+  records the replaced layers (:mod:`securetrain.training.architecture`), so loaders rebuild that
+  architecture (:func:`rebuild_trained_architecture`) and a resume that would train another one is
+  refused. Anything still unsupported, or BatchNorm with ``fix_model: false``, raises
+  :class:`PrivacyModelError` naming the layers by path and the fix. A ``torch.compile`` wrapper is
+  set aside: Opacus' per-sample hooks go on the user's module, which runs uncompiled.
 - **Checks.** The plain trainer's: the default loss's refusals (it is the same loss), a
   ``loss_fn`` that does not return one scalar tensor (:func:`~securetrain.training.losses.check_loss`).
 - **DDP.** With several processes the model is wrapped in Opacus' DPDDP; each rank Poisson-samples
@@ -50,9 +52,10 @@ import torch
 from torch import nn
 
 from securetrain.release.errors import PrivacyError, PrivacyModelError
+from securetrain.training.architecture import ReplacedLayers, describe_fix, model_fix_metadata
 from securetrain.training.batches import batch_len, strip_compile, to_device
 from securetrain.training.config import PrivacyConfig, TrainingConfig
-from securetrain.training.errors import ResumeMismatchError
+from securetrain.training.errors import ModelArchitectureError, ResumeMismatchError
 from securetrain.training.losses import check_loss
 from securetrain.training.seeding import epoch_seed
 from securetrain.training.stop import StopReason
@@ -87,24 +90,40 @@ _BATCHNORM_WHY = ("BatchNorm normalises each sample with its batch's statistics,
                   "through it are wrong")
 
 
+def fixed_for_dp(model: nn.Module) -> tuple[nn.Module, ReplacedLayers]:
+    """Opacus' fixed copy of ``model`` (``ModuleValidator.fix``: BatchNorm -> GroupNorm, ...) and the
+    layers it replaced, by path. Deterministic: the same model fixes to the same architecture, which
+    is how a loader rebuilds what a DP run trained (:func:`rebuild_trained_architecture`)."""
+    from opacus.validators import ModuleValidator
+
+    before = {name: type(m) for name, m in model.named_modules()}
+    fixed = ModuleValidator.fix(model)
+    replaced = [{"layer": name, "from": before[name].__name__, "to": type(m).__name__}
+                for name, m in fixed.named_modules() if name in before and before[name] is not type(m)]
+    return fixed, replaced
+
+
 def validate_model(model: nn.Module, *, fix: bool) -> nn.Module:
     """The model made DP-trainable (fixed by Opacus where allowed, with a warning naming each replaced
     layer) or :class:`PrivacyModelError` naming the layers (by path) and the fix."""
+    return validate_and_fix(model, fix=fix)[0]
+
+
+def validate_and_fix(model: nn.Module, *, fix: bool) -> tuple[nn.Module, ReplacedLayers]:
+    """:func:`validate_model`, with the layers replaced (``[]``: none), as checkpoints record them."""
     from opacus.validators import ModuleValidator
 
     errors = ModuleValidator.validate(model, strict=False)
+    replaced: ReplacedLayers = []
     if errors and fix:
-        before = {name: type(m) for name, m in model.named_modules()}
-        model = ModuleValidator.fix(model)
+        model, replaced = fixed_for_dp(model)
         errors = ModuleValidator.validate(model, strict=False)
-        replaced = [f"{name or '<the model>'} ({before[name].__name__} -> {type(m).__name__})"
-                    for name, m in model.named_modules() if name in before and before[name] is not type(m)]
         if replaced:
-            why = f"{_BATCHNORM_WHY}. " if any("BatchNorm" in r for r in replaced) else ""
+            why = f"{_BATCHNORM_WHY}. " if any("BatchNorm" in r["from"] for r in replaced) else ""
             log.warning("DP-SGD (training.privacy.fix_model) replaced layers it cannot train per sample: %s. %sThe "
                         "model trained is that fixed copy, trainer.model, not the model passed in; its checkpoints "
                         "load into the fixed architecture (opacus.validators.ModuleValidator.fix(model))",
-                        ", ".join(replaced), why)
+                        describe_fix(replaced), why)
     if errors:
         norms = batchnorm_layers(model)
         others = sorted({str(e) for e in errors if not str(e).startswith("BatchNorm")})
@@ -115,7 +134,21 @@ def validate_model(model: nn.Module, *, fix: bool) -> nn.Module:
                   + (", LSTM with opacus.layers.DPLSTM" if others else "")
                   + ("" if fix else ", or set training.privacy.fix_model: true to have Opacus replace them")),
         )
-    return model
+    return model, replaced
+
+
+def rebuild_trained_architecture(model: nn.Module, recorded: ReplacedLayers) -> nn.Module:
+    """``model`` (as built from its spec) made the architecture a DP run trained: fixed as training
+    fixed it, when its checkpoint records replaced layers. :class:`ModelArchitectureError` if the
+    fix now replaces other layers (the model's code or kwargs changed): its weights would not fit."""
+    _require_opacus()
+    fixed, replaced = fixed_for_dp(model)
+    if replaced != recorded:
+        raise ModelArchitectureError(
+            f"the checkpoint was trained with DP-SGD on the model with {describe_fix(recorded)} "
+            f"(training.privacy.fix_model), but the model built now fixes to {describe_fix(replaced)}",
+            hint="build the model that was trained (same model.target code and model.kwargs)")
+    return fixed if recorded else model
 
 
 @contextlib.contextmanager
@@ -198,6 +231,7 @@ class DPTrainer(Trainer):
         self.sample_rate: float | None = None
         self._dp_loader: Any = None
         self._logical_batch = config.batch_size * config.grad_accumulation
+        self.replaced_layers: ReplacedLayers = []  # by the fix_model step, recorded in every checkpoint
 
     # --- setup ---------------------------------------------------------------------------
     def _resolve_precision(self, backend: Any) -> tuple[str, torch.dtype | None]:
@@ -248,7 +282,8 @@ class DPTrainer(Trainer):
         p = self.privacy_config
         if strip_compile(self.model) is not self.model:
             log.info("DP-SGD trains the module under torch.compile uncompiled (Opacus' per-sample hooks are on it)")
-        self.model = validate_model(strip_compile(self.model), fix=p.fix_model).to(self.device)
+        model, self.replaced_layers = validate_and_fix(strip_compile(self.model), fix=p.fix_model)
+        self.model = model.to(self.device)
         if self.dist.enabled:
             from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
 
@@ -298,6 +333,9 @@ class DPTrainer(Trainer):
                          "accountant": p.accountant, "noise_multiplier": self.noise_multiplier,
                          "logical_batch": self._logical_batch, "physical_batch": self.config.batch_size}
         return fp
+
+    def model_metadata(self) -> dict[str, str]:
+        return {**super().model_metadata(), **model_fix_metadata(self.replaced_layers)}
 
     # --- accountant state (saved encrypted with every checkpoint) --------------------------
     def extra_state(self) -> dict[str, Any]:
@@ -418,4 +456,5 @@ class DPTrainer(Trainer):
     def _fit(self, backend: Any, device: torch.device) -> TrainResult:
         result = super()._fit(backend, device)
         self._record_epsilon("privacy.final")
-        return replace(result, privacy=self.privacy_summary())
+        # The architecture trained, for whoever rebuilds it (result.json, provenance, the report).
+        return replace(result, privacy={**self.privacy_summary(), "replaced_layers": self.replaced_layers})

@@ -24,3 +24,9 @@ class ResumeMismatchError(TrainingError, ConfigError):
 class UncheckpointableStateError(TrainingError):
     """A value in the optimizer/scaler/callback state has no checkpoint form (tensors, lists, tuples,
     dicts, int, float, bool, str and None have one); the message names where it is."""
+
+
+class ModelArchitectureError(TrainingError, ConfigError):
+    """A checkpoint's weights belong to another architecture than the one rebuilt to load them
+    (e.g. trained as DP-SGD's fixed copy, BatchNorm -> GroupNorm, and the model no longer fixes the
+    same way); the message names the layers."""

@@ -156,6 +156,24 @@ def to_model_names(model_names: Iterable[str], saved: Mapping[str, _V]) -> dict[
     return {by_plain.get(plain_name(k), k): v for k, v in saved.items()}
 
 
+def state_mismatch(current: Mapping[str, torch.Tensor], saved: Mapping[str, torch.Tensor]) -> str | None:
+    """Why ``saved`` does not fit a model whose ``state_dict()`` is ``current`` (names missing on
+    either side, other shapes; the first few of each), or None when a strict load will take it."""
+    missing = [k for k in current if k not in saved]
+    unexpected = [k for k in saved if k not in current]
+    shapes = [f"{k}: checkpoint {list(saved[k].shape)} vs model {list(v.shape)}"
+              for k, v in current.items() if k in saved and saved[k].shape != v.shape]
+
+    def listed(what: str, items: list[str]) -> str:
+        more = f", ... ({len(items)} in all)" if len(items) > 3 else ""
+        return f"{what} {', '.join(items[:3])}{more}"
+
+    parts = [listed("not in the checkpoint:", missing) if missing else "",
+             listed("not in the model:", unexpected) if unexpected else "",
+             listed("shape of", shapes) if shapes else ""]
+    return "; ".join(p for p in parts if p) or None
+
+
 def load_model_state(model: torch.nn.Module, saved: Mapping[str, torch.Tensor], *, strict: bool = True) -> Any:
     """``model.load_state_dict(saved)`` accepting either form of names (see :func:`to_model_names`)."""
     return model.load_state_dict(to_model_names(model.state_dict(), saved), strict=strict)

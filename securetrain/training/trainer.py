@@ -58,6 +58,7 @@ from securetrain.training.batches import (  # noqa: F401 - also importable from 
     strip_compile,
     to_device,
 )
+from securetrain.training.architecture import describe_fix, read_model_fix
 from securetrain.training.callbacks import StepMetrics, TrainerCallback
 from securetrain.training.checkpoint_store import CheckpointInfo, CheckpointStore
 from securetrain.training.config import TrainingConfig
@@ -535,7 +536,8 @@ class Trainer:
         info: CheckpointInfo | None = None
         if self.is_main:
             meta = {TRAIN_FORMAT_KEY: sharded.MANIFEST_FORMAT, TRAIN_STATE_KEY: st.dumps(self._train_state()),
-                    **sharded.manifest_metadata(shard_infos, self._store_directory(), world, layout)}
+                    **sharded.manifest_metadata(shard_infos, self._store_directory(), world, layout),
+                    **self.model_metadata()}
             info = self.store.save(p.step, {"manifest/world_size": torch.tensor([world], dtype=torch.int64)}, meta)
             for cb in self.callbacks:
                 cb.on_checkpoint(self, info)
@@ -566,7 +568,7 @@ class Trainer:
                 "optimizer": opt_m, "scaler": self.scaler.state_dict(), "rng": rng_meta,
                 "extra": self.extra_state(),
             }
-            meta = {TRAIN_FORMAT_KEY: CHECKPOINT_FORMAT, TRAIN_STATE_KEY: st.dumps(state)}
+            meta = {TRAIN_FORMAT_KEY: CHECKPOINT_FORMAT, TRAIN_STATE_KEY: st.dumps(state), **self.model_metadata()}
             # The store records checkpoint.write itself (it knows the key id and ciphertext digest).
             info = self.store.save(p.step, tensors, meta)
             for cb in self.callbacks:
@@ -574,6 +576,26 @@ class Trainer:
         self.dist.barrier()  # nobody runs ahead (or exits) before the checkpoint is durable
         self._saved_step, self._saved_info = self.progress.step, info
         return info
+
+    def model_metadata(self) -> dict[str, str]:
+        """Metadata every checkpoint of the model carries about its architecture (none here; DP-SGD
+        records the layers it replaced, :mod:`securetrain.training.architecture`)."""
+        return {}
+
+    def _check_architecture(self, metadata: Mapping[str, str], name: str) -> None:
+        """Refuse a checkpoint trained on another architecture than this run trains (DP-SGD's fixed copy)."""
+        recorded = read_model_fix(metadata)
+        ours = read_model_fix(self.model_metadata())
+        if recorded is None or recorded == ours:
+            return  # a plain run's checkpoint (or a DP run's from before the record): the state check decides
+        # Resumed without DP-SGD, the model released would not have the privacy its run claims.
+        then = "a DP-SGD run (training.privacy)" + (
+            f" that trained its model with {describe_fix(recorded)} (training.privacy.fix_model)" if recorded else "")
+        now = "trains without DP-SGD" if ours is None else f"has {describe_fix(ours)}"
+        raise ResumeMismatchError(
+            f"cannot resume from {name}: it was written by {then}; this run {now}",
+            hint="resume with the training.privacy settings and model that wrote it, use a fresh output_dir, "
+                 "or set resume=false")
 
     def _model_tensors(self) -> dict[str, torch.Tensor]:
         # Tied weights (one Parameter under two names) stay one tensor: written once, re-tied on load.
@@ -598,7 +620,8 @@ class Trainer:
         p = self.progress
         meta = {TRAIN_FORMAT_KEY: "securetrain-best/1",
                 "securetrain.train.best": st.dumps({"metric": self.tracker.metric, "value": self.tracker.best,
-                                                    "epoch": p.epoch, "step": p.step})}
+                                                    "epoch": p.epoch, "step": p.step}),
+                **self.model_metadata()}
         self.best_checkpoint = self.best_store.save(p.step, tensors if tensors is not None else self._model_tensors(), meta)
 
     def _resume(self) -> int | None:
@@ -628,6 +651,7 @@ class Trainer:
                 f"{latest.path.name} is not a securetrain training checkpoint",
                 hint="use a fresh output_dir or set resume=false",
             )
+        self._check_architecture(ckpt.metadata, latest.path.name)
         saved = st.loads(ckpt.metadata[TRAIN_STATE_KEY])
         fingerprint = self._fingerprint_value
         diff = {k: (saved["fingerprint"].get(k), v) for k, v in fingerprint.items() if saved["fingerprint"].get(k) != v}
@@ -1292,23 +1316,11 @@ def _configured_optimizer(config: TrainingConfig, params: list[nn.Parameter]) ->
 def _check_model_state(model: nn.Module, saved: Mapping[str, torch.Tensor], name: str) -> None:
     """Refuse (:class:`ResumeMismatchError`) a checkpoint whose ``model/`` tensors do not fit ``model``
     (renamed, added or removed modules, other layer sizes), naming the first differences."""
-    current = model.state_dict()
-    missing = [k for k in current if k not in saved]
-    unexpected = [k for k in saved if k not in current]
-    shapes = [f"{k}: checkpoint {list(saved[k].shape)} vs model {list(v.shape)}"
-              for k, v in current.items() if k in saved and saved[k].shape != v.shape]
-    if not (missing or unexpected or shapes):
+    mismatch = st.state_mismatch(model.state_dict(), saved)
+    if mismatch is None:
         return
-
-    def listed(what: str, items: list[str]) -> str:
-        more = f", ... ({len(items)} in all)" if len(items) > 3 else ""
-        return f"{what} {', '.join(items[:3])}{more}"
-
-    parts = [listed("not in the checkpoint:", missing) if missing else "",
-             listed("not in the model:", unexpected) if unexpected else "",
-             listed("shape of", shapes) if shapes else ""]
     raise ResumeMismatchError(
-        f"cannot resume from {name}: the model does not match the checkpoint's ({'; '.join(p for p in parts if p)})",
+        f"cannot resume from {name}: the model does not match the checkpoint's ({mismatch})",
         hint="build the model that wrote it (same code and model kwargs), use a fresh output_dir, or set resume=false",
     )
 

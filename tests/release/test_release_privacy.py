@@ -153,6 +153,20 @@ def test_resume_with_changed_budget_is_refused(tmp_path: Path) -> None:
         _fit(tmp_path, _config(tmp_path, privacy={"target_epsilon": 8.0}))
 
 
+def test_resume_of_a_dp_checkpoint_without_dp_is_refused(tmp_path: Path) -> None:
+    """Continuing a DP run with the plain trainer would release a model without the privacy its run
+    records (it resumed silently); with a fixed BatchNorm the message names the replaced layer."""
+    for norm in (False, True):
+        folder = tmp_path / str(norm)
+        cfg = _config(folder, grad_accumulation=1)  # what the DP trainer records: nothing else differs
+        _fit(folder, cfg, callbacks=[_StopAt(3)], model=_model(norm=norm))
+        plain = Trainer(_model(norm=norm), _data(), cfg.model_copy(update={"privacy": None}),
+                        optimizer=_sgd, store=SafetensorsCheckpointStore(folder / "ckpt"))
+        with pytest.raises(ResumeMismatchError, match="written by a DP-SGD run.*this run trains without DP-SGD") as info:
+            plain.fit()
+        assert ("2 (BatchNorm2d -> GroupNorm)" in str(info.value)) is norm
+
+
 def test_reproducible_per_seed(tmp_path: Path) -> None:
     t1, _ = _fit(tmp_path / "1", _config(tmp_path / "1", seed=3))
     t2, _ = _fit(tmp_path / "2", _config(tmp_path / "2", seed=3))
