@@ -93,6 +93,9 @@ ENTRY_TAIL = re.compile(
     + r'(?:,"server_view":\{"addr":(?:null|' + _JCS_STRING + r'),"role":' + _JCS_STRING + r',"time":' + _JCS_STRING
     + r'\})?,"ts":' + _JCS_STRING + r',"v":1\}').fullmatch
 ASTRAL = re.compile("[\U00010000-\U0010ffff]").search
+#: A stored server view in canonical form (a database row's ``server_view`` text).
+SERVER_VIEW_TEXT = re.compile(r'\{"addr":(?:null|' + _JCS_STRING + r'),"role":' + _JCS_STRING + r',"time":'
+                              + _JCS_STRING + r'\}').fullmatch
 
 
 def _refuse(_text: str) -> Any:

@@ -16,6 +16,7 @@ import getpass
 import hashlib
 import json
 import logging
+import operator
 import os
 import signal
 import socket
@@ -82,7 +83,7 @@ from securetrain.audit.note import (
     verifier_key,
 )
 from securetrain.audit.triggers import SERVER_VIEW_SQL, postgres_ddl, postgres_upgrade_ddl, sqlite_ddl
-from securetrain.audit.verify import Record, VerifyReport, verify_records
+from securetrain.audit.verify import Record, VerifyReport, verify_rows
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +150,11 @@ def _json_object(stored: Any) -> dict[str, Any]:
     except (TypeError, json.JSONDecodeError):
         return {"__unparseable__": str(stored)[:64]}
     return value if isinstance(value, dict) else {"__not_an_object__": True}
+
+
+#: The columns the writer's entry template takes, then the stored hash (see ``_row_batches``).
+_TEMPLATE_COLUMNS = ("seq", "ts", "actor", "hostname", "mac", "action", "resource", "outcome", "details", "prev_hash",
+                     "entry_hash")
 
 
 def _plain_fields(obj: dict[str, Any]) -> bool:
@@ -1746,35 +1752,50 @@ class AuditLog:
         return out
 
     # -- verification and export ----------------------------------------------------------
-    def _records(self) -> Iterator[Record]:
+    def _row_batches(self) -> Iterator[list[tuple[Any, ...]]]:
+        """Every entry row in ``seq`` order, in batches, as :func:`verify_rows` takes them: the
+        template's columns, the stored hash, the server view text (None without the column), and
+        the row itself (for :meth:`_record_from_row`)."""
+        columns: Any = None
+        view_at: int | None = None
         with self._read_engine.connect() as conn:
-            has_view: bool | None = None
+            batch: list[tuple[Any, ...]] = []
             for row in self._rows(conn, 0, None):
-                if has_view is None:  # looked up once: a missing attribute costs an exception per row
-                    has_view = "server_view" in row._fields
-                # Fast path: stored details (and server view) already canonical, float-free, I-JSON
-                # integers: the entry's bytes come from the C encoder and need no second check.
-                view_text = row.server_view if has_view else None
-                details = canon.parse_canonical_object(row.details) if isinstance(row.details, str) else None
-                view = None if view_text is None else canon.parse_canonical_object(view_text)
-                if details is not None and (view_text is None or view is not None):
-                    fast = AuditEntry(row.seq, row.ts, row.actor, row.hostname, row.mac, row.action, row.resource,
-                                      row.outcome, details, row.prev_hash, row.entry_hash, view).hashed_object()
-                    if _plain_fields(fast):
-                        yield Record(canon.canonical_bytes_validated(fast), fast, stored_hash=row.entry_hash,
-                                     stored_seq=row.seq, canonical=True)
-                        continue
-                entry, details_text = _entry_from_row(row)
-                obj = entry.hashed_object()
-                try:
-                    raw = entry.hashed_bytes()
-                    if canon.canonical_bytes(entry.details).decode() != details_text:
-                        obj = {**obj, "details": {"__stored_details_not_canonical__": True}}
-                    if entry.server_view is not None and canon.canonical_bytes(entry.server_view).decode() != view_text:
-                        obj = {**obj, "server_view": {"__stored_server_view_not_canonical__": True}}
-                except AuditEventError:  # a tampered row with no canonical form: let the verifier name it
-                    raw, obj = b"", {**obj, "details": {"__stored_details_not_canonical__": True}}
-                yield Record(raw, obj, stored_hash=row.entry_hash, stored_seq=row.seq)
+                if columns is None:  # positions looked up once (attribute access per row is slow)
+                    names = row._fields
+                    columns = operator.itemgetter(*(names.index(n) for n in _TEMPLATE_COLUMNS))
+                    view_at = names.index("server_view") if "server_view" in names else None
+                batch.append((*columns(row), None if view_at is None else row[view_at], row))
+                if len(batch) >= _BATCH:
+                    yield batch
+                    batch = []
+            if batch:
+                yield batch
+
+    def _record_from_row(self, row: Any) -> Record:
+        """The exact path for one row: parsed and re-encoded canonically (slow, names every problem)."""
+        view_text = row.server_view if "server_view" in row._fields else None
+        # Stored details (and server view) canonical, float-free, I-JSON integers: the entry's bytes
+        # come from the C encoder and need no second check.
+        details = canon.parse_canonical_object(row.details) if isinstance(row.details, str) else None
+        view = None if view_text is None else canon.parse_canonical_object(view_text)
+        if details is not None and (view_text is None or view is not None):
+            fast = AuditEntry(row.seq, row.ts, row.actor, row.hostname, row.mac, row.action, row.resource,
+                              row.outcome, details, row.prev_hash, row.entry_hash, view).hashed_object()
+            if _plain_fields(fast):
+                return Record(canon.canonical_bytes_validated(fast), fast, stored_hash=row.entry_hash,
+                              stored_seq=row.seq, canonical=True)
+        entry, details_text = _entry_from_row(row)
+        obj = entry.hashed_object()
+        try:
+            raw = entry.hashed_bytes()
+            if canon.canonical_bytes(entry.details).decode() != details_text:
+                obj = {**obj, "details": {"__stored_details_not_canonical__": True}}
+            if entry.server_view is not None and canon.canonical_bytes(entry.server_view).decode() != view_text:
+                obj = {**obj, "server_view": {"__stored_server_view_not_canonical__": True}}
+        except AuditEventError:  # a tampered row with no canonical form: let the verifier name it
+            raw, obj = b"", {**obj, "details": {"__stored_details_not_canonical__": True}}
+        return Record(raw, obj, stored_hash=row.entry_hash, stored_seq=row.seq)
 
     def verify(
         self, *, trusted_checkpoints: Sequence[str] = (),
@@ -1790,7 +1811,7 @@ class AuditLog:
         key = public_key if public_key is not None else root_key(self.public_key, handovers)
         with self._read_engine.connect() as conn:  # raw notes: a malformed row is reported, not raised
             notes = [r.note for r in conn.execute(select(C.c.note).order_by(C.c.tree_size))]
-        return verify_records(self._records(), public_key=key, checkpoint_notes=notes,
+        return verify_rows(self._row_batches(), self._record_from_row, public_key=key, checkpoint_notes=notes,
                               trusted_notes=trusted_checkpoints, on_entry=on_entry, handover_notes=handovers)
 
     def export(self, outdir: str | os.PathLike[str], *, checkpoint: bool = True) -> Path:

@@ -22,6 +22,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from securetrain.audit.canonical import entry_bytes as _entry_bytes
 from securetrain.audit.canonical import (
     GENESIS_HASH,
     sha256_hex,
@@ -29,6 +30,7 @@ from securetrain.audit.canonical import (
 from securetrain.audit.entrycheck import ASTRAL as _ASTRAL
 from securetrain.audit.entrycheck import ENTRY_HEAD as _ENTRY_HEAD
 from securetrain.audit.entrycheck import ENTRY_TAIL as _ENTRY_TAIL
+from securetrain.audit.entrycheck import SERVER_VIEW_TEXT as _SERVER_VIEW_TEXT
 from securetrain.audit.entrycheck import check_entry as check_entry  # re-exported: part of this module's API
 from securetrain.audit.entrycheck import check_object as check_object
 from securetrain.audit.entrycheck import fast_accept as fast_accept
@@ -37,7 +39,7 @@ from securetrain.audit.entrycheck import verify_chunk as verify_chunk
 from securetrain.audit.entrycheck import details_canonical as _details_canonical
 from securetrain.audit.entrycheck import fail as _fail
 from securetrain.audit.entrycheck import parse_line as _parse_line
-from securetrain.audit.errors import AuditIntegrityError
+from securetrain.audit.errors import AuditEventError, AuditIntegrityError
 from securetrain.audit.handover import HandoverPoint, KeyChain, build_chain, open_with_chain, parse_handover
 from securetrain.audit.merkle import CompactRange, leaf_hash
 from securetrain.audit.note import Checkpoint, find_signer, parse_checkpoint_text, split_notes, verify_note
@@ -161,6 +163,50 @@ class _Walk:
         self.prev = prev
         self._add_leaves(leaves)
 
+    def rows(self, batch: list[tuple], exact: Callable[[Any], Record]) -> None:
+        """Verify a batch of database rows: ``(seq, ts, actor, hostname, mac, action, resource,
+        outcome, details, prev_hash, entry_hash, server_view, handle)``, the text columns as stored.
+
+        The entry's bytes are the writer's template filled with the row (``canonical.entry_bytes``),
+        which fixes the structure and escapes every field canonically. What the template cannot
+        vouch for is checked here: the next ``seq``, ``prev_hash`` linking to the previous entry,
+        ``details`` (and ``server_view``) canonical, and the stored ``entry_hash``. A row that does
+        not pass is checked by :meth:`record` on ``exact(handle)`` (parsed and re-encoded), which
+        names the problem or, for an unusual but sound entry (say, a character beyond U+FFFF in its
+        details), accepts it.
+        """
+        sha256, template = hashlib.sha256, _entry_bytes
+        details_ok, view_ok, astral = _details_canonical, _SERVER_VIEW_TEXT, _ASTRAL
+        seq, prev = self.tree.size, self.prev
+        leaves: list[bytes] = []
+        append = leaves.append
+        for (row_seq, ts, actor, hostname, mac, action, resource, outcome, details, prev_hash, stored, view,
+             handle) in batch:
+            raw: bytes | None = None
+            if (row_seq == seq and type(row_seq) is int and prev_hash == prev and type(details) is str
+                    and (details.isascii() or astral(details) is None) and details_ok(details)
+                    and (view is None or (type(view) is str and view_ok(view) is not None))):
+                try:
+                    raw = template(seq=seq, ts=ts, actor=actor, hostname=hostname, mac=mac, action=action,
+                                   resource=resource, outcome=outcome, details_json=details, prev_hash=prev_hash,
+                                   server_view_json=view)
+                except (AuditEventError, TypeError):  # a lone surrogate, a NULL: the exact check names it
+                    raw = None
+            digest = "" if raw is None else sha256(raw).hexdigest()
+            if raw is None or digest != stored:
+                self.prev = prev
+                self._add_leaves(leaves)
+                leaves = []
+                append = leaves.append
+                self.record(exact(handle))
+                seq, prev = self.tree.size, self.prev
+                continue
+            append(sha256(b"\x00" + raw).digest())
+            prev = digest
+            seq += 1
+        self.prev = prev
+        self._add_leaves(leaves)
+
     def chunk(self, result: tuple, reread: Callable[[], list[bytes]]) -> None:
         """Take a chunk verified by :func:`verify_chunk` in another process.
 
@@ -251,6 +297,26 @@ def verify_records(
             walk.record(rec)
 
     return _run(public_key, checkpoint_notes, trusted_notes, on_entry, require_signed, walk_all, records,
+                handover_notes=handover_notes)
+
+
+def verify_rows(
+    batches: Iterable[list[tuple]],
+    exact: Callable[[Any], Record],
+    *,
+    public_key: TrustedKeys,
+    checkpoint_notes: Iterable[str] = (),
+    trusted_notes: Iterable[str] = (),
+    handover_notes: Sequence[str] = (),
+    on_entry: Callable[[int], None] | None = None,
+) -> VerifyReport:
+    """:func:`verify_records` for a database read in batches of rows (see :meth:`_Walk.rows`);
+    ``exact(handle)`` builds the :class:`Record` of a row the fast check does not accept."""
+    def walk_all(walk: _Walk) -> None:
+        for batch in batches:
+            walk.rows(batch, exact)
+
+    return _run(public_key, checkpoint_notes, trusted_notes, on_entry, False, walk_all, batches,
                 handover_notes=handover_notes)
 
 

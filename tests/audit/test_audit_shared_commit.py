@@ -568,6 +568,20 @@ def _clients(address: str, n: int) -> list[committer.CommitClient]:
     return [committer.CommitClient(address, timeout=10) for _ in range(n)]
 
 
+def _share_one_transaction(clients: list[committer.CommitClient], blocker: committer.CommitClient,
+                           sizes: list[int]) -> None:
+    """Make ``clients`` the writers of the server's last transaction: while it commits the
+    blocker's request (slowly), they all send, so the next transaction holds exactly them."""
+    t = threading.Thread(target=lambda: blocker.call({"blocker": True}))
+    t.start()
+    deadline = time.monotonic() + 10
+    while not sizes and time.monotonic() < deadline:  # the blocker's commit has started
+        time.sleep(0.001)
+    _call_all(clients, [0.0] * len(clients))
+    t.join(10)
+    assert sizes[-1] == len(clients), sizes
+
+
 def _call_all(clients: list[committer.CommitClient], delays: list[float]) -> list[float]:
     """Each client sends after its delay (threads); returns when each got its reply (monotonic)."""
     done = [0.0] * len(clients)
@@ -590,17 +604,14 @@ def test_writers_that_return_a_little_apart_share_one_transaction(tmp_path: Path
     address = committer.address_for(f"test-linger:{tmp_path}")
     server, sizes = _slow_batches(address, commit_s=0.02)  # waits are capped at MAX_LINGER_S (2 ms)
     clients = _clients(address, 3)
+    blocker = _clients(address, 1)[0]
     try:
-        for _ in range(20):  # until one transaction holds all three (they send at once)
-            sizes.clear()
-            _call_all(clients, [0.0, 0.0, 0.0])
-            if sizes == [3]:
-                break
-        assert sizes == [3]
         # The same three come back up to 1.2 ms apart: before, the first was always committed alone.
         # (A few tries: on a loaded machine a thread may start later than the 2 ms bound.)
         firsts = []
         for _ in range(5):
+            sizes.clear()
+            _share_one_transaction(clients, blocker, sizes)
             sizes.clear()
             _call_all(clients, [0.0, 0.0006, 0.0012])
             firsts.append(sizes[0])
@@ -609,7 +620,7 @@ def test_writers_that_return_a_little_apart_share_one_transaction(tmp_path: Path
         assert max(firsts) >= 2, firsts
         assert committer.MAX_LINGER_S <= 0.005, "a few milliseconds at most (the issue's bound)"
     finally:
-        for c in clients:
+        for c in [*clients, blocker]:
             c.close()
         server.close()
 
@@ -618,19 +629,15 @@ def test_a_writer_that_does_not_come_back_delays_the_others_by_the_bound_at_most
     address = committer.address_for(f"test-linger-bound:{tmp_path}")
     server, sizes = _slow_batches(address, commit_s=0.05)
     clients = _clients(address, 2)
+    blocker = _clients(address, 1)[0]
     try:
-        for _ in range(20):
-            sizes.clear()
-            _call_all(clients, [0.0, 0.0])
-            if sizes == [2]:
-                break
-        assert sizes == [2]
+        _share_one_transaction(clients, blocker, sizes)
         sizes.clear()
         # The second writer is busy for 1 s: the first is committed after the bounded wait, alone.
         done = _call_all(clients, [0.0, 1.0])
         assert sizes[0] == 1
         assert done[0] < done[1] - 0.5, "the first writer did not wait for the second"
     finally:
-        for c in clients:
+        for c in [*clients, blocker]:
             c.close()
         server.close()

@@ -707,3 +707,93 @@ def test_standalone_proof_result_says_what_was_checked(log: AuditLog, tmp_path: 
     html = tmp_path / "r.html"
     standalone(Path(""), "--proof", str(tmp_path / "cons.json"), "--vkey", str(held_key), "--html", str(html))
     assert "Entries:" not in html.read_text() and "the tree of 4 entries is a prefix" in html.read_text()
+
+
+# -- a database is verified row by row through the writer's template, exactly as the slow path -----
+def _exact_report(log: AuditLog):  # noqa: ANN202
+    """The reference: every row parsed, rebuilt and re-encoded (the path before the template)."""
+    from securetrain.audit.verify import verify_records
+
+    rows = [r[-1] for batch in log._row_batches() for r in batch]
+    with log._read_engine.connect() as conn:
+        notes = [r[0] for r in conn.exec_driver_sql("SELECT note FROM audit_checkpoints ORDER BY tree_size")]
+    return verify_records([log._record_from_row(r) for r in rows], public_key=log.public_key, checkpoint_notes=notes)
+
+
+def _tampered_copy(src: Path, dst: Path, rng: random.Random) -> str:
+    """A copy of the database with one random change made by someone with file access (triggers
+    dropped); where the change keeps a row parseable, its entry_hash is recomputed the way a forger
+    would (from the new row, through the writer's template)."""
+    import hashlib
+    import shutil
+    import sqlite3
+
+    from securetrain.audit.triggers import SQLITE_TRIGGER_NAMES
+
+    shutil.copy(src, dst)
+    conn = sqlite3.connect(dst, isolation_level=None)
+    for name in SQLITE_TRIGGER_NAMES:
+        conn.execute(f"DROP TRIGGER IF EXISTS {name}")
+    n = conn.execute("SELECT COUNT(*) FROM audit_entries").fetchone()[0]
+    seq = rng.randrange(n)
+    kind = rng.choice(["details-spaced", "details-float", "details-astral-keys", "resource", "blob-actor", "delete",
+                       "seq", "prev", "hash", "details-dup-keys", "ts-int"])
+    updates = {
+        "details-spaced": ("details", '{"rows": 1}'),
+        "details-float": ("details", '{"rows":1.5}'),
+        "details-astral-keys": ("details", '{"\U0001f600":1,"\ue000":2}'),
+        "details-dup-keys": ("details", '{"a":1,"a":2}'),
+        "resource": ("resource", "dataset:forged"),
+        "blob-actor": ("actor", b"\x00\xff"),
+        "prev": ("prev_hash", "0" * 64),
+        "hash": ("entry_hash", "f" * 64),
+        "ts-int": ("ts", 5),
+    }
+    if kind == "delete":
+        conn.execute("DELETE FROM audit_entries WHERE seq = ?", (seq,))
+    elif kind == "seq":
+        conn.execute("UPDATE audit_entries SET seq = ? WHERE seq = ?", (n + 5, seq))
+    else:
+        column, value = updates[kind]
+        conn.execute(f"UPDATE audit_entries SET {column} = ? WHERE seq = ?", (value, seq))  # noqa: S608
+        if kind != "hash":
+            row = conn.execute("SELECT seq, ts, actor, hostname, mac, action, resource, outcome, details, prev_hash "
+                               "FROM audit_entries WHERE seq = ?", (seq,)).fetchone()
+            try:
+                raw = canonical.entry_bytes(seq=row[0], ts=row[1], actor=row[2], hostname=row[3], mac=row[4],
+                                            action=row[5], resource=row[6], outcome=row[7], details_json=row[8],
+                                            prev_hash=row[9])
+                conn.execute("UPDATE audit_entries SET entry_hash = ? WHERE seq = ?",
+                             (hashlib.sha256(raw).hexdigest(), seq))
+            except (TypeError, canonical.AuditEventError):
+                pass
+    conn.close()
+    return f"{kind}@{seq}"
+
+
+def test_database_verification_agrees_with_the_exact_path(tmp_path: Path) -> None:
+    """Sound entries with every kind of text (control characters, U+2028, characters beyond
+    U+FFFF in keys and values) verify; and for each random tampering the report (ok, error) is the
+    one the exact path gives."""
+    rng = random.Random(20261205)
+    src = tmp_path / "src.db"
+    log = AuditLog(src, actor="alice", checkpoint_every=7, signing_key=Ed25519PrivateKey.generate())
+    written = 0
+    while written < 40:
+        details = {_rand_str(rng) or "k": _rand_value(rng) for _ in range(rng.randrange(4))}
+        try:
+            log.record("dataset.read", _rand_str(rng) or "r", details=details)
+        except canonical.AuditEventError:  # e.g. a key the details rules refuse
+            continue
+        written += 1
+    fast, exact = log.verify(), _exact_report(log)
+    assert fast.ok and exact.ok and fast.entries == exact.entries == log.size() and fast.root_hash == exact.root_hash
+    key = log.signing_key
+    log.close()
+    for trial in range(30):
+        dst = tmp_path / f"t{trial}.db"
+        what = _tampered_copy(src, dst, rng)
+        forged = AuditLog(dst, actor="alice", checkpoint_every=None, signing_key=key, create=False)
+        fast, exact = forged.verify(), _exact_report(forged)
+        assert (fast.ok, str(fast.error), fast.entries) == (exact.ok, str(exact.error), exact.entries), what
+        forged.close()
