@@ -150,7 +150,9 @@ class CommitServer:
     peer checks and an orderly shutdown.
     """
 
-    def __init__(self, address: str, handle_many: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> None:
+    def __init__(self, address: str, handle_many: Callable[[list[dict[str, Any]]], list[dict[str, Any]]], *,
+                 linger: bool = True) -> None:
+        self._lingers = linger  # see _linger: worth it where a transaction's own cost is high
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             sock.bind(address)  # OSError (EADDRINUSE) when another process already serves this log
@@ -290,6 +292,8 @@ class CommitServer:
         took: a writer that is late anyway would only have waited that long for the next commit.
         A writer that does not come back drops out of ``expected`` with this batch.
         """
+        if not self._lingers:
+            return kicked
         expected = {who for who in expected if who is self or who in self._conns}  # a dropped peer never sends
         wait = min(commit_s, MAX_LINGER_S)
         if wait <= 0.0 or len(expected) < 2:

@@ -1150,7 +1150,11 @@ class AuditLog:
             pass
         if self._owner and self.durable and self._pid == os.getpid():
             try:
-                self._server = CommitServer(self._commit_address, self._serve_requests)
+                # Waiting for more writers pays off where a transaction has a high fixed cost (two
+                # round trips, planning, the trigger's set-up: PostgreSQL), not where the serving
+                # thread's own work per request dominates (SQLite's WAL commit): measured both ways.
+                self._server = CommitServer(self._commit_address, self._serve_requests,
+                                            linger=self.backend != "sqlite")
                 _SERVING_HERE[self._commit_address] = self
                 _install_exit_flush()  # stop serving (answer bye) at exit, worker exit and SIGTERM
                 return None

@@ -641,3 +641,12 @@ def test_a_writer_that_does_not_come_back_delays_the_others_by_the_bound_at_most
         for c in [*clients, blocker]:
             c.close()
         server.close()
+
+
+def test_the_committer_waits_for_writers_on_postgresql_only(target: dict[str, Any]) -> None:
+    """Measured: the wait pays for PostgreSQL's costly transactions and costs SQLite's serving thread."""
+    log = _open(target)
+    log.record("x", "serve")
+    assert log._server is not None and log._server.serves()
+    assert log._server._lingers is (log.backend != "sqlite")
+    log.close()
