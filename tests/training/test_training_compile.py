@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
+from two_inputs import TwoInputs
 
 from securetrain.training import SafetensorsCheckpointStore, Trainer, TrainingConfig
 from securetrain.training.state import load_model_state
@@ -115,16 +116,6 @@ def test_a_compiled_submodule_is_saved_under_plain_names(tmp_path: Path) -> None
     resumed = nn.Sequential(_Encoder())
     r = Trainer(resumed, DATA, _cfg(tmp_path, epochs=2)).fit()
     assert r.resumed_from == 6 and r.steps == 12
-
-
-class TwoInputs(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.image = nn.Linear(6, 3)
-        self.clinical = nn.Linear(2, 3)
-
-    def forward(self, image: torch.Tensor, clinical: torch.Tensor) -> torch.Tensor:
-        return self.image(image) + self.clinical(clinical)
 
 
 class PairData(Dataset):

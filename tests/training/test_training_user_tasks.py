@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
+from two_inputs import TwoInputs
 
 from securetrain.training import MetricsHistory, ResumeMismatchError, Trainer, TrainingConfig, TrainingError
 from securetrain.training.validation import default_metrics
@@ -125,16 +126,6 @@ def test_segmentation_outputs_are_scored_per_pixel(tmp_path: Path) -> None:
     last = r.validation[-1]
     assert last["samples"] == 16 and sum(last["class_counts"]) == 16 * 64
     assert last["accuracy"] > 0.8 and 0 < last["mean_iou"] <= 1 and 0 < last["dice"] <= 1
-
-
-class TwoInputs(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.image = nn.Linear(6, 3)
-        self.clinical = nn.Linear(2, 3)
-
-    def forward(self, image: torch.Tensor, clinical: torch.Tensor) -> torch.Tensor:
-        return self.image(image) + self.clinical(clinical)
 
 
 T2 = torch.randn(40, 2, generator=G)
