@@ -25,7 +25,9 @@ the trainer's own.
   replaced layer (the model trained is then a fixed copy, ``trainer.model``); every checkpoint
   records the replaced layers (:mod:`securetrain.training.architecture`), so loaders rebuild that
   architecture (:func:`rebuild_trained_architecture`) and a resume that would train another one is
-  refused. Anything still unsupported, or BatchNorm with ``fix_model: false``, raises
+  refused. Anything still unsupported, BatchNorm with ``fix_model: false``, or a replaced BatchNorm
+  over flat ``[N, C]`` features (its GroupNorm would erase its input, :mod:`securetrain.release.flat_norm`;
+  seen on one forward of the first training samples before training) raises
   :class:`PrivacyModelError` naming the layers by path and the fix. A ``torch.compile`` wrapper is
   set aside: Opacus' per-sample hooks go on the user's module, which runs uncompiled.
 - **Checks.** The plain trainer's: the default loss's refusals (it is the same loss), a
@@ -52,12 +54,13 @@ import torch
 from torch import nn
 
 from securetrain.release.errors import PrivacyError, PrivacyModelError
+from securetrain.release.flat_norm import erasing_groupnorms, suspect_groupnorms
 from securetrain.training.architecture import ReplacedLayers, describe_fix, model_fix_metadata
 from securetrain.training.batches import batch_len, strip_compile, to_device
 from securetrain.training.config import PrivacyConfig, TrainingConfig
 from securetrain.training.errors import ModelArchitectureError, ResumeMismatchError
 from securetrain.training.losses import check_loss
-from securetrain.training.seeding import epoch_seed
+from securetrain.training.seeding import capture_rng_state, epoch_seed, restore_rng_state
 from securetrain.training.stop import StopReason
 from securetrain.training.trainer import (
     Trainer,
@@ -130,7 +133,8 @@ def validate_and_fix(model: nn.Module, *, fix: bool) -> tuple[nn.Module, Replace
         parts = ([f"{describe_layers(norms)}: {_BATCHNORM_WHY}"] if norms else []) + others
         raise PrivacyModelError(
             f"the model has layers DP-SGD cannot train: {'; '.join(parts)}",
-            hint=("replace " + ("BatchNorm with GroupNorm (nn.GroupNorm(groups, channels))" if norms else "them")
+            hint=("replace " + ("BatchNorm with GroupNorm (nn.GroupNorm(groups, channels)) over feature maps, nn.LayerNorm(C) "
+                                "over flat [N, C] features" if norms else "them")
                   + (", LSTM with opacus.layers.DPLSTM" if others else "")
                   + ("" if fix else ", or set training.privacy.fix_model: true to have Opacus replace them")),
         )
@@ -284,6 +288,10 @@ class DPTrainer(Trainer):
             log.info("DP-SGD trains the module under torch.compile uncompiled (Opacus' per-sample hooks are on it)")
         model, self.replaced_layers = validate_and_fix(strip_compile(self.model), fix=p.fix_model)
         self.model = model.to(self.device)
+        data, collate = self._dataset()
+        if len(data) == 0:
+            raise PrivacyError("the training data is empty")
+        self._refuse_erasing_norms(data, collate)
         if self.dist.enabled:
             from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
 
@@ -296,9 +304,6 @@ class DPTrainer(Trainer):
                 f"DP-SGD cannot drive an optimizer that takes a closure ({type(optimizer).__name__}): every "
                 "extra evaluation of the closure would look at the batch again without clipping and noise",
                 hint="use a first-order optimizer (SGD, Adam, AdamW) and training.closure unset")
-        data, collate = self._dataset()
-        if len(data) == 0:
-            raise PrivacyError("the training data is empty")
         # One logical batch spans all ranks: q = 1 / ceil(N / (batch_size x grad_accumulation x world_size)).
         loader = DataLoader(data, batch_size=self._logical_batch * self.dist.world_size, collate_fn=collate,
                             num_workers=self.num_workers, shuffle=False)
@@ -318,6 +323,37 @@ class DPTrainer(Trainer):
         self.sample_rate = 1 / steps_per_epoch
         self._dataset_len = len(data)
         return dp_optimizer
+
+    def _refuse_erasing_norms(self, data: Any, collate: Any) -> None:
+        """:class:`PrivacyModelError` before training when a GroupNorm the fix put in place of a
+        BatchNorm sees flat ``[N, C]`` features (:mod:`securetrain.release.flat_norm`): seen on one
+        forward of the first training samples, in eval mode, with the RNG streams restored."""
+        from torch.utils.data import default_collate
+
+        model = self.model
+        if not suspect_groupnorms(model, self.replaced_layers):
+            return  # no replaced layer could erase its input: no forward needed
+        assert self.backend is not None and self.device is not None
+        was_training = model.training
+        rng_t, rng_m = capture_rng_state(self.backend.device_type)
+        model.eval()
+        try:
+            batch = (collate or default_collate)([data[i] for i in range(min(len(data), self.config.batch_size))])
+            if self.device.type != "cpu":
+                batch = to_device(batch, self.device, self.backend.pin_memory)
+            erasing = erasing_groupnorms(model, self.replaced_layers, lambda: self.loss_fn(model, batch))
+        finally:
+            model.train(was_training)
+            restore_rng_state(rng_t, rng_m, self.backend.device_type)
+        if erasing:
+            raise PrivacyModelError(
+                "DP-SGD (training.privacy.fix_model) replaced BatchNorm with GroupNorm where it normalises flat "
+                f"[N, C] features, and there GroupNorm erases its input (the model would train to nothing): "
+                f"{'; '.join(erasing)}",
+                hint="over flat features use nn.LayerNorm(C) (or no norm) instead of BatchNorm1d for DP-SGD, or set "
+                     "training.privacy.fix_model: false and replace the BatchNorm yourself (nn.LayerNorm, or "
+                     "nn.GroupNorm with several channels per group); BatchNorm over feature maps ([N, C, H, W], "
+                     "[N, C, L]) is fixed soundly")
 
     def _make_feeder(self, backend: Any, device: torch.device) -> Any:
         return PoissonFeeder(self._dp_loader, seed=self.config.seed, dataset_length=self._dataset_len,

@@ -30,6 +30,11 @@ def bn_net(in_features, num_classes):
                          nn.ReLU(), nn.Linear(8, num_classes))
 
 
+def flat_bn_net(in_features, num_classes):
+    # a tabular MLP's BatchNorm1d over [N, C] features: refused under DP-SGD (GroupNorm(8, 8) erases it)
+    return nn.Sequential(nn.Linear(in_features, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, num_classes))
+
+
 def plain_net(in_features, num_classes):
     return nn.Sequential(nn.Linear(in_features, 8), nn.Unflatten(1, (2, 2, 2)), nn.Identity(), nn.Flatten(),
                          nn.ReLU(), nn.Linear(8, num_classes))
@@ -165,3 +170,17 @@ def test_a_dp_run_resumes_from_its_checkpoint(dp_run) -> None:
     # the GroupNorm weights went back into the fixed model; the budget planned for 2 epochs is spent
     assert summary.resumed_from == result.training.steps and summary.reason == "privacy_budget"
     assert summary.privacy["replaced_layers"] == REPLACED
+
+
+def test_a_tabular_batchnorm_model_is_refused_before_training(tmp_path: Path) -> None:
+    """The finance MLP's BatchNorm1d over [N, C] features would become a GroupNorm that outputs a
+    constant: the run stops before training with a PrivacyModelError naming the layer."""
+    from securetrain.release.errors import PrivacyModelError
+
+    (tmp_path / "bnmodels.py").write_text(BN_MODELS)
+    config = _config(tmp_path)
+    config.model.target = "bnmodels:flat_bn_net"
+    with pytest.raises(PrivacyModelError, match=r"1 \(BatchNorm1d -> GroupNorm\(8, 8\).*constant") as info:
+        run_pipeline(config)
+    assert "nn.LayerNorm" in str(info.value)
+    assert not list((tmp_path / "runs").rglob("step-*"))  # no checkpoint: nothing trained

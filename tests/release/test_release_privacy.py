@@ -3,6 +3,7 @@ checkpoint, reproducibility, model fixing and the refusals."""
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any
@@ -199,6 +200,63 @@ def test_batchnorm_is_fixed_or_refused_naming_the_layer(tmp_path: Path) -> None:
     assert any(isinstance(m, nn.GroupNorm) for m in trainer.model.modules())
     with pytest.raises(PrivacyModelError, match="BatchNorm"):
         _fit(tmp_path / "nofix", _config(tmp_path / "nofix", privacy={"fix_model": False}), model=_model(norm=True))
+
+
+def _flat_bn_model(channels: int) -> nn.Module:
+    """BatchNorm1d over flat [N, C] features (a tabular MLP), at path "1.0": Opacus' fix makes it
+    GroupNorm(gcd(32, C), C), one (C <= 32) or two (C = 64) values per sample and group."""
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Linear(6, channels), nn.Sequential(nn.BatchNorm1d(channels), nn.ReLU()),
+                         nn.Linear(channels, 2))
+
+
+@pytest.mark.parametrize(("channels", "groups", "erased"), [(8, 8, "1 value per group, normalised to a constant"),
+                                                            (64, 32, "2 values per group, normalised to a sign")])
+def test_batchnorm_over_flat_features_is_refused_before_training(tmp_path: Path, channels: int, groups: int,
+                                                                 erased: str) -> None:
+    """The GroupNorm the fix puts there erases its input (the model trained to a constant): refused
+    before the first step, naming the layer, what it does and what to do instead."""
+    audit = MemoryAuditRecorder()
+    with pytest.raises(PrivacyModelError) as info:
+        _fit(tmp_path, _config(tmp_path), audit=audit, model=_flat_bn_model(channels))
+    message = str(info.value)
+    assert f"1.0 (BatchNorm1d -> GroupNorm({groups}, {channels}) over inputs of per-sample shape [{channels}]" in message
+    assert erased in message and "nn.LayerNorm" in message and "fix_model: false" in message
+    assert not any(e["action"] in ("training.start", "training.step") for e in audit.events)
+    assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())  # nothing trained or saved
+
+
+def test_batchnorm_over_feature_maps_and_sequences_is_still_fixed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GroupNorm with one channel per group over [N, C, H, W] or [N, C, L] normalises each channel over
+    its positions (InstanceNorm-like): trained as before, and the check's forward leaves no trace (a
+    dataset that draws random noise per sample trains to the same weights without the check)."""
+    class Noisy(torch.utils.data.Dataset):  # type: ignore[type-arg]
+        base = _data()
+
+        def __len__(self) -> int:
+            return N
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+            x, y = self.base[i]
+            return x + 0.01 * torch.randn(6), y
+
+    seq = nn.Sequential(nn.Linear(6, 8), nn.Unflatten(1, (2, 4)), nn.BatchNorm1d(2), nn.Flatten(), nn.ReLU(),
+                        nn.Linear(8, 2))
+    for name, model in (("maps", _model(norm=True)), ("seq", seq)):
+        def fit(where: str, model: nn.Module = model) -> DPTrainer:
+            trainer = DPTrainer(copy.deepcopy(model), Noisy(), _config(tmp_path / where, epochs=1), optimizer=_sgd,
+                                audit=MemoryAuditRecorder(), store=SafetensorsCheckpointStore(tmp_path / where / "c"))
+            assert trainer.fit().reason == "completed"
+            assert isinstance(trainer.model[2], nn.GroupNorm) and trainer.model[2].num_groups == 2
+            return trainer
+
+        checked = fit(f"{name}-checked")
+        with monkeypatch.context() as m:
+            m.setattr(DPTrainer, "_refuse_erasing_norms", lambda self, data, collate: None)
+            unchecked = fit(f"{name}-unchecked")
+        assert _weights(checked.model).keys() == _weights(unchecked.model).keys()
+        assert all(torch.equal(a, b) for a, b in zip(_weights(checked.model).values(),
+                                                     _weights(unchecked.model).values(), strict=True))
 
 
 def test_refusals(tmp_path: Path) -> None:
