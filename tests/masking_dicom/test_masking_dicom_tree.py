@@ -75,9 +75,10 @@ def test_batch_writer_abort_leaves_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_tree_two_inputs_with_one_sop_instance_uid_give_one_output(tmp_path: Path) -> None:
-    # The documented rule: two inputs with the same SOP Instance UID give one output. With 8 inputs
-    # a chunk holds 2 (one BatchWriter): the run must not crash on the second rename of one name.
+@pytest.mark.parametrize("workers", [1, 2])
+def test_copies_of_one_object_are_written_once_and_reported_as_duplicates(tmp_path: Path, workers: int) -> None:
+    # With 8 inputs a chunk holds 2 (one BatchWriter): the run must not crash on the second rename of
+    # one name; with 2 workers the copies are renamed in parallel.
     import io
 
     from dicom_fixtures import make_dataset
@@ -88,10 +89,46 @@ def test_tree_two_inputs_with_one_sop_instance_uid_give_one_output(tmp_path: Pat
     pydicom.dcmwrite(buf, make_dataset(), enforce_file_format=True)
     for i in range(8):
         (src / f"copy{i}.dcm").write_bytes(buf.getvalue())
-    report = deidentify_tree(src, tmp_path / "out", BASIC, SECRET, workers=1)
-    assert [r.outcome for r in report.results] == [FileOutcome.WRITTEN] * 8
-    assert len({r.output for r in report.results}) == 1
-    assert [p.name for p in (tmp_path / "out").iterdir()] == [report.results[0].output]
+    audit = MemoryAuditRecorder()
+    report = deidentify_tree(src, tmp_path / "out", BASIC, SECRET, workers=workers, audit=audit)
+    assert [r.outcome for r in report.results] == [FileOutcome.WRITTEN] + [FileOutcome.REJECTED] * 7
+    assert all("duplicate of input #1" in (r.reason or "") for r in report.results[1:])
+    assert report.written == 1 and [p.name for p in (tmp_path / "out").iterdir()] == [report.results[0].output]
+    actions = [e["action"] for e in audit.events]
+    assert actions.count("deid.write") == 1 and actions.count("deid.reject") == 7
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_two_different_objects_with_one_sop_instance_uid_are_both_quarantined(tmp_path: Path, workers: int) -> None:
+    """Before, the later one silently replaced the earlier and both counted as written. Which is
+    right cannot be told: neither is kept, and the write already recorded is withdrawn."""
+    import io
+
+    from dicom_fixtures import make_dataset
+
+    src = tmp_path / "in"
+    src.mkdir()
+    for i in range(6):
+        ds = make_dataset()
+        if i in (1, 4):  # same SOP Instance UID as the others' first, different content
+            ds.SOPInstanceUID = "1.2.826.0.1.3680043.8.498.1"
+            pixels = bytearray(ds.PixelData)  # content that de-identification keeps
+            pixels[0] = (pixels[0] + i) % 256
+            ds.PixelData = bytes(pixels)
+        else:
+            ds.SOPInstanceUID = f"1.2.826.0.1.3680043.8.498.{100 + i}"
+        buf = io.BytesIO()
+        pydicom.dcmwrite(buf, ds, enforce_file_format=True)
+        (src / f"f{i}.dcm").write_bytes(buf.getvalue())
+    audit = MemoryAuditRecorder()
+    report = deidentify_tree(src, tmp_path / "out", BASIC, SECRET, workers=workers, audit=audit)
+    outcomes = {r.source: r.outcome for r in report.results}
+    assert outcomes["f1.dcm"] == outcomes["f4.dcm"] == FileOutcome.QUARANTINED
+    assert [outcomes[f"f{i}.dcm"] for i in (0, 2, 3, 5)] == [FileOutcome.WRITTEN] * 4
+    assert len(list((tmp_path / "out").iterdir())) == 4 == report.written
+    withdrawn = [e for e in audit.events if e["action"] == "deid.write_withdrawn"]
+    assert len(withdrawn) == 1 and withdrawn[0]["details"]["index"] == 2
+    assert sum(1 for e in audit.events if e["action"] == "deid.quarantine") == 2
 
 
 def test_batch_writer_same_target_twice_in_one_batch(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ before ``flush`` leaves no target file of that batch (only ``.*.tmp`` files, rem
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from pathlib import Path
 from types import TracebackType
@@ -22,6 +23,7 @@ class BatchWriter:
         self.max_pending = max_pending
         self.mode = mode
         self._pending: dict[Path, Path] = {}  # staged temporary file -> target, in staging order
+        self.last_sha256: str | None = None  # of the data staged last (the caller's own output)
 
     def write(self, path: str | os.PathLike[str], data: bytes) -> None:
         """Stage ``data`` for ``path``; visible at the next :meth:`flush` (automatic every ``max_pending``).
@@ -46,6 +48,7 @@ class BatchWriter:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
             raise
+        self.last_sha256 = hashlib.sha256(data).hexdigest()
         if len(self._pending) >= self.max_pending:
             self.flush()
 

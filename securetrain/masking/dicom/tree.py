@@ -195,6 +195,7 @@ def _process_chunk(job: tuple[list[tuple[int, str, str]], str | None, str]) -> t
                 dst = os.path.join(target, rel)
             else:
                 dst = lambda report, _t=target: os.path.join(_t, _output_name(report))  # noqa: E731
+            writer.last_sha256 = None
             try:
                 report = _WORKER.deidentify_file(src, dst, dry_run=target is None, writer=writer, label=f"input #{index}")
             except (BurnedInAnnotationError, MissingPatientIdentityError, DicomDirectoryError,
@@ -209,7 +210,7 @@ def _process_chunk(job: tuple[list[tuple[int, str, str]], str | None, str]) -> t
                 os.path.basename(report.output) if report.output else None)
             results.append({**base, "outcome": "would_write" if target is None else "written",
                             "tags_changed": report.tags_changed, "changes": changes,
-                            "sha256": report.input_sha256, "output": output})
+                            "sha256": report.input_sha256, "output": output, "output_sha256": writer.last_sha256})
         _DEFER.start()  # in-process: Ctrl-C waits until this chunk is recorded
         writer.flush()  # only now are the chunk's files "written"
     except BaseException:
@@ -286,6 +287,7 @@ def deidentify_tree(
     target = None if dry_run else str(dst_path)
     mode = "file" if single else naming
     report = TreeReport()
+    claims = _OutputClaims(dst_path) if mode == "uid" and not dry_run else None
     jobs = [(chunk, target, mode) for chunk in _chunks(tasks, workers)]
     if workers <= 1 or len(jobs) <= 1:
         _init_worker(policy, key, dry_run)
@@ -308,6 +310,8 @@ def deidentify_tree(
                 item = FileResult(r["source"], FileOutcome(r["outcome"]), r.get("reason"), r.get("tags_changed", 0),
                                   [tuple(c) for c in r.get("changes", [])], r["index"], r.get("sha256"), r.get("output"))
                 report.results.append(item)
+                if item.outcome == FileOutcome.WRITTEN and claims is not None:
+                    chunk_events += claims.settle(item, r.get("output_sha256"))
                 if item.outcome == FileOutcome.WRITTEN:
                     chunk_events.append(_write_event(item))
                 elif item.outcome in (FileOutcome.REJECTED, FileOutcome.QUARANTINED):
@@ -327,6 +331,68 @@ def deidentify_tree(
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     return report
+
+
+class _OutputClaims:
+    """Output names (``naming="uid"``) claimed by this run's inputs, so none is silently overwritten.
+
+    Two inputs with the same SOP Instance UID map to the same output name (the keyed UID). Where
+    their de-identified bytes are equal (the same object copied twice, common in exports), it is
+    written once and the later input is rejected as a duplicate. Where they differ, which one is
+    right cannot be told: neither is kept (the file is removed and every input claiming that name
+    is quarantined, including one that comes later). Workers rename their files in parallel, so
+    the file on disk could be either version until then.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.first: dict[str, tuple[FileResult, str | None]] = {}
+        self.conflicted: set[str] = set()
+
+    def settle(self, item: FileResult, digest: str | None) -> list[dict[str, Any]]:
+        """Check a written ``item`` against earlier claims; may turn it (and the first claimant)
+        into a refusal. Returns the audit events about the first claimant (the caller records
+        ``item``'s own event by its outcome)."""
+        name = item.output or ""
+        first = self.first.get(name)
+        if first is None and name not in self.conflicted:
+            self.first[name] = (item, digest)
+            return []
+        if first is not None and digest is not None and digest == first[1]:
+            item.outcome = FileOutcome.REJECTED
+            item.reason = (f"input #{item.index}: duplicate of input #{first[0].index} (the same object: equal "
+                           "de-identified bytes, written once)")
+            return []
+        events: list[dict[str, Any]] = []
+        if first is not None:  # the first claimant's file was written (and recorded): withdraw it
+            del self.first[name]
+            self.conflicted.add(name)
+            claimant = first[0]
+            claimant.outcome = FileOutcome.QUARANTINED
+            claimant.reason = (f"input #{claimant.index}: input #{item.index} has the same SOP Instance UID with "
+                               "different content; neither is written")
+            events += [_withdrawn_event(claimant), _refusal_event(claimant)]
+        self._remove(name)
+        item.outcome = FileOutcome.QUARANTINED
+        item.reason = (f"input #{item.index}: another input has the same SOP Instance UID with different content; "
+                       "neither is written")
+        return events
+
+    def _remove(self, name: str) -> None:
+        path = self.root / name
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # the removal is as durable as the write was
+        finally:
+            os.close(fd)
+
+
+def _withdrawn_event(r: FileResult) -> dict[str, Any]:
+    return {"action": "deid.write_withdrawn", "resource": f"file:{r.output}", "outcome": "success",
+            "details": {"index": r.index, "input_sha256": r.sha256, "output": r.output,
+                        "reason": "another input has the same SOP Instance UID with different content"}}
 
 
 def _policy_event(policy: DicomPolicy, key_id: str, dry_run: bool) -> dict[str, Any]:
