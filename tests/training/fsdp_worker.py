@@ -17,32 +17,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from tensor_digest import digest_tensors as digest
-from torch import nn
+from tied_net import TiedNet
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from securetrain.crypto.checkpoint import EncryptedCheckpointStore
 from securetrain.training import Trainer, TrainingConfig
 from securetrain.training.distributed import exit_process
 from securetrain.training.synthetic import SyntheticClassification, make_mlp
-
-
-class TiedNet(nn.Module):
-    """A language-model-shaped head: ``head.weight`` is ``embed.weight`` (both used in their modules'
-    forward, as FSDP needs)."""
-
-    def __init__(self, seed: int) -> None:
-        super().__init__()
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            self.embed = nn.Embedding(3, 16)
-            self.inp = nn.Linear(10, 16)
-            self.drop = nn.Dropout(0.1)
-            self.head = nn.Linear(16, 3, bias=False)
-        self.head.weight = self.embed.weight  # the tie
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.tanh(self.inp(x)) + self.embed(torch.zeros(x.shape[0], dtype=torch.long, device=x.device))
-        return self.head(self.drop(h))
 
 
 def train(out: Path, rank: int, max_steps: int | None = None, init_seed: int = 0, tied: bool = False) -> None:

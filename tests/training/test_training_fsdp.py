@@ -82,7 +82,7 @@ def test_tied_weights_stay_tied_under_fsdp_and_resume_bit_identically(fsdp_run: 
     """An output projection that is the embedding matrix: FSDP2 refused it ("shared with a parameter
     already managed by another FSDP group") since every child was sharded on its own. Children that
     share a parameter are one FSDP group now: the tie holds, the shard is written once, resume is exact."""
-    from fsdp_worker import TiedNet
+    from tied_net import TiedNet
 
     full = [(fsdp_run / "tied" / f"rank{r}.sha256").read_text().split() for r in (0, 1)]
     assert full[0][1:] == full[1][1:] == ["8", "completed", "True"]  # the tie held after training
@@ -101,7 +101,7 @@ def test_tied_weights_stay_tied_under_fsdp_and_resume_bit_identically(fsdp_run: 
 
 
 def test_shard_groups_put_tied_children_together() -> None:
-    from fsdp_worker import TiedNet
+    from tied_net import TiedNet
 
     model = TiedNet(0)
     assert [[type(m).__name__ for m in g] for g in sharded.shard_groups(model)] == [["Linear"], ["Embedding", "Linear"]]

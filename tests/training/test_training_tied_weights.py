@@ -3,10 +3,12 @@ the tie (one Parameter under both names) and ends bit-identical to an uninterrup
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
 
+import tied_net
 import torch
 from safetensors import safe_open
 from torch import nn
@@ -20,22 +22,8 @@ from securetrain.training.synthetic import SyntheticClassification
 torch.set_num_threads(1)
 
 
-class TiedNet(nn.Module):
-    """A language-model-shaped head: the output projection is the embedding matrix."""
-
-    def __init__(self, seed: int) -> None:
-        super().__init__()
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            self.embed = nn.Embedding(3, 16)
-            self.inp = nn.Linear(8, 16)
-            self.drop = nn.Dropout(0.3)
-            self.head = nn.Linear(16, 3, bias=False)
-        self.head.weight = self.embed.weight  # the tie
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.tanh(self.inp(x)) + self.embed.weight.mean(0)
-        return self.head(self.drop(h))
+#: The shared tied model, on this file's data (8 features).
+TiedNet = functools.partial(tied_net.TiedNet, in_features=8, dropout=0.3)
 
 
 def _data() -> SyntheticClassification:
