@@ -50,13 +50,19 @@ def test_encapsulated_sop_class_without_a_document_is_rejected_too() -> None:
         _deid().deidentify_dataset(roundtrip(ds))
 
 
-def test_a_document_nested_in_a_sequence_is_rejected() -> None:
-    """Fail closed wherever it is: the walk meets (0042,0011) at any depth."""
+def _with_nested_document() -> Dataset:
+    """An image whose referenced-series item carries a PDF (with its length), two levels down."""
     ds = make_dataset()
     item = Dataset()
     item.EncapsulatedDocument = PDF_WITH_PHI + b"\x00" * (len(PDF_WITH_PHI) % 2)
     item.EncapsulatedDocumentLength = len(PDF_WITH_PHI)
     ds.ReferencedImageSequence[0].ReferencedSeriesSequence = Sequence([item])
+    return ds
+
+
+def test_a_document_nested_in_a_sequence_is_rejected() -> None:
+    """Fail closed wherever it is: the walk meets (0042,0011) at any depth."""
+    ds = _with_nested_document()
     with pytest.raises(EncapsulatedDocumentError):
         _deid().deidentify_dataset(roundtrip(ds))
 
@@ -95,11 +101,7 @@ def test_remove_writes_an_empty_document_with_length_zero() -> None:
 
 
 def test_remove_empties_nested_documents_and_their_lengths() -> None:
-    ds = make_dataset()
-    item = Dataset()
-    item.EncapsulatedDocument = PDF_WITH_PHI + b"\x00" * (len(PDF_WITH_PHI) % 2)
-    item.EncapsulatedDocumentLength = len(PDF_WITH_PHI)
-    ds.ReferencedImageSequence[0].ReferencedSeriesSequence = Sequence([item])
+    ds = _with_nested_document()
     out, _ = _deid(encapsulated_documents="remove").deidentify_dataset(roundtrip(ds))
     back = roundtrip(out)
     nested = back.ReferencedImageSequence[0].ReferencedSeriesSequence[0]
