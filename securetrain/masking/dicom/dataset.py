@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import csv
+import functools
 import hashlib
 import io
 import json
@@ -405,7 +406,7 @@ class DicomDataset(Dataset):
         try:
             for i in indices:
                 path, label = self._item(i)
-                o = self._guarded(path, lambda path=path: self._open(path, reads))  # type: ignore[misc]
+                o = self._guarded(path, functools.partial(self._open, path, reads))
                 opened.append(None if o is None else (o, label))
         except BaseException:
             self._record_reads(reads)  # also for the reads of a batch that then failed
@@ -415,7 +416,7 @@ class DicomDataset(Dataset):
         # returned before it is durable, and its failure fails the batch.
         appended = self._record_reads_in_background(reads)
         try:
-            loaded = [None if o is None else self._guarded(o[0].path, lambda o=o: self._finish(*o))  # type: ignore[misc]
+            loaded = [None if o is None else self._guarded(o[0].path, functools.partial(self._finish, *o))
                       for o in opened]
         finally:
             if appended is not None:
