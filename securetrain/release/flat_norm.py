@@ -6,7 +6,9 @@ a group spans every position of its channels and the fix is sound, but over flat
 holds ``C / groups`` values per sample. One value (``C`` a power of two up to 32) is normalised to 0,
 so the layer outputs its bias whatever its input; two keep only the sign of their difference. The
 model then trains to nothing, silently. Whether a layer sees flat inputs is known only when it runs
-(BatchNorm1d takes ``[N, C]`` and ``[N, C, L]``), so :func:`erasing_groupnorms` watches one forward.
+(BatchNorm1d takes ``[N, C]`` and ``[N, C, L]``), so :func:`erasing_groupnorms` watches one forward
+(:func:`securetrain.training.constant_norm.group_sizes`, which also finds a user's own GroupNorm,
+LayerNorm or InstanceNorm of one value per group: refused for every trainer).
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import torch
 from torch import nn
+
+from securetrain.training.constant_norm import GroupSizes, group_sizes
 
 #: At most this many values per sample and group, GroupNorm's output is a constant or a sign.
 MAX_ERASED_VALUES = 2
@@ -38,26 +41,18 @@ def erasing_groupnorms(model: nn.Module, replaced: Sequence[Mapping[str, str]],
     suspects = suspect_groupnorms(model, replaced)
     if not suspects:
         return []
-    seen: dict[str, tuple[tuple[int, ...], int]] = {}
+    sizes, error = group_sizes(suspects, forward)
+    if error is not None:
+        raise error
+    return describe_erasing(suspects, replaced, sizes)
 
-    def watch(name: str, norm: nn.GroupNorm) -> Callable[..., None]:
-        def hook(_module: nn.Module, args: tuple[Any, ...]) -> None:
-            x = args[0] if args else None
-            if isinstance(x, torch.Tensor) and x.dim() >= 2:
-                values = x.shape[1:].numel() // norm.num_groups
-                if name not in seen or values < seen[name][1]:
-                    seen[name] = (tuple(x.shape[1:]), values)
-        return hook
 
-    handles = [m.register_forward_pre_hook(watch(name, m)) for name, m in suspects.items()]
-    try:
-        with torch.no_grad():
-            forward()
-    finally:
-        for h in handles:
-            h.remove()
+def describe_erasing(suspects: Mapping[str, nn.GroupNorm], replaced: Sequence[Mapping[str, str]],
+                     sizes: GroupSizes) -> list[str]:
+    """The layers of ``suspects`` (:func:`suspect_groupnorms`) that erased their input in ``sizes``
+    (:func:`~securetrain.training.constant_norm.group_sizes`), described by path and why."""
     origin = {r["layer"]: r["from"] for r in replaced}
     return [f"{name} ({origin[name]} -> GroupNorm({suspects[name].num_groups}, {suspects[name].num_channels}) over inputs of "
             f"per-sample shape {list(shape)}: {values} value{'s' if values > 1 else ''} per group, normalised to "
             f"{'a constant' if values <= 1 else 'a sign'})"
-            for name, (shape, values) in seen.items() if values <= MAX_ERASED_VALUES]
+            for name, (shape, values) in sizes.items() if name in suspects and values <= MAX_ERASED_VALUES]

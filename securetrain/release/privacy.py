@@ -28,8 +28,11 @@ the trainer's own.
   refused. Anything still unsupported, BatchNorm with ``fix_model: false``, or a replaced BatchNorm
   over flat ``[N, C]`` features (its GroupNorm would erase its input, :mod:`securetrain.release.flat_norm`;
   seen on one forward of the first training samples before training) raises
-  :class:`PrivacyModelError` naming the layers by path and the fix. A ``torch.compile`` wrapper is
-  set aside: Opacus' per-sample hooks go on the user's module, which runs uncompiled.
+  :class:`PrivacyModelError` naming the layers by path and the fix; on the same forward, a
+  normalisation layer of the user's own that normalises one value per group (refused for every
+  trainer, :mod:`securetrain.training.constant_norm`) raises ``ConstantNormError``. A
+  ``torch.compile`` wrapper is set aside: Opacus' per-sample hooks go on the user's module, which
+  runs uncompiled.
 - **Checks.** The plain trainer's: the default loss's refusals (it is the same loss), a
   ``loss_fn`` that does not return one scalar tensor (:func:`~securetrain.training.losses.check_loss`).
 - **DDP.** With several processes the model is wrapped in Opacus' DPDDP; each rank Poisson-samples
@@ -54,10 +57,11 @@ import torch
 from torch import nn
 
 from securetrain.release.errors import PrivacyError, PrivacyModelError
-from securetrain.release.flat_norm import erasing_groupnorms, suspect_groupnorms
+from securetrain.release.flat_norm import describe_erasing, suspect_groupnorms
 from securetrain.training.architecture import ReplacedLayers, describe_fix, model_fix_metadata
 from securetrain.training.batches import batch_len, strip_compile, to_device
 from securetrain.training.config import PrivacyConfig, TrainingConfig
+from securetrain.training.constant_norm import constant_outputs, group_sizes, refuse_constant_norms, suspect_norms
 from securetrain.training.errors import ModelArchitectureError, ResumeMismatchError
 from securetrain.training.losses import check_loss
 from securetrain.training.seeding import capture_rng_state, epoch_seed, restore_rng_state
@@ -326,13 +330,18 @@ class DPTrainer(Trainer):
 
     def _refuse_erasing_norms(self, data: Any, collate: Any) -> None:
         """:class:`PrivacyModelError` before training when a GroupNorm the fix put in place of a
-        BatchNorm sees flat ``[N, C]`` features (:mod:`securetrain.release.flat_norm`): seen on one
-        forward of the first training samples, in eval mode, with the RNG streams restored."""
+        BatchNorm sees flat ``[N, C]`` features (:mod:`securetrain.release.flat_norm`), and
+        :class:`~securetrain.training.errors.ConstantNormError` when a normalisation layer of the
+        user's own normalises one value per group (:mod:`securetrain.training.constant_norm`): both
+        seen on one forward of the first training samples, in eval mode, with the RNG streams
+        restored. No forward when no layer could be either."""
         from torch.utils.data import default_collate
 
         model = self.model
-        if not suspect_groupnorms(model, self.replaced_layers):
-            return  # no replaced layer could erase its input: no forward needed
+        flat = suspect_groupnorms(model, self.replaced_layers)
+        own = suspect_norms(model, exclude={r["layer"] for r in self.replaced_layers})
+        if not flat and not own:
+            return  # no layer could erase its input: no forward needed
         assert self.backend is not None and self.device is not None
         was_training = model.training
         rng_t, rng_m = capture_rng_state(self.backend.device_type)
@@ -341,10 +350,13 @@ class DPTrainer(Trainer):
             batch = (collate or default_collate)([data[i] for i in range(min(len(data), self.config.batch_size))])
             if self.device.type != "cpu":
                 batch = to_device(batch, self.device, self.backend.pin_memory)
-            erasing = erasing_groupnorms(model, self.replaced_layers, lambda: self.loss_fn(model, batch))
+            sizes, error = group_sizes({**flat, **own}, lambda: self.loss_fn(model, batch))
         finally:
             model.train(was_training)
             restore_rng_state(rng_t, rng_m, self.backend.device_type)
+        erasing, constant = describe_erasing(flat, self.replaced_layers, sizes), constant_outputs(own, sizes)
+        if error is not None and not erasing and not constant:
+            raise error
         if erasing:
             raise PrivacyModelError(
                 "DP-SGD (training.privacy.fix_model) replaced BatchNorm with GroupNorm where it normalises flat "
@@ -354,6 +366,10 @@ class DPTrainer(Trainer):
                      "training.privacy.fix_model: false and replace the BatchNorm yourself (nn.LayerNorm, or "
                      "nn.GroupNorm with several channels per group); BatchNorm over feature maps ([N, C, H, W], "
                      "[N, C, L]) is fixed soundly")
+        refuse_constant_norms(constant, "seen on the first training samples before training")
+
+    def _refuse_constant_norms(self) -> None:
+        pass  # done with the fix's check, on the same forward (_refuse_erasing_norms), before Poisson sampling
 
     def _make_feeder(self, backend: Any, device: torch.device) -> Any:
         return PoissonFeeder(self._dp_loader, seed=self.config.seed, dataset_length=self._dataset_len,

@@ -30,3 +30,9 @@ class ModelArchitectureError(TrainingError, ConfigError):
     """A checkpoint's weights belong to another architecture than the one rebuilt to load them
     (e.g. trained as DP-SGD's fixed copy, BatchNorm -> GroupNorm, and the model no longer fixes the
     same way); the message names the layers."""
+
+
+class ConstantNormError(TrainingError, ConfigError):
+    """A normalisation layer (GroupNorm, LayerNorm, InstanceNorm) normalises one value per sample and
+    group, so it outputs its bias whatever its input and the model learns nothing before it; the
+    message names the layers (:mod:`securetrain.training.constant_norm`)."""

@@ -62,6 +62,7 @@ from securetrain.training.architecture import describe_fix, read_model_fix
 from securetrain.training.callbacks import StepMetrics, TrainerCallback
 from securetrain.training.checkpoint_store import CheckpointInfo, CheckpointStore
 from securetrain.training.config import TrainingConfig
+from securetrain.training.constant_norm import constant_outputs, group_sizes, refuse_constant_norms, suspect_norms
 from securetrain.training.data import EpochFeeder, dataset_labels
 from securetrain.training.defaults import default_audit_log, default_checkpoint_store
 from securetrain.training.distributed import DistContext, init_distributed
@@ -794,6 +795,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type, init_scale=4096, enabled=precision == "fp16")
         self.feeder = self._make_feeder(backend, device)
         self._plan_length(self.feeder)
+        self._refuse_constant_norms()
         self.scheduler = self._build_scheduler()
         self._plateau = isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
         if self._plateau and self.eval_data is None:
@@ -868,6 +870,39 @@ class Trainer:
             for cb in self.callbacks:
                 cb.on_end(self, result)
         return result
+
+    def _refuse_constant_norms(self) -> None:
+        """:class:`ConstantNormError` before training when a normalisation layer normalises one value
+        per sample and group (it outputs its bias whatever its input; :mod:`securetrain.training.constant_norm`):
+        seen on one forward of the first training batch through ``loss_fn``, in eval mode, without
+        gradients, with the RNG streams restored. No forward when no layer could be one (most models).
+        Every rank checks its own first batch (so FSDP's collectives match)."""
+        assert self.backend is not None and self.device is not None and self.feeder is not None
+        model = self.unwrapped_model
+        norms = suspect_norms(model)
+        if not norms:
+            return
+        was_training = model.training
+        rng_t, rng_m = capture_rng_state(self.backend.device_type)
+        model.eval()
+        try:
+            # The feeder re-seeds its sampler and loader for every epoch it starts: this look leaves no trace.
+            batch = next(iter(self.feeder.epoch(0)), None)
+            if batch is None:
+                return  # no batches: _train_loop says so
+            if self.device.type != "cpu":
+                batch = to_device(batch, self.device, self.backend.pin_memory)
+            sizes, error = group_sizes(norms, lambda: self.loss_fn(model, batch))
+        finally:
+            model.train(was_training)
+            restore_rng_state(rng_t, rng_m, self.backend.device_type)
+        found = constant_outputs(norms, sizes)
+        if error is not None and not found:
+            # The model or loss_fn may not run in eval mode as in training; training's own forward
+            # reports a real failure, so the check does not stand in its way.
+            log.info("the constant-normalisation check could not run the first batch in eval mode (%s: %s)",
+                     type(error).__name__, error)
+        refuse_constant_norms(found, "seen on the first training batch before training")
 
     # --- the loop, as named steps --------------------------------------------------------
     def _train_loop(self) -> StopReason:

@@ -26,7 +26,7 @@ from securetrain.release.privacy import BUDGET_REASON, DPTrainer, trainer_class 
 from securetrain.training.batches import compiled_inner  # noqa: E402
 from securetrain.training.callbacks import TrainerCallback  # noqa: E402
 from securetrain.training.config import TrainingConfig  # noqa: E402
-from securetrain.training.errors import ResumeMismatchError, TrainingError  # noqa: E402
+from securetrain.training.errors import ConstantNormError, ResumeMismatchError, TrainingError  # noqa: E402
 from securetrain.training.safetensors_store import SafetensorsCheckpointStore  # noqa: E402
 from securetrain.training.trainer import Trainer  # noqa: E402
 
@@ -224,6 +224,35 @@ def test_batchnorm_over_flat_features_is_refused_before_training(tmp_path: Path,
     assert erased in message and "nn.LayerNorm" in message and "fix_model: false" in message
     assert not any(e["action"] in ("training.start", "training.step") for e in audit.events)
     assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())  # nothing trained or saved
+
+
+@pytest.mark.parametrize("own", ["groupnorm", "pooled", "layernorm"])
+def test_own_norm_of_one_value_per_group_is_refused_before_training(tmp_path: Path, own: str) -> None:
+    """The user's own GroupNorm(C, C) over flat features (or over [N, C, 1, 1] after global pooling),
+    LayerNorm(1): Opacus keeps them (they are DP-trainable) and they output their bias whatever
+    their input. Refused before the first step like the fix's erasing GroupNorm, naming the layer."""
+    torch.manual_seed(1)
+    middle = {"groupnorm": [nn.GroupNorm(8, 8)],
+              "pooled": [nn.Unflatten(1, (8, 1, 1)), nn.GroupNorm(8, 8), nn.Flatten()],
+              "layernorm": [nn.Unflatten(1, (8, 1)), nn.LayerNorm(1), nn.Flatten()]}[own]
+    model = nn.Sequential(nn.Linear(6, 8), nn.Sequential(*middle, nn.ReLU()), nn.Linear(8, 2))
+    audit = MemoryAuditRecorder()
+    with pytest.raises(ConstantNormError) as info:
+        _fit(tmp_path, _config(tmp_path), audit=audit, model=model)
+    layer = {"groupnorm": "1.0 (GroupNorm(8, 8) over inputs of per-sample shape [8]",
+             "pooled": "1.1 (GroupNorm(8, 8) over inputs of per-sample shape [8, 1, 1]",
+             "layernorm": "1.1 (LayerNorm((1,)) over inputs of per-sample shape [8, 1]"}[own]
+    assert layer in str(info.value) and "outputs its bias whatever its input" in str(info.value)
+    assert not any(e["action"] in ("training.start", "training.step") for e in audit.events)
+    assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
+
+
+def test_own_norms_over_two_values_or_more_train(tmp_path: Path) -> None:
+    """No false positives: GroupNorm with two channels per group and LayerNorm over the features."""
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(6, 8), nn.GroupNorm(4, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 2))
+    trainer, result = _fit(tmp_path, _config(tmp_path, epochs=1), model=model)
+    assert result.reason == "completed" and result.privacy["replaced_layers"] == []
 
 
 def test_batchnorm_over_feature_maps_and_sequences_is_still_fixed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
