@@ -6,10 +6,13 @@ Nothing here prints key material: key ids and fingerprints only.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import typer
 from rich.markup import escape
@@ -71,11 +74,11 @@ def _provider(keyring: Path | None) -> Any:
 
 
 def _run_stream(label: str, path: Path, body: Any, on_data: Any = None, *, size: int | None = None) -> Any:
-    """``body`` on ``path`` opened for reading, with a progress bar over ``size`` bytes (default:
-    the file's size; a pipe's is unknown)."""
-    if size is None and _is_regular(path):
-        size = path.stat().st_size
-    with progress_bar() as bar, open(path, "rb") as raw:
+    """``body`` on ``path`` (``-``: stdin) opened for reading, with a progress bar over ``size`` bytes
+    (default: what is left of a regular file; a pipe's is unknown)."""
+    with progress_bar() as bar, _open_source(path) as raw:
+        if size is None:
+            size = _regular_size(raw)
         task = bar.add_task(label, total=size, status="")
 
         def tap(chunk: Any) -> None:
@@ -86,6 +89,91 @@ def _run_stream(label: str, path: Path, body: Any, on_data: Any = None, *, size:
         result = body(TappedReader(raw, tap))
         bar.update(task, completed=size, status="ok")  # None (a pipe's unknown size) leaves it as counted
     return result
+
+
+# -- `-`: stdin as the input ---------------------------------------------------------------------
+# Everything read from stdin is streamed (the container is authenticated one segment at a time),
+# never buffered whole; inspect counts the bytes after the header in 1 MiB reads.
+
+STDIN = "-"
+STDIN_NAME = "<stdin>"  # how messages and the audit log name it
+
+
+def _is_stdin(path: Path) -> bool:
+    return str(path) == STDIN
+
+
+def _label(path: Path) -> str:
+    return STDIN_NAME if _is_stdin(path) else str(path)
+
+
+def _stdin() -> io.BufferedReader:
+    """The binary stdin that ``-`` names; a terminal is refused (the command would wait for typed bytes)."""
+    import sys
+
+    from securetrain.crypto.errors import CryptoError
+
+    stream = cast(io.BufferedReader, sys.stdin.buffer)  # what CPython gives (typeshed says BinaryIO)
+    if stream.isatty():
+        raise CryptoError("`-` reads stdin, and stdin is a terminal: pipe or redirect the input into it",
+                          hint="e.g. aws s3 cp s3://bucket/ckpt.stenc - | securetrain checkpoint verify -, "
+                               "or securetrain checkpoint verify - < ckpt.stenc")
+    return stream
+
+
+@contextlib.contextmanager
+def _open_source(path: Path) -> Iterator[io.BufferedReader]:
+    if _is_stdin(path):
+        yield _stdin()  # not closed: it is the process's
+        return
+    with open(path, "rb") as raw:
+        yield raw
+
+
+def _regular_size(stream: io.BufferedReader) -> int | None:
+    """Bytes left in ``stream`` if it is a regular file (a path, or stdin redirected from one); None
+    for a pipe, FIFO, device or in-memory stream, whose size is not known in advance."""
+    import stat
+
+    try:
+        st = os.fstat(stream.fileno())
+        return st.st_size - stream.tell() if stat.S_ISREG(st.st_mode) else None
+    except (OSError, ValueError):  # io.UnsupportedOperation is both
+        return None
+
+
+def _check_stdio(sources: list[Path], output: Path | None = None, *, what: str = "") -> None:
+    """Refusals that need no key, made before stdin is read, a key opened or anything written."""
+    from securetrain.crypto.errors import CryptoError
+
+    if output is not None and _is_stdin(output):
+        raise CryptoError(f"OUT `-` (stdout) is not supported: {what}",
+                          hint="write a file and read or copy that (a file really named '-': pass its absolute "
+                               "path)")
+    if sum(_is_stdin(p) for p in sources) > 1:
+        raise CryptoError("`-` (stdin) is given more than once; stdin can be read only once")
+    if any(_is_stdin(p) for p in sources):
+        _stdin()
+
+
+def _count_rest(src: io.BufferedReader) -> int:
+    """The bytes left in ``src``: a regular file's remaining size, else counted in bounded reads (a pipe)."""
+    size = _regular_size(src)
+    if size is not None:
+        return size
+    total = 0
+    while chunk := src.read(1 << 20):
+        total += len(chunk)
+    return total
+
+
+def _existing_or_stdin(value: Any) -> Any:
+    """``exists=True`` for input paths, except ``-`` (stdin). Not typer's ``allow_dash``: typer 0.29
+    compares the already-converted ``Path`` with ``"-"``, so it never matches a ``Path`` argument."""
+    for path in value if isinstance(value, list) else [value]:
+        if not _is_stdin(path) and not os.path.exists(path):
+            raise typer.BadParameter(f"file {str(path)!r} does not exist.")
+    return value
 
 
 def _is_regular(path: Path) -> bool:
@@ -100,16 +188,19 @@ def _plaintext_length(source: Path, declared: int | None) -> int:
     container declares the plaintext length in its header, before the first segment."""
     from securetrain.crypto.errors import CryptoError
 
-    if _is_regular(source):
-        size = source.stat().st_size
+    if _is_stdin(source):
+        size = _regular_size(_stdin())  # stdin redirected from a file (`- < FILE`) has one
+    else:
+        size = source.stat().st_size if _is_regular(source) else None
+    if size is not None:
         if declared is not None and declared != size:
-            raise CryptoError(f"--length {declared} is not the size of {source} ({size} bytes)",
+            raise CryptoError(f"--length {declared} is not the size of {_label(source)} ({size} bytes)",
                               hint="leave --length out for a regular file")
         return size
     if declared is None:
         raise CryptoError(
-            f"cannot encrypt {source}: it is a pipe, FIFO or device, whose size is not known in advance, and "
-            "the container declares the plaintext length in its header before the first segment",
+            f"cannot encrypt {_label(source)}: it is a pipe, FIFO or device, whose size is not known in advance, "
+            "and the container declares the plaintext length in its header before the first segment",
             hint="pass --length N with the exact number of bytes it will deliver (e.g. --length $(stat -c %s FILE) "
                  "for cat FILE | ...), or encrypt a regular file")
     return declared
@@ -118,8 +209,9 @@ def _plaintext_length(source: Path, declared: int | None) -> int:
 @checkpoint_app.command("encrypt")
 @_typed_io
 def encrypt_cmd(
-    source: Path = typer.Argument(..., exists=True, dir_okay=False,
-                                  help="Plaintext file (e.g. .safetensors), or a pipe/FIFO with --length."),
+    source: Path = typer.Argument(..., dir_okay=False, callback=_existing_or_stdin,
+                                  help="Plaintext file (e.g. .safetensors), or a pipe/FIFO or - (stdin) with "
+                                       "--length."),
     output: Path = typer.Argument(..., help="Encrypted container to write (atomically)."),
     keyring: Path | None = KeyringOpt,
     key_id: str | None = typer.Option(None, help="KEK id to wrap with (default: the current key)."),
@@ -134,6 +226,7 @@ def encrypt_cmd(
     from securetrain.crypto._container import encrypt_stream
     from securetrain.crypto.private_file import private_writer
 
+    _check_stdio([source], output, what="the container is written atomically to a file")
     size = _plaintext_length(source, length)  # before any key is opened or output created
     provider = _provider(keyring)
     with private_writer(output) as out:
@@ -145,7 +238,8 @@ def encrypt_cmd(
 @checkpoint_app.command("decrypt")
 @_typed_io
 def decrypt_cmd(
-    source: Path = typer.Argument(..., exists=True, dir_okay=False),
+    source: Path = typer.Argument(..., dir_okay=False, callback=_existing_or_stdin,
+                                  help="Container file, or - to read it from stdin (streamed)."),
     output: Path = typer.Argument(..., help="Plaintext file to write (only if every segment verifies)."),
     keyring: Path | None = KeyringOpt,
     signer_key: list[str] = SignerOpt,
@@ -162,10 +256,14 @@ def decrypt_cmd(
     from securetrain.crypto._container import decrypt_stream
     from securetrain.crypto.private_file import private_writer, sweep_stale_temps
 
+    _check_stdio([source], output, what="plaintext is released only once every segment verified, so it is "
+                                        "written to a file that appears only then; a stream reader would see "
+                                        "unverified data before a failure")
     provider = _provider(keyring)
     verify_keys = _verify_keys(signer_key)
     sweep_stale_temps(output.parent, prefix=output.name)  # a SIGKILLed earlier decrypt's temp (no O_TMPFILE)
     sha = hashlib.sha256()
+    target = STDIN_NAME if _is_stdin(source) else source.name
     with command_recorder(audit_db) as audit:
         try:
             with private_writer(output) as out:
@@ -173,12 +271,12 @@ def decrypt_cmd(
                                                                              verify_keys=verify_keys),
                                      on_data=sha.update)
         except Exception as exc:
-            audit.record("checkpoint.decrypt", source.name, outcome="failure", details={"error": type(exc).__name__})
+            audit.record("checkpoint.decrypt", target, outcome="failure", details={"error": type(exc).__name__})
             raise
         # Decrypting a checkpoint puts model weights in plaintext on disk: always worth a record.
         # The digest is of the bytes that were actually authenticated and decrypted.
         digest = sha.hexdigest()
-        audit.record("checkpoint.decrypt", source.name, details={
+        audit.record("checkpoint.decrypt", target, details={
             "key_ids": [s.key_id for s in header.stanzas], "ciphertext_sha256": digest,
             "plaintext_bytes": header.plaintext_length})
     console.print(f"wrote {output} ({header.plaintext_length} bytes)")
@@ -187,14 +285,25 @@ def decrypt_cmd(
 @checkpoint_app.command("inspect")
 @_typed_io
 def inspect_cmd(
-    path: Path = typer.Argument(..., exists=True, dir_okay=False),
+    path: Path = typer.Argument(..., dir_okay=False, callback=_existing_or_stdin,
+                                help="Container file, or - to read it from stdin (read to the end to count it)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Show the header (no key needed, nothing authenticated, no secrets shown)."""
-    from securetrain.crypto._container import inspect_file
+    from securetrain.crypto._container import inspect_file, read_header
 
-    info = inspect_file(path).describe()
-    info["file_bytes"] = path.stat().st_size
+    _check_stdio([path])
+    if _is_stdin(path):
+        # A pipe has no size: count the rest (bounded reads) so file_bytes is what the file would show,
+        # and so the writer (e.g. aws s3 cp) is not cut off with a broken pipe.
+        src = _stdin()
+        header = read_header(src)
+        file_bytes = header.header_length + _count_rest(src)
+    else:
+        header = inspect_file(path)
+        file_bytes = path.stat().st_size
+    info = header.describe()
+    info["file_bytes"] = file_bytes
     if as_json:
         console.print_json(json.dumps(info))
         return
@@ -210,7 +319,8 @@ def inspect_cmd(
 @checkpoint_app.command("verify")
 @_typed_io
 def verify_cmd(
-    paths: list[Path] = typer.Argument(..., exists=True, dir_okay=False),
+    paths: list[Path] = typer.Argument(..., dir_okay=False, callback=_existing_or_stdin,
+                                       help="Container files; - reads one from stdin (streamed)."),
     keyring: Path | None = KeyringOpt,
     signer_key: list[str] = SignerOpt,
 ) -> None:
@@ -223,25 +333,27 @@ def verify_cmd(
     from securetrain.crypto._container import verify_stream
     from securetrain.crypto.errors import CryptoError
 
+    _check_stdio(paths)
     provider = _provider(keyring)
     verify_keys = _verify_keys(signer_key)
     failures: list[tuple[Path, CryptoError]] = []
     for path in paths:
+        name = _label(path)
         try:
-            header = _run_stream(f"verify {path.name}", path,
+            header = _run_stream(f"verify {STDIN_NAME if _is_stdin(path) else path.name}", path,
                                  lambda src: verify_stream(src, provider, verify_keys=verify_keys))
         except CryptoError as exc:
             failures.append((path, exc))
             if len(paths) > 1:
-                err_console.print(f"[red]FAILED[/] {escape(str(path))}: {escape(str(exc))}", highlight=False,
+                err_console.print(f"[red]FAILED[/] {escape(name)}: {escape(str(exc))}", highlight=False,
                                   soft_wrap=True)
             continue
-        console.print(f"[green]OK[/] {escape(str(path))}: {header.segment_count} segments, "
+        console.print(f"[green]OK[/] {escape(name)}: {header.segment_count} segments, "
                       f"key {escape(header.key_ids[0])}")
     if failures:
         path, first = failures[0]
-        prefix = f"{path}: " if len(paths) == 1 else \
-            f"{len(failures)} of {len(paths)} files failed verification; first {path}: "
+        prefix = f"{_label(path)}: " if len(paths) == 1 else \
+            f"{len(failures)} of {len(paths)} files failed verification; first {_label(path)}: "
         first.args = (prefix + str(first.args[0] if first.args else ""), *first.args[1:])
         raise first
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 
@@ -298,3 +299,262 @@ def test_a_lock_file_left_behind_does_not_block_the_next_run(app: typer.Typer, e
     assert lock.exists() and kr.exists()
     assert run(app, "keys", "rotate", "-k", str(kr)).exit_code == 0
     assert lock.exists()
+
+
+# -- `-`: the container (or, for encrypt, the plaintext) on stdin ---------------------------------
+
+
+class _Pipe(io.RawIOBase):
+    """A pipe's read end as the command sees it on stdin: not seekable, no size, short reads."""
+
+    def __init__(self, data: bytes, chunk: int = 4093) -> None:
+        super().__init__()
+        self._data, self._pos, self._chunk = memoryview(data), 0, chunk
+        self.consumed = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def, override]
+        n = min(len(buffer), self._chunk, len(self._data) - self._pos)
+        buffer[:n] = self._data[self._pos:self._pos + n]
+        self._pos += n
+        self.consumed = self._pos
+        return n
+
+
+class _Terminal(_Pipe):
+    def isatty(self) -> bool:
+        return True
+
+
+def invoke_with_stdin(app: typer.Typer, stdin: io.RawIOBase, *args: str):  # type: ignore[no-untyped-def]
+    """``run`` with ``stdin`` as the binary stdin (typer's runner only takes bytes, as a seekable BytesIO)."""
+    import typer.testing
+
+    bytes_only = typer.testing.make_input_stream
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(typer.testing, "make_input_stream",
+                   lambda given, charset: given if isinstance(given, io.RawIOBase) else bytes_only(given, charset))
+        return CliRunner().invoke(app, list(args), input=stdin, catch_exceptions=True)  # type: ignore[arg-type]
+
+
+def run_stdin(app: typer.Typer, data: bytes, kind: str, *args: str):  # type: ignore[no-untyped-def]
+    """``run`` with ``data`` on stdin: ``bytes`` (the runner's in-memory, seekable stream) or ``pipe``."""
+    if kind == "bytes":
+        return CliRunner().invoke(app, list(args), input=data, catch_exceptions=True)
+    return invoke_with_stdin(app, _Pipe(data), *args)
+
+
+STDIN_KINDS = ("bytes", "pipe")
+SEG = 1024
+
+
+def _container(ring: LocalKeyring, size: int = 5 * SEG + 100) -> tuple[bytes, bytes]:
+    plain = os.urandom(size)
+    return plain, S.encrypt_bytes(plain, ring, segment_size=SEG)
+
+
+def _segment_at(blob: bytes, i: int) -> slice:
+    start = S.read_header(io.BytesIO(blob)).header_length + i * (SEG + 16)
+    return slice(start, start + SEG + 16)
+
+
+def _attack(name: str, good: bytes) -> bytes:
+    if name == "truncated":
+        return good[:-500]
+    if name == "cut_in_header":
+        return good[:40]
+    if name == "trailing_data":
+        return good + b"\0" * 16
+    if name == "tampered_segment":
+        s = _segment_at(good, 2)
+        return good[:s.start + 7] + bytes([good[s.start + 7] ^ 1]) + good[s.start + 8:]
+    if name == "reordered_segments":
+        one, two = _segment_at(good, 1), _segment_at(good, 2)
+        return good[:one.start] + good[two] + good[one] + good[two.stop:]
+    if name == "edited_header":
+        return good[:70] + bytes([good[70] ^ 1]) + good[71:]
+    if name == "empty":
+        return b""
+    if name == "not_a_container":
+        return b"PK\x03\x04" + os.urandom(4000)  # e.g. a torch.save zip
+    if name == "short_text":
+        return b"hello\n"
+    raise AssertionError(name)
+
+
+def _outcome(r) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    """What a user sees: the error type, or (for success) the output with the input's name taken out."""
+    if r.exception is not None:
+        assert r.exit_code != 0
+        return type(r.exception).__name__, ""
+    return "ok", " ".join(r.stdout.replace("c.stenc", "<stdin>").split())  # stderr: the progress bar
+
+
+ATTACKS = ("truncated", "cut_in_header", "trailing_data", "tampered_segment", "reordered_segments",
+           "edited_header", "empty", "not_a_container", "short_text", "wrong_key")
+
+
+@pytest.mark.parametrize("attack", ("none", *ATTACKS))
+def test_stdin_behaves_exactly_like_the_file(app: typer.Typer, env, attack: str) -> None:
+    """`verify -`, `inspect -` and `decrypt - OUT` read the container from stdin (e.g. `aws s3 cp s3://.. - |`)
+    and give what the same bytes in a file give: the same output (the name aside) or the same typed error,
+    for a good container and for every attack; a failed decrypt leaves no OUT and no temp file."""
+    kr, other = env / "keyring.json", env / "other.json"
+    assert run(app, "keys", "init", "-k", str(kr), "--key-id", "k1").exit_code == 0
+    assert run(app, "keys", "init", "-k", str(other), "--key-id", "k1").exit_code == 0  # same id, other key
+    plain, good = _container(LocalKeyring.load(kr))
+    blob = good if attack in ("none", "wrong_key") else _attack(attack, good)
+    key = str(other if attack == "wrong_key" else kr)
+    (env / "c.stenc").write_bytes(blob)
+    for kind in STDIN_KINDS:
+        for command in (["verify"], ["inspect"], ["inspect", "--json"], ["decrypt"]):
+            key_args = [] if command[0] == "inspect" else ["-k", key]
+            out = ["out.bin"] if command == ["decrypt"] else []
+            from_file = run(app, "checkpoint", *command, "c.stenc", *out, *key_args)
+            expected = _outcome(from_file)
+            if command == ["decrypt"] and expected[0] == "ok":
+                assert (env / "out.bin").read_bytes() == plain
+                os.unlink(env / "out.bin")
+            before = sorted(p.name for p in env.iterdir())
+            r = run_stdin(app, blob, kind, "checkpoint", *command, "-", *out, *key_args)
+            assert _outcome(r) == expected, (kind, command, r.output, r.exception)
+            if command == ["decrypt"] and expected[0] == "ok":
+                assert (env / "out.bin").read_bytes() == plain and (env / "out.bin").stat().st_mode & 0o777 == 0o600
+                os.unlink(env / "out.bin")
+            assert sorted(p.name for p in env.iterdir()) == before, (kind, command)  # nothing partial
+    expected_errors = {"none": "ok", "truncated": "TruncatedError", "cut_in_header": "TruncatedError",
+                       "trailing_data": "TrailingDataError", "tampered_segment": "SegmentAuthError",
+                       "reordered_segments": "SegmentAuthError", "edited_header": "HeaderAuthError",
+                       "empty": "TruncatedError", "not_a_container": "HeaderFormatError",
+                       "short_text": "HeaderFormatError", "wrong_key": "WrongKeyError"}
+    r = run_stdin(app, blob, "pipe", "checkpoint", "verify", "-", "-k", key)
+    assert _outcome(r)[0] == expected_errors[attack], r.exception
+    if attack != "none":
+        assert str(r.exception).startswith("<stdin>: "), r.exception  # named like a file would be
+
+
+def test_empty_or_foreign_input_says_so(app: typer.Typer, env) -> None:
+    """`aws s3 cp` that failed pipes nothing; a plain file piped by mistake is not "cut short"."""
+    kr = env / "keyring.json"
+    assert run(app, "keys", "init", "-k", str(kr)).exit_code == 0
+    r = run_stdin(app, b"", "pipe", "checkpoint", "verify", "-", "-k", str(kr))
+    assert "empty" in str(r.exception), r.exception
+    r = run_stdin(app, b"hello\n", "pipe", "checkpoint", "inspect", "-")
+    assert "not a securetrain encrypted container" in str(r.exception), r.exception
+
+
+def test_stdin_refusals_come_before_reading_it(app: typer.Typer, env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused up front, stdin untouched and nothing written: `-` twice, `-` as OUT (no file named "-";
+    plaintext is never streamed), a terminal on stdin, a keyring passphrase that would have to come from
+    the stdin that carries the container."""
+    from securetrain.crypto.errors import CryptoError, KeyringError
+
+    kr = env / "keyring.json"
+    assert run(app, "keys", "init", "-k", str(kr)).exit_code == 0
+    _, good = _container(LocalKeyring.load(kr))
+    (env / "c.stenc").write_bytes(good)
+    (env / "p.bin").write_bytes(b"x" * 10)
+    before = sorted(p.name for p in env.iterdir())
+    cases = [(["verify", "-", "-", "-k", str(kr)], "more than once"),
+             (["decrypt", "c.stenc", "-", "-k", str(kr)], "stdout"),
+             (["decrypt", "-", "-", "-k", str(kr)], "stdout"),
+             (["encrypt", "p.bin", "-", "-k", str(kr)], "stdout"),
+             (["verify", "-", "-k", str(kr)], "terminal"),
+             (["inspect", "-"], "terminal"),
+             (["decrypt", "-", "out.bin", "-k", str(kr)], "terminal"),
+             (["encrypt", "-", "d.stenc", "-k", str(kr), "--length", "10"], "terminal")]
+    for args, says in cases:
+        stdin = (_Terminal if says == "terminal" else _Pipe)(good)
+        r = invoke_with_stdin(app, stdin, "checkpoint", *args)
+        assert isinstance(r.exception, CryptoError) and says in str(r.exception), (args, r.exception)
+        assert stdin.consumed == 0 and sorted(p.name for p in env.iterdir()) == before, args
+    monkeypatch.delenv("SECURETRAIN_KEYRING_PASSPHRASE")
+    stdin = _Pipe(good)
+    r = invoke_with_stdin(app, stdin, "checkpoint", "decrypt", "-", "out.bin", "-k", str(kr))
+    assert isinstance(r.exception, KeyringError) and "SECURETRAIN_KEYRING_PASSPHRASE" in str(r.exception), r.exception
+    assert stdin.consumed == 0 and not (env / "out.bin").exists()
+
+
+def test_decrypt_from_stdin_is_audited_with_the_digest_of_what_was_read(app: typer.Typer, env) -> None:
+    import hashlib
+
+    from securetrain.audit.log import AuditLog
+
+    kr = env / "keyring.json"
+    assert run(app, "keys", "init", "-k", str(kr)).exit_code == 0
+    _, good = _container(LocalKeyring.load(kr))
+    db = str(env / "audit.sqlite")
+    assert run_stdin(app, good, "pipe", "checkpoint", "decrypt", "-", "out.bin", "-k", str(kr), "--audit-db", db).exit_code == 0
+    bad = _attack("tampered_segment", good)
+    r = run_stdin(app, bad, "pipe", "checkpoint", "decrypt", "-", "bad.bin", "-k", str(kr), "--audit-db", db)
+    assert r.exception is not None and not (env / "bad.bin").exists()
+    with AuditLog(db) as log:
+        events = [e for e in log.entries() if e.action == "checkpoint.decrypt"]
+    assert [(e.resource, e.outcome) for e in events] == [("<stdin>", "success"), ("<stdin>", "failure")], events
+    assert events[0].details["ciphertext_sha256"] == hashlib.sha256(good).hexdigest()
+
+
+@pytest.mark.parametrize("kind", STDIN_KINDS)
+def test_encrypt_from_stdin_dash_needs_the_exact_length(app: typer.Typer, env, kind: str) -> None:
+    """`... | securetrain checkpoint encrypt - OUT --length N`: streamed; no --length, or a stream shorter
+    or longer than N: refused, typed, no OUT."""
+    from securetrain.crypto.errors import CryptoError, LimitExceededError, TruncatedError
+
+    kr = env / "keyring.json"
+    assert run(app, "keys", "init", "-k", str(kr)).exit_code == 0
+    data = os.urandom(3 * SEG + 5)
+    r = run_stdin(app, data, kind, "checkpoint", "encrypt", "-", "c.stenc", "-k", str(kr), "--length",
+                  str(len(data)), "--segment-size", str(SEG))
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert S.decrypt_bytes((env / "c.stenc").read_bytes(), LocalKeyring.load(kr)) == data
+    assert (env / "c.stenc").stat().st_mode & 0o777 == 0o600
+    r = run_stdin(app, data, kind, "checkpoint", "encrypt", "-", "d.stenc", "-k", str(kr))
+    assert type(r.exception) is CryptoError and "--length" in str(r.exception), r.exception
+    for declared, error in ((len(data) - 1, LimitExceededError), (len(data) + 1, TruncatedError), (0, LimitExceededError)):
+        r = run_stdin(app, data, kind, "checkpoint", "encrypt", "-", "d.stenc", "-k", str(kr), "--length",
+                      str(declared))
+        assert isinstance(r.exception, error), (declared, r.exception)
+        assert not (env / "d.stenc").exists()
+    r = run_stdin(app, b"", kind, "checkpoint", "encrypt", "-", "e.stenc", "-k", str(kr), "--length", "0")
+    assert r.exit_code == 0 and S.decrypt_bytes((env / "e.stenc").read_bytes(), LocalKeyring.load(kr)) == b""
+
+
+HWM_CHILD = ("import atexit, sys\n"
+             "def hwm():\n"
+             "    sys.stderr.write([l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0])\n"
+             "atexit.register(hwm)\n"
+             "from securetrain.cli.main import main; main()\n")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs /proc (Linux)")
+def test_a_real_pipe_is_streamed_and_fails_closed(env) -> None:
+    """Through the installed entry point with a real pipe on stdin: a 32 MiB container is verified in
+    bounded memory (not read whole), and a cut stream exits 2 with one error line and no OUT."""
+    import subprocess
+    import sys
+
+    ring = LocalKeyring.create("k1")
+    key_env = {**os.environ, "SECURETRAIN_KEK": ring.keys()[0].material().hex(), "SECURETRAIN_KEK_ID": "k1"}
+    for name in ("SECURETRAIN_KEYRING", "SECURETRAIN_VAULT_TRANSIT_KEY"):
+        key_env.pop(name, None)
+    big = S.encrypt_bytes(os.urandom(32 << 20), ring)
+    small = S.encrypt_bytes(b"x" * 10, ring)
+
+    def cli(data: bytes, *args: str) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
+        return subprocess.run([sys.executable, "-c", HWM_CHILD, "checkpoint", *args], input=data,
+                              capture_output=True, env=key_env, timeout=120)
+
+    def hwm(proc: subprocess.CompletedProcess) -> int:  # type: ignore[type-arg]
+        return int(proc.stderr.decode().split("VmHWM:")[1].split()[0]) * 1024
+
+    base, streamed = cli(small, "verify", "-"), cli(big, "verify", "-")
+    assert base.returncode == 0 and streamed.returncode == 0, streamed.stderr
+    assert b"OK <stdin>: 32 segments" in streamed.stdout, streamed.stdout
+    assert hwm(streamed) - hwm(base) < 16 << 20, (hwm(base), hwm(streamed))  # a few segments, not 32 MiB
+    cut = cli(big[:-(5 << 20)], "decrypt", "-", str(env / "out.bin"))
+    assert cut.returncode == 2 and not (env / "out.bin").exists(), cut.stderr
+    errors = [ln for ln in cut.stderr.decode().splitlines() if "error" in ln.lower()]
+    assert len(errors) == 1 and errors[0].startswith("error: input ends inside segment"), cut.stderr
+    assert list(env.iterdir()) == []  # no temp file either

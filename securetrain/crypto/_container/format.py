@@ -184,13 +184,28 @@ def readinto_full(src: ByteSource, view: memoryview) -> int:
     return total
 
 
-def read_header(src: BinaryIO) -> Header:
-    """Parse (not authenticate) a header; leaves ``src`` positioned at the first segment."""
-    fixed = read_exact(src, FIXED.size, "fixed header")
-    magic, version, alg, seg, length, salt, prefix = FIXED.unpack(fixed)
-    if magic != MAGIC:
+def _read_fixed(src: BinaryIO) -> bytes:
+    """The fixed header's 61 bytes. Empty input and input that does not start with the magic say so,
+    rather than "cut short": a failed download piped in, or a plain file given by mistake."""
+    buf = bytearray(FIXED.size)
+    got = readinto_full(src, memoryview(buf))
+    if got == 0:
+        raise TruncatedError("input is empty (0 bytes): no container header",
+                             hint="the source produced nothing (a failed download or copy upstream?)")
+    n = min(got, len(MAGIC))
+    if buf[:n] != MAGIC[:n]:
         raise HeaderFormatError("not a securetrain encrypted container (bad magic)",
                                 hint="is this a plain safetensors/torch file or another format?")
+    if got < FIXED.size:
+        raise TruncatedError(f"input ends inside the fixed header ({got} of {FIXED.size} bytes)",
+                             hint="the file was cut short (interrupted copy or write)")
+    return bytes(buf)
+
+
+def read_header(src: BinaryIO) -> Header:
+    """Parse (not authenticate) a header; leaves ``src`` positioned at the first segment."""
+    fixed = _read_fixed(src)
+    magic, version, alg, seg, length, salt, prefix = FIXED.unpack(fixed)
     if version not in READ_VERSIONS:
         raise HeaderFormatError(f"unsupported container version {version} (this build reads 1 and 2)")
     if alg not in ALGORITHMS:
