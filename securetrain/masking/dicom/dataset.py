@@ -10,17 +10,22 @@ any collate function) leaves it out of the batch, so no other item is served twi
 never crashes. Any exception of
 one item is contained this way; it never reaches the DataLoader workers.
 
-Throughput: the de-identified header of each file (the ``meta`` values, rescale and frame
-parameters) is cached per process after its first load; later epochs read only the pixel-module
+Throughput: the de-identified header of each file (the ``meta`` values, the Modality LUT or palette,
+frame parameters) is cached per process after its first load; later epochs read only the pixel-module
 attributes and the pixel data (``specific_tags``) and skip the de-identification pass. Files whose
 pixels the policy masks always take the full path.
 
-Colour (ultrasound, secondary capture: Photometric Interpretation RGB, YBR_FULL, YBR_FULL_422;
-3 samples per pixel; YBR is decoded to RGB) follows ``color_mode``: ``"grey"`` (the default, as
-before) averages R, G and B into one channel and logs a warning naming how many files it converted;
-``"rgb"`` keeps ``[3, H, W]`` and refuses a one-channel file with :class:`ColorModeError` (naming
-it) when the index is built; ``"auto"`` is ``"rgb"`` when every indexed file is colour, else
-``"grey"`` (the resolved mode is ``color_mode``; ``colour_files``/``grey_files`` count the index).
+Pixels are what a viewer shows (:mod:`securetrain.masking.dicom.display`): the Modality LUT applied
+to grey images, MONOCHROME1 inverted, PALETTE COLOR indexes read through their palette (a palette
+that cannot be read exactly is quarantined at index time with :class:`PaletteColorError`'s reason).
+
+Colour (ultrasound, secondary capture: Photometric Interpretation RGB, YBR_FULL, YBR_FULL_422 with
+3 samples per pixel, YBR decoded to RGB; PALETTE COLOR, its palette applied) follows ``color_mode``:
+``"grey"`` (the default, as before) averages R, G and B into one channel and logs a warning naming
+how many files it converted; ``"rgb"`` keeps ``[3, H, W]`` and refuses a one-channel file with
+:class:`ColorModeError` (naming it) when the index is built; ``"auto"`` is ``"rgb"`` when every
+indexed file is colour, else ``"grey"`` (the resolved mode is ``color_mode``;
+``colour_files``/``grey_files`` count the index).
 
 Quarantine = an entry in :meth:`DicomDataset.quarantine_report` and, when ``quarantine_dir`` is
 given, a *copy* of the file plus ``<name>.reason.json`` there (sources are never moved or
@@ -49,6 +54,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
 from securetrain.errors import ConfigError
+from securetrain.masking.dicom.display import Display
 from securetrain.masking.dicom.errors import ColorModeError, DeidError
 from securetrain.masking.dicom.folders import candidate_files
 from securetrain.masking.dicom.policy import DicomPolicy, load_policy
@@ -94,22 +100,6 @@ class _Opened:
     digest: str
     ds: Any
     header: dict[str, Any] | None  # the cached de-identified header of these bytes, if any
-
-
-def _single_float(ds: Any, keyword: str, default: float) -> float:
-    """A Rescale Slope/Intercept as one number; multi-valued or non-numeric is a data error."""
-    value = ds.get(keyword, None)
-    if value is None or value == "":
-        return default
-    if isinstance(value, list | tuple) or type(value).__name__ == "MultiValue":
-        raise DeidError(f"{keyword} is multi-valued ({len(value)} values); one value expected")
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise DeidError(f"{keyword} is not a number") from None
-    if out != out or out in (float("inf"), float("-inf")):
-        raise DeidError(f"{keyword} is not finite")
-    return out
 
 
 @dataclass(frozen=True)
@@ -239,8 +229,8 @@ class DicomDataset(Dataset):
             if grey is not None:
                 rel = self._rel(grey)
                 raise ColorModeError(
-                    f"color_mode 'rgb' needs colour images (3 samples per pixel), but {rel} has one channel "
-                    f"({self.grey_files} of {len(colour)} files are grey)", path=rel,
+                    f"color_mode 'rgb' needs colour images (3 samples per pixel, or PALETTE COLOR), but {rel} has "
+                    f"one channel ({self.grey_files} of {len(colour)} files are grey)", path=rel,
                     hint="remove the grey files, or use color_mode 'grey' (every file one channel) or 'auto'")
         mode = "rgb" if requested == "rgb" or (requested == "auto" and colour and all(colour)) else "grey"
         if mode == "grey" and self.colour_files:
@@ -270,10 +260,8 @@ class DicomDataset(Dataset):
             return str(exc).split(": ", 1)[-1]
         if "Rows" not in ds or "Columns" not in ds:
             return "no image (Rows/Columns absent)"
-        self._header_colour = int(ds.get("SamplesPerPixel", 1) or 1) > 1  # read by __init__ for this item
-        try:
-            _single_float(ds, "RescaleSlope", 1.0)
-            _single_float(ds, "RescaleIntercept", 0.0)
+        try:  # a palette, Modality LUT or Rescale Slope/Intercept that cannot be read: refused now
+            self._header_colour = Display.of(ds).colour  # read by __init__ for this item
         except DeidError as exc:
             return str(exc)
         meta = getattr(ds, "file_meta", None)
@@ -484,8 +472,7 @@ class DicomDataset(Dataset):
             header = {
                 "sha256": opened.digest,
                 "meta": {k: str(ds.get(k, "") or "") for k in self.meta_keys},
-                "slope": _single_float(ds, "RescaleSlope", 1.0),
-                "intercept": _single_float(ds, "RescaleIntercept", 0.0),
+                "display": Display.of(ds),  # palette, Modality LUT, MONOCHROME1
             }
             if report.pixels_masked:  # masked pixels must be re-masked on every load
                 self._headers.pop(path, None)
@@ -495,19 +482,19 @@ class DicomDataset(Dataset):
             arr = ds.pixel_array
         except Exception as exc:
             raise DeidError(f"cannot decode pixel data ({type(exc).__name__})") from None
-        arr = np.asarray(arr, dtype=np.float32)
+        arr = np.asarray(arr)  # stored values: integer indexes for a palette or Modality LUT
         frames = int(ds.get("NumberOfFrames", 1) or 1)
-        samples = int(ds.get("SamplesPerPixel", 1) or 1)
         if frames > 1:
             arr = arr[min(self.frame, frames - 1)]
-        if samples > 1 and arr.ndim == 3:
-            # [H, W, 3] RGB (pydicom decodes YBR to RGB): kept as channels, or their mean
+        display: Display = header["display"]
+        arr = display.apply(arr)  # float32, what a viewer shows
+        if display.colour and arr.ndim == 3:
+            # [H, W, 3] RGB (YBR decoded to RGB, palette applied): kept as channels, or their mean
             arr = arr.transpose(2, 0, 1) if self.color_mode == "rgb" else arr.mean(axis=-1)
         elif self.color_mode == "rgb":
             raise DeidError("the file has one channel but color_mode is 'rgb'")  # changed since indexed
         if arr.ndim != (3 if self.color_mode == "rgb" else 2):
             raise DeidError(f"unexpected pixel array shape {arr.shape}")
-        arr = arr * header["slope"] + header["intercept"]
         lo, hi = float(arr.min()), float(arr.max())
         if not (np.isfinite(lo) and np.isfinite(hi)):
             raise DeidError("pixel values are not finite")

@@ -75,3 +75,10 @@ class ColorModeError(DeidError, ConfigError):
     def __init__(self, message: str, *, path: str, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.path = path
+
+
+class PaletteColorError(DeidError):
+    """A PALETTE COLOR image whose palette cannot be read exactly (entries other than 8 or 16 bits,
+    data that does not match its descriptor, red/green/blue descriptors that differ, a segmented
+    palette with 8-bit entries, an unknown byte order). Refused rather than guessed: a wrong palette
+    gives plausible-looking but wrong colours. Messages name the defect, never a value."""

@@ -265,6 +265,7 @@ class FramesDicomDataset(DicomDataset):
                      reads: list[tuple[str, str, str, dict[str, Any]]] | None = None) -> dict[str, Any]:
         import numpy as np
 
+        from securetrain.masking.dicom.display import Display
         from securetrain.masking.dicom.engine import read_dicom
         from securetrain.masking.dicom.errors import DeidError
 
@@ -274,11 +275,13 @@ class FramesDicomDataset(DicomDataset):
         self._note_read(reads, digest, len(data))
         ds, _ = self._deidentifier().deidentify_dataset(ds)
         try:
-            arr = np.asarray(ds.pixel_array, dtype=np.float32)
+            arr = np.asarray(ds.pixel_array)
         except Exception as exc:
             raise DeidError(f"cannot decode pixel data ({type(exc).__name__})") from None
         n_frames = int(ds.get("NumberOfFrames", 1) or 1)
-        colour = int(ds.get("SamplesPerPixel", 1) or 1) > 1
+        display = Display.of(ds)
+        arr = display.apply(arr)  # palette, Modality LUT, MONOCHROME1: what a viewer shows
+        colour = display.colour
         if colour and self.color_mode != "rgb":
             arr, colour = arr.mean(axis=-1), False
         elif not colour and self.color_mode == "rgb":
@@ -291,7 +294,6 @@ class FramesDicomDataset(DicomDataset):
             arr = arr[arr.shape[0] // 2][None]
         elif self.depth is not None and arr.shape[0] != self.depth:
             arr = arr[np.linspace(0, arr.shape[0] - 1, self.depth).round().astype(int)]
-        arr = arr * _single_number(ds, "RescaleSlope", 1.0) + _single_number(ds, "RescaleIntercept", 0.0)
         lo, hi = float(arr.min()), float(arr.max())
         if not (np.isfinite(lo) and np.isfinite(hi)):
             raise DeidError("pixel values are not finite")
@@ -311,19 +313,6 @@ class FramesDicomDataset(DicomDataset):
         if self.has_labels:
             item["label"] = torch.tensor(-1 if label is None else label, dtype=torch.long)
         return item
-
-
-def _single_number(ds: Any, keyword: str, default: float) -> float:
-    """A one-valued numeric attribute (a multi-valued or non-numeric one fails the item, not the epoch)."""
-    from securetrain.masking.dicom.errors import DeidError
-
-    value = ds.get(keyword, None)
-    if value is None or value == "":
-        return default
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise DeidError(f"{keyword} is not a single number") from None
 
 
 def dicom_dataset(config: PipelineConfig, manifest: Path, secrets: RunSecrets, audit: AuditRecorder | None,

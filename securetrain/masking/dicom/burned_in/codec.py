@@ -22,9 +22,17 @@ from pydicom.dataset import Dataset
 from pydicom.uid import UID, ExplicitVRBigEndian, ExplicitVRLittleEndian, JPEG2000Lossless
 
 from securetrain.masking.dicom.burned_in.regions import Region
-from securetrain.masking.dicom.colour import RGB_CONVERTIBLE_YBR, SUPPORTED, describe, unconvertible_colour
+from securetrain.masking.dicom.colour import (
+    PALETTE_COLOR,
+    RGB_CONVERTIBLE_YBR,
+    SUPPORTED,
+    describe,
+    palette,
+    photometric,
+    unconvertible_colour,
+)
 from securetrain.masking.dicom.decoders import gdcm_last_resort
-from securetrain.masking.dicom.errors import BurnedInAnnotationError
+from securetrain.masking.dicom.errors import BurnedInAnnotationError, PaletteColorError
 
 gdcm_last_resort()  # JPEG Lossless / JPEG-LS through GDCM; other syntaxes keep their decoders
 
@@ -180,27 +188,26 @@ def clear_unused_bits(ds: Dataset) -> bool:
 def fill_value(ds: Dataset, frames: np.ndarray) -> int | float:
     """The "black" of this image: the darkest displayed value (MONOCHROME1 shows high as dark;
     PALETTE COLOR: the index whose palette entry is darkest)."""
-    photometric = str(ds.get("PhotometricInterpretation", "")).upper()
-    if photometric == "MONOCHROME1":
+    pi = photometric(ds)
+    if pi == "MONOCHROME1":
         return frames.max()
-    if photometric == "PALETTE COLOR":
+    if pi == PALETTE_COLOR:
         used = np.unique(frames)
         rgb = displayed(ds, used.reshape(1, -1, 1)).reshape(-1, 3).astype(np.float64)
         return used[int(np.argmin(rgb @ np.array([0.299, 0.587, 0.114])))]
-    return frames.min() if photometric.startswith("MONOCHROME") else 0
+    return frames.min() if pi.startswith("MONOCHROME") else 0
 
 
 def displayed(ds: Dataset, frames: np.ndarray) -> np.ndarray:
     """What a viewer shows, for OCR: PALETTE COLOR indexes go through the palette (they are not
     intensities; a LUT need not be monotonic); everything else is already displayable."""
-    if str(ds.get("PhotometricInterpretation", "")).upper() != "PALETTE COLOR":
+    if photometric(ds) != PALETTE_COLOR:
         return frames
-    from pydicom.pixels import apply_color_lut
-
     try:
-        return apply_color_lut(frames[..., 0], ds)
-    except Exception as exc:
-        raise BurnedInAnnotationError(f"cannot apply the palette to look for burned-in text ({type(exc).__name__})") from None
+        return palette(ds).apply(frames[..., 0])  # the loader's palette reading (colour.palette)
+    except PaletteColorError as exc:
+        raise BurnedInAnnotationError(f"cannot apply the palette to look for burned-in text: {str(exc).split(' (hint:')[0]}",
+                                      hint=exc.hint) from None
 
 
 def paint(frames: np.ndarray, regions: Iterable[Region], value: int | float) -> np.ndarray:
