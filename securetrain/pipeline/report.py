@@ -220,8 +220,9 @@ def _target_scaling_text(t: TrainingSummary) -> str:
     if not s:
         return "none: trained on the raw targets"
     return (f"standardised: (target - {s['mean']:.6g}) / {s['std']:.6g}, fitted on {s['samples']} training samples; "
-            "the model outputs standardised values (prediction = output * std + mean); RMSE, MAE and predictions "
-            "are in the target's units, the training loss on the standardised scale")
+            "the checkpoints output standardised values (prediction = output * std + mean), the released "
+            "model.safetensors predicts in the target's units (see the provenance's releasedOutputs); RMSE, MAE and "
+            "predictions are in the target's units, the training loss on the standardised scale")
 
 
 def best_validation(training: TrainingSummary) -> dict[str, Any] | None:

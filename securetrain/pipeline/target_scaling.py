@@ -5,8 +5,9 @@ zero, so a few epochs barely move it. With ``data.target_scaling: standard`` (th
 is computed on ``(y - mean) / std``, mean and std fitted on the training split only; the model's
 outputs are therefore standardised values, and every consumer restores them
 (``outputs * std + mean``) before scoring: validation metrics (RMSE/MAE in the target's units), the
-report, and anyone using the trained weights (the scaling is saved next to the checkpoints as
-``<run_dir>/train/target-scaling.json`` and in ``result.json``).
+report, the HE stage, and anyone using the checkpoints' weights (the scaling is saved next to the
+checkpoints as ``<run_dir>/train/target-scaling.json`` and in ``result.json``). The released
+``model.safetensors`` has the restore built in (:mod:`securetrain.release.target_units`).
 """
 
 from __future__ import annotations

@@ -257,7 +257,11 @@ def _model_bytes(run_dir: Path, config: Any, statement: dict[str, Any], failures
     except Exception as exc:  # noqa: BLE001 - any decryption/authentication failure refuses the release
         failures.append(f"model: the container does not decrypt/authenticate ({type(exc).__name__})")
         return None
-    plain = prov.model_safetensors(loaded.tensors)
+    try:  # the signed record of how a regression model's released weights give the target's units
+        plain = prov.model_safetensors(loaded.tensors, model.get("releasedOutputs"))
+    except ProvenanceError as exc:
+        failures.append(f"model: {exc}")
+        return None
     if hashlib.sha256(plain).hexdigest() != statement["subject"][0]["digest"]["sha256"]:
         failures.append("model: the decrypted weights differ from the statement's model.safetensors digest")
         return None

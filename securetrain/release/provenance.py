@@ -124,14 +124,42 @@ def inclusion_proof(manifest: Mapping[str, Any], path: str) -> dict[str, Any]:
 
 
 # --- model digests ---------------------------------------------------------------------
-def model_safetensors(tensors: Mapping[str, Any]) -> bytes:
-    """The deployable model: the checkpoint's ``model/`` tensors as a plain safetensors file."""
+def model_safetensors(tensors: Mapping[str, Any], released: Mapping[str, Any] | None = None) -> bytes:
+    """The deployable model: the checkpoint's ``model/`` tensors as a plain safetensors file; for a
+    regression model trained on standardised targets, ``released`` (the statement's
+    ``predicate.model.releasedOutputs``) says how they give the target's units
+    (:mod:`securetrain.release.target_units`: folded into the output layer, or wrapped)."""
     from safetensors.torch import save
 
-    model = {k.removeprefix("model/"): v.contiguous() for k, v in sorted(tensors.items()) if k.startswith("model/")}
+    from securetrain.release.target_units import released_tensors
+
+    model = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
     if not model:
         raise ProvenanceError("the checkpoint holds no model tensors")
-    return save(model)
+    return save({k: v.contiguous() for k, v in sorted(released_tensors(model, released).items())})
+
+
+def released_outputs_record(config: Any, secrets: Any, which: str, tensors: Mapping[str, Any]) -> dict[str, Any]:
+    """How the released weights of the run's regression model (trained on standardised targets)
+    predict the target's units: decided on the trained model (the ``which`` checkpoint, ``tensors``)
+    and the first training samples (:func:`securetrain.release.target_units.released_outputs`)."""
+    from torch.utils.data import DataLoader
+
+    from securetrain.pipeline.stages import load_trained_model, task_datasets
+    from securetrain.pipeline.target_scaling import load_target_scaling
+    from securetrain.release.target_units import released_outputs
+    from securetrain.training.batches import call_model, split_batch
+    from securetrain.training.validation import primary_output
+
+    scaling = load_target_scaling(config.run_dir)
+    if scaling is None:
+        raise ProvenanceError("the run trained on standardised targets but its target-scaling.json is missing",
+                              hint="train the run again")
+    _, data = task_datasets(config, secrets, None)
+    model = load_trained_model(config, secrets, None, data, which=which)
+    x = split_batch(next(iter(DataLoader(data.train, batch_size=64, shuffle=False))))[0]
+    state = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
+    return released_outputs(model, state, scaling.to_dict(), lambda m: primary_output(call_model(m, x)))
 
 
 def source_commit() -> str | None:
@@ -185,7 +213,10 @@ def sign_run_provenance(config: Any, audit_log: Any, prepared: Any, training: An
     if info is None:
         raise ProvenanceError("the run has no checkpoint to describe", hint="train with checkpoint_at_end: true")
     loaded = store.load(info)
-    plain = model_safetensors(loaded.tensors)
+    # A regression model trained on standardised targets is released predicting the target's units.
+    released = (released_outputs_record(config, secrets, which, loaded.tensors) if training.target_scaling
+                else None)
+    plain = model_safetensors(loaded.tensors, released)
     data_dir = _data_dir(config, prepared)
     files = digest_tree(data_dir) if data_dir is not None else []
     manifest = {"format": FILES_FORMAT, "root": files_root(files), "files": files}
@@ -209,8 +240,10 @@ def sign_run_provenance(config: Any, audit_log: Any, prepared: Any, training: An
             "run": {"name": config.name, "resource": f"run:{config.name}", "task": getattr(prepared, "task", None)},
             "model": {"checkpoint": which, "step": info.step, "container": info.path.name, "keyId": info.key_id,
                       "target": training.model_target, "parameters": training.parameters,
-                      # a regression model trained on standardised targets: prediction = output * std + mean
-                      **({"targetScaling": training.target_scaling} if training.target_scaling else {})},
+                      # a regression model trained on standardised targets: prediction = output * std + mean,
+                      # and how the released model.safetensors predicts in the target's units
+                      **({"targetScaling": training.target_scaling} if training.target_scaling else {}),
+                      **({"releasedOutputs": released} if released else {})},
             "trainingData": {"tree": "rfc6962-sha256", "leaf": "utf8(path) || 0x0A || sha256(file)",
                              "merkleRoot": manifest["root"], "leafCount": len(files),
                              "manifest": FILES_FILE, "manifestSha256": hashlib.sha256(manifest_bytes).hexdigest()},

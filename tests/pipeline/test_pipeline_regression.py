@@ -213,6 +213,72 @@ def test_he_scores_a_regression_model_in_the_targets_units(tmp_path: Path) -> No
     assert out["task_kind"] == "regression" and out["rmse_encrypted"] == pytest.approx(h.rmse_encrypted)
 
 
+def _release_policy(folder: Path) -> tuple[Path, Path]:
+    """A release policy with one approver (its private key returned too), no DP, any RMSE."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    folder.mkdir(parents=True, exist_ok=True)
+    key = Ed25519PrivateKey.generate()
+    private = folder / "ann.pem"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    private.chmod(0o600)
+    (folder / "ann.pub.pem").write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    policy = folder / "release.yaml"
+    policy.write_text(yaml.safe_dump({"max_epsilon": None, "min_validation": {"metric": "rmse", "value": 1e12},
+                                      "approvals": {"required": 1,
+                                                    "approvers": [{"name": "ann", "public_key": "ann.pub.pem"}]}}))
+    return policy, private
+
+
+def test_the_released_weights_predict_in_the_targets_units(tmp_path: Path) -> None:
+    """A user loads the released model.safetensors into the model built from its spec and runs it:
+    prices, not z-scores. Its errors are the ones the run reported (best checkpoint's RMSE/MAE) and
+    the ones the HE stage scored in plaintext, and the signed provenance says what was done."""
+    from safetensors.torch import load_file
+
+    from securetrain.pipeline import stages
+    from securetrain.pipeline.secrets import load_run_secrets
+    from securetrain.release.gate import approve, release
+
+    pytest.importorskip("tenseal", reason="the HE stage needs tenseal ([he] extra)")
+    data = _config(tmp_path, training={"epochs": 3, "log_every": 10}, he={"enabled": True})
+    data["data"]["source"] = str(_claims_csv(tmp_path / "prices.csv", scale=1000.0, offset=3e5))
+    config = load_pipeline_config(data=data)
+    result = run_pipeline(config)
+    t, h = result.training, result.he
+    assert t.best is not None and t.target_scaling is not None and h is not None
+    policy, key = _release_policy(tmp_path / "approvers")
+    approve(config.run_dir, key, policy_path=policy)
+    out = tmp_path / "deploy" / "model.safetensors"
+    release(config.run_dir, out, policy_path=policy)
+
+    _, split = stages.task_datasets(config, load_run_secrets(config))
+    model = stages.build_task_model(config, split)  # model.target + model.kwargs, as the user builds it
+    model.load_state_dict(load_file(out), strict=True)
+    with torch.no_grad():
+        predictions = model.eval()(split.eval.features).squeeze(1).double()
+    eval_y = split.eval.labels.double()
+    rmse = float(((predictions - eval_y) ** 2).mean().sqrt())
+    mae = float((predictions - eval_y).abs().mean())
+    best = next(v for v in t.validation if v["epoch"] == t.best["epoch"])
+    assert rmse == pytest.approx(t.best["value"], rel=1e-4) and mae == pytest.approx(best["mae"], rel=1e-4)
+    assert h.rmse_plaintext == pytest.approx(rmse, rel=1e-4) and h.mae_plaintext == pytest.approx(mae, rel=1e-4)
+    std = t.target_scaling["std"]
+    assert abs(float(predictions.mean()) - float(eval_y.mean())) < 0.5 * std  # prices, not z-scores
+    # The signed statement: the scaling as trained, and how it went into the released weights.
+    import base64
+
+    envelope = json.loads((config.run_dir / "release" / "provenance.dsse.json").read_text())
+    model_record = json.loads(base64.b64decode(envelope["payload"]))["predicate"]["model"]
+    assert model_record["targetScaling"] == t.target_scaling
+    assert model_record["releasedOutputs"]["units"] == "target"
+    assert model_record["releasedOutputs"]["method"] == "folded"
+    assert model_record["releasedOutputs"]["layer"] == "head"
+
+
 def test_target_scaling_none_trains_on_the_raw_targets(tmp_path: Path) -> None:
     config = load_pipeline_config(data=_config(tmp_path, data={"target_scaling": "none"}))
     result = run_pipeline(config)
