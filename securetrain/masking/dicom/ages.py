@@ -7,6 +7,12 @@ break the AS format (more than three digits, lower-case unit, stray spaces) are 
 because real devices write ``1100M`` or ``40000D``: the cap must not depend on the writer being
 conformant. A value that cannot be read as an age at all is reported as malformed (``None``); the
 caller empties it rather than keep a value it could not check.
+
+Ages written into free text the profile keeps ("92 year old female", "92yo", "age 95",
+"95-year-old", "Age: 091Y") are aggregated too (:func:`aggregate_text_ages`): only a number that
+text marks as an age -- by an age word before it (``age``, ``aged``, ``ages``), a year word after it
+(``years``, ``yrs``, ``yo``, ``y/o``, ``y.o.``), or an Age String form (``091Y``, ``age 1100M``) --
+so "92 slices" and "series 95" stay. Words ("ninety-two") and age ranges are not recognised.
 """
 
 from __future__ import annotations
@@ -63,3 +69,67 @@ def looks_like_age(value: object) -> bool:
     """Whether an element of unknown VR (a private one read from an Implicit VR file: ``UN``) holds
     exactly one conformant Age String, ``nnnU``: such a value is treated as an age."""
     return isinstance(value, bytes) and _AS_BYTES_RE.fullmatch(value) is not None
+
+
+#: What an age over 89 written as a number in free text becomes: "92 year old" -> "90+ year old".
+AGGREGATED_TEXT_AGE = "90+"
+
+# One pattern for str (re.ASCII) and for raw bytes (a pre-filter before decoding), so both agree
+# on ASCII text. Digits are [0-9]: only ASCII digits are read as ages.
+_TEXT_AGE = r"""
+    (?<![a-z0-9_])ages?d?\s*(?:[:=-]|of\b|is\b)?\s*                 # "age 95", "aged 92", "Age: 091Y"
+        (?P<labelled>[0-9]{1,5}(?:\.[0-9]+)?)(?![0-9+])(?!\.[0-9])
+        (?P<unit>[dwmy](?![a-z0-9]))?
+  | (?<![a-z0-9_.])(?P<token>[0-9]{1,3})y(?![a-z0-9])                # an Age String in text: "093Y"
+  | (?<![a-z0-9_.])(?P<years>[0-9]{1,3}(?:\.[0-9]+)?)                # "92 years", "92yo", "95-year-old"
+        \s*-?\s*(?:years?|yrs?|y/o|y\.o\.?|yo)(?![a-z])
+"""
+_TEXT_AGE_RE = re.compile(_TEXT_AGE, re.IGNORECASE | re.ASCII | re.VERBOSE)
+_TEXT_AGE_BYTES_RE = re.compile(_TEXT_AGE.encode("ascii"), re.IGNORECASE | re.VERBOSE)
+
+
+def may_hold_text_age(raw: bytes) -> bool:
+    """Whether encoded text (an ASCII-compatible character set) may hold an age: a cheap test on
+    the bytes, so text without one is never decoded."""
+    return _TEXT_AGE_BYTES_RE.search(raw) is not None
+
+
+def aggregate_text_ages(text: str, *, max_len: int | None = None) -> tuple[str, int]:
+    """``text`` with every age over 89 aggregated, and how many were: a number becomes
+    :data:`AGGREGATED_TEXT_AGE` ("90+"), an Age String form (``091Y``, ``age 1100M``)
+    :data:`AGGREGATED_AGE`. Where "90+" would make the value longer than ``max_len`` (its VR's
+    maximum), "90" is written instead (still the one category). Ages up to 89 are left as written."""
+    if not text or not any(c.isdigit() for c in text):
+        return text, 0
+    new, count = _aggregate(text, AGGREGATED_TEXT_AGE)
+    if max_len is not None and len(new) > max_len:
+        new, count = _aggregate(text, AGGREGATED_TEXT_AGE.rstrip("+"))
+    return new, count
+
+
+def _aggregate(text: str, number_token: str) -> tuple[str, int]:
+    count = 0
+
+    def replace(match: re.Match[str]) -> str:
+        nonlocal count
+        if match.group("token") is not None:
+            group, number, unit, token = "token", match.group("token"), "Y", AGGREGATED_AGE
+            end = match.end()  # the unit letter goes too: "093Y" -> "090Y"
+        elif match.group("labelled") is not None:
+            group, number, unit = "labelled", match.group("labelled"), (match.group("unit") or "Y").upper()
+            token = AGGREGATED_AGE if match.group("unit") else number_token
+            end = match.end("unit") if match.group("unit") else match.end("labelled")
+        else:
+            group, number, unit, token = "years", match.group("years"), "Y", number_token
+            end = match.end("years")
+        whole = int(float(number))  # completed units: 92.5 years is 92
+        if unit == "Y" and len(str(whole)) > 3:
+            return match.group(0)  # "age 1995": a year, not an age
+        if not is_over_89(whole, unit):
+            return match.group(0)
+        start, offset = match.start(group), match.start()
+        out = match.group(0)[: start - offset] + token + match.group(0)[end - offset :]
+        count += out != match.group(0)
+        return out
+
+    return _TEXT_AGE_RE.sub(replace, text), count

@@ -40,12 +40,19 @@ from pydicom.uid import (
     ImplicitVRLittleEndian,
     UID_dictionary,
 )
+from pydicom.valuerep import MAX_VALUE_LEN
 
 from securetrain import __version__
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
 from securetrain.errors import SecureTrainError
 from securetrain.io.atomic import atomic_write_bytes
-from securetrain.masking.dicom.ages import AGGREGATED_AGE, aggregate_age, looks_like_age
+from securetrain.masking.dicom.ages import (
+    AGGREGATED_AGE,
+    aggregate_age,
+    aggregate_text_ages,
+    looks_like_age,
+    may_hold_text_age,
+)
 from securetrain.masking.dicom.burned_in.cleaner import BurnedInCleaner
 from securetrain.masking.dicom.burned_in.codec import clear_unused_bits
 from securetrain.masking.dicom.charset import repair_character_set
@@ -228,6 +235,7 @@ class TagChange:
     path: str  # e.g. "(0008,1140)[0].(0008,1155)"; tags and item indexes only, never values
     tag: int
     action: str
+    detail: str = ""  # why, where the action alone does not say: "age_over_89" (an age in kept text)
 
     @property
     def keyword(self) -> str:
@@ -236,7 +244,10 @@ class TagChange:
         return keyword_for_tag(self.tag) or ""
 
     def to_dict(self) -> dict[str, str]:
-        return {"path": self.path, "tag": _fmt(self.tag), "keyword": self.keyword, "action": self.action}
+        out = {"path": self.path, "tag": _fmt(self.tag), "keyword": self.keyword, "action": self.action}
+        if self.detail:
+            out["detail"] = self.detail
+        return out
 
 
 @dataclass
@@ -374,6 +385,8 @@ class Deidentifier:
         self._ensure_patient_id(ds, ctx)
         if self.policy.scrub_retained_text:
             self._scrub(ctx)
+        if self._aggregate_ages:  # ages typed into kept text: whether or not the scrub runs
+            self._aggregate_text_ages(ctx)
         if repair_character_set(ds) is not None:  # misspelt term, or text its character set cannot decode
             self._note(ctx, "", 0x00080005, "C")
         self._mark(ds, report)
@@ -456,9 +469,9 @@ class Deidentifier:
     def _check_pixels(self, ds: Dataset, report: DeidReport) -> None:
         self.burned_in.process(ds, report)  # refuses with BurnedInAnnotationError, or cleans in place
 
-    def _note(self, ctx: _Ctx, path: str, tag: int, action: str) -> None:
+    def _note(self, ctx: _Ctx, path: str, tag: int, action: str, detail: str = "") -> None:
         if self.record_changes:
-            ctx.report.changes.append(TagChange(path, tag, action))
+            ctx.report.changes.append(TagChange(path, tag, action, detail))
         ctx.report.counts[action] += 1
 
     def _fallback(self, tag: int, vr: str, cleaning: bool = False) -> str:
@@ -858,15 +871,11 @@ class Deidentifier:
             if tag not in ds:
                 continue
             raw = ds.get_item(tag)
-            if getattr(raw, "is_raw", False) and isinstance(raw.value, bytes) and all_ascii:
-                # Search the encoded bytes first: most retained text holds no needle, and then it
-                # is never decoded. Only for character sets where ASCII bytes mean ASCII letters.
-                charset = ds.get("SpecificCharacterSet", "") or ""
-                charset = charset if isinstance(charset, str) else "\\".join(charset)
-                if all(c.strip() in _ASCII_COMPATIBLE for c in charset.split("\\")):
-                    low = raw.value.lower()
-                    if not any(n in low for n in ascii_needles):
-                        continue
+            # Search the encoded bytes first: most retained text holds no needle, and then it is
+            # never decoded. Only for character sets where ASCII bytes mean ASCII letters.
+            if (getattr(raw, "is_raw", False) and isinstance(raw.value, bytes) and all_ascii and _ascii_searchable(ds)
+                    and not any(n in raw.value.lower() for n in ascii_needles)):
+                continue
             try:
                 elem = ds[tag]
             except Exception:
@@ -882,6 +891,36 @@ class Deidentifier:
             if new != old:
                 elem.value = new if multi else new[0]
                 self._note(ctx, path, tag, "C")
+
+    def _aggregate_text_ages(self, ctx: _Ctx) -> None:
+        """``age_over_89: aggregate`` for ages written into kept free text ("92 year old" ->
+        "90+ year old", "Age: 091Y" -> "Age: 090Y"; see ages.py). Recorded as C with detail
+        ``age_over_89``; the text is decoded only when its bytes may hold an age."""
+        searchable: dict[int, bool] = {}  # per data set (item): its character set, looked up once
+        for ds, tag, path in ctx.retained_text:
+            raw = ds._dict.get(BaseTag(tag))  # (pydicom's Tag() conversions cost more than the check)
+            if raw is None:
+                continue
+            if getattr(raw, "is_raw", False) and isinstance(raw.value, bytes):
+                if id(ds) not in searchable:
+                    searchable[id(ds)] = _ascii_searchable(ds)
+                if searchable[id(ds)] and not may_hold_text_age(raw.value):
+                    continue
+            try:
+                elem = ds[tag]
+            except Exception:
+                del ds[tag]  # undecodable retained text: remove rather than keep unchecked
+                self._note(ctx, path, tag, "X")
+                continue
+            if elem.VR == "PN" or elem.value is None:
+                continue  # a person name holds no age
+            multi = isinstance(elem.value, pydicom.multival.MultiValue)
+            old = [str(v) for v in elem.value] if multi else [str(elem.value)]
+            limit = MAX_VALUE_LEN.get(elem.VR)
+            new = [aggregate_text_ages(text, max_len=limit)[0] for text in old]
+            if new != old:
+                elem.value = new if multi else new[0]
+                self._note(ctx, path, tag, "C", "age_over_89")
 
     def _mark(self, ds: Dataset, report: DeidReport) -> None:
         """PS3.15 E.1.1 attributes that declare what was done. They are the same for every object
@@ -955,6 +994,14 @@ class Deidentifier:
         report.counts[action] += 1
         if self.record_changes:
             report.changes.append(TagChange(_fmt(tag), tag, action))
+
+
+def _ascii_searchable(ds: Dataset) -> bool:
+    """Whether ``ds``'s character set keeps ASCII letters and digits as ASCII bytes, so its encoded
+    text can be searched for them without decoding."""
+    charset = ds.get("SpecificCharacterSet", "") or ""
+    charset = charset if isinstance(charset, str) else "\\".join(charset)
+    return all(c.strip() in _ASCII_COMPATIBLE for c in charset.split("\\"))
 
 
 def _document_action(policy: DicomPolicy) -> dict[int, str]:
