@@ -334,3 +334,20 @@ def test_colour_that_cannot_become_rgb_is_quarantined_at_index_time_naming_it(
     assert entry["path"] == "b-ybr.dcm"
     assert f"{photometric} colour pixel data ({bits}-bit)" in entry["reason"]
     assert "8-bit YBR_FULL" in entry["reason"] and "convert" in entry["reason"] and "RGB" in entry["reason"]
+
+
+def test_allow_flagged_policy_keeps_flagged_files_in_the_index(synthetic_set: Path) -> None:
+    """`burned_in: allow-flagged` passes flagged/suspected objects on (as `securetrain deid` writes
+    them); the index used to quarantine them all the same, so a pipeline under that policy lost every
+    file de-identification had just written for it."""
+    import yaml
+
+    from securetrain.masking.dicom.policy import load_policy
+
+    allow = load_policy(data={**yaml.safe_load(BASIC.read_text()), "burned_in": "allow-flagged"})
+    ds = DicomDataset(synthetic_set, allow, SECRET, size=(16, 16))
+    assert len(ds) == 18 and ds.quarantine_report() == [] and ds.excluded_files == ()
+    assert all(ds[i] is not None for i in range(len(ds)))  # the de-identifier passes them under this policy
+    strict = DicomDataset(synthetic_set, BASIC, SECRET, size=(16, 16))  # reject: still quarantined up front
+    assert len(strict) == 12 and len(strict.excluded_files) == 6
+    assert all("burned-in" in e["reason"] for e in strict.excluded_files)

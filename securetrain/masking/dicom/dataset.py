@@ -199,6 +199,9 @@ class DicomDataset(Dataset):
                 colour.append(self._header_colour)
             else:
                 self._quarantine_file(path, reason)
+        # what the index left out (path relative to the source, reason): callers that must not train on
+        # a silent subset (the pipeline) check it; load-time failures are in quarantine_report() only
+        self.excluded_files: tuple[dict[str, str], ...] = tuple(e.to_dict() for e in self._quarantine)
         self.requested_color_mode = color_mode
         self.colour_files, self.grey_files = sum(colour), len(colour) - sum(colour)
         self.color_mode = self._resolve_color_mode(color_mode, colour)
@@ -280,7 +283,9 @@ class DicomDataset(Dataset):
         except DeidError as exc:
             return f"{str(exc).split(' (hint:')[0]}; rejected by policy {self.policy.name}"
         status = burned_in_status(ds, self.policy.burned_in_modalities)
-        if status != "no" and self.policy.burned_in_annotation == "reject":
+        # allow-flagged passes flagged pixels on (the de-identifier does so on load too); clean would
+        # need OCR per item, so such files stay out (clean the folder with `securetrain deid` first)
+        if status != "no" and self.policy.burned_in_annotation == "reject" and self.policy.burned_in != "allow-flagged":
             return f"burned-in annotation {status}; rejected by policy {self.policy.name}"
         return None
 

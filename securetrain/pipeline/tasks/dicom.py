@@ -236,6 +236,42 @@ def _check_refusals(config: PipelineConfig, results: Sequence[Any], out_dir: Pat
         report_path)
 
 
+def _check_unusable(ctx: TaskContext, *datasets: DicomDataset) -> list[tuple[str, str]]:
+    """De-identified files the loader left out of its index (header-only objects, pixels no installed
+    decoder reads, unreadable palettes or rescale values): the same rule as quarantined inputs, since
+    training on a silent subset is what that rule exists to prevent. Named by manifest data row and
+    sequence number (never the input path); fails with :class:`RefusedFilesError` (exit 65) unless
+    ``data.allow_quarantine`` accepts them, then logged, audited and counted in the run's inputs."""
+    import logging
+
+    from securetrain.masking.dicom.errors import RefusedFilesError
+
+    unusable = [(e["path"], e["reason"]) for ds in datasets for e in ds.excluded_files]
+    if not unusable:
+        return []
+    files = sum(len(ds) for ds in datasets) + len(unusable)
+    accepted = ctx.config.data.allow_quarantine
+    ctx.audit.record("data.unusable", "dataset:deid", outcome="success" if accepted else "refused",
+                     details={"files": files, "unusable": len(unusable), "accepted": accepted})
+    listed = "; ".join(f"{_row_name(path)}: {reason}" for path, reason in unusable[:10])
+    more = f"; and {len(unusable) - 10} more" if len(unusable) > 10 else ""
+    what = f"{len(unusable)} of {files} de-identified files cannot be used for training: {listed}{more}"
+    if not accepted:
+        raise RefusedFilesError(
+            f"{what}; nothing was trained",
+            hint="remove these files from the manifest (the loader cannot read an image from them), or set "
+                 "data.allow_quarantine: true to train on the rest")
+    logging.getLogger(__name__).warning("%s (accepted by data.allow_quarantine)", what)
+    return unusable
+
+
+def _row_name(path: str) -> str:
+    """``manifest data row N (de-identified as NNNNNN.dcm)``: output names are row sequence numbers."""
+    name = Path(path).name
+    stem = name.split(".")[0]
+    return f"manifest data row {int(stem) + 1} (de-identified as {name})" if stem.isdigit() else name
+
+
 def _counts(rows: Sequence[tuple[str, int]], n: int) -> list[int]:
     c = Counter(label for _, label in rows)
     return [c.get(i, 0) for i in range(n)]
@@ -350,11 +386,15 @@ class DicomClassification:
             raise TaskError("the de-identified data is missing", hint="run the de-identification stage first")
         names = json.loads(labels.read_text())["classes"]
         train, evaluation = self._datasets(ctx, deid_dir)
+        unusable = _check_unusable(ctx, train, evaluation)
         first = next((item for item in (train[i] for i in range(len(train))) if item is not None), None)
         facts = {"in_channels": int(first["pixels"].shape[0])} if first is not None else {}
         colour, grey = train.colour_files + evaluation.colour_files, train.grey_files + evaluation.grey_files
         inputs = {"color_mode": train.color_mode, "requested": ctx.config.data.color_mode, "colour_files": colour,
                   "grey_files": grey, "converted_to_grey": colour if train.color_mode == "grey" else 0}
+        if unusable:
+            inputs["unusable_files"] = len(unusable)
+            inputs["unusable_reasons"] = dict(sorted(Counter(reason for _, reason in unusable).items()))
         return TaskData(train=train, eval=evaluation, class_names=names, model_facts=facts, inputs=inputs)
 
     @staticmethod
