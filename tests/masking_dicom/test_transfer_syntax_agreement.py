@@ -167,3 +167,27 @@ def test_pixel_data_contradicting_its_transfer_syntax_is_refused(make, reason: s
     deid.deidentify_dataset(ds)
     with pytest.raises(DeidError, match=reason):
         encode_dataset(ds)
+
+
+def test_implicit_vr_data_set_under_a_compressed_syntax_is_written_explicit(tmp_path: Path) -> None:
+    """pydicom's SC_rgb_jpeg.dcm: JPEG Baseline in the file meta (a compressed syntax, always Explicit VR
+    Little Endian) over a data set its writer encoded in Implicit VR. pydicom reads it (with a warning);
+    de-identification then failed to write it, `cannot encode the de-identified object (TypeError)`,
+    and a folder run quarantined a file every viewer opens. It is written in Explicit VR now, with
+    the compressed pixels untouched."""
+    src = get_testdata_file("SC_rgb_jpeg.dcm")
+    deid = Deidentifier(load_policy(data={**BASE, "burned_in_modalities": [], "missing_patient_identity": "study"}), SECRET)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # pydicom: "Expected explicit VR, but found implicit VR"
+        report = deid.deidentify_file(src, tmp_path / "out.dcm")
+        original = pydicom.dcmread(src)
+    assert report.output == str(tmp_path / "out.dcm")
+    raw = (tmp_path / "out.dcm").read_bytes()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # read back without any VR guessing
+        out = pydicom.dcmread(io.BytesIO(raw))
+        out.decode()
+    assert out.file_meta.TransferSyntaxUID == original.file_meta.TransferSyntaxUID
+    assert out["ImageType"].VR == "CS" and out["PixelData"].VR == "OB"
+    assert raw.count(b"CS") > 0 and out.PixelData == original.PixelData  # fragments passed through
+    assert np.array_equal(out.pixel_array, original.pixel_array)

@@ -1045,13 +1045,27 @@ def _relabel_vr_encoding(ds: Dataset) -> Dataset:
     """Old tools label an Implicit VR data set Explicit VR Little Endian (or the reverse). pydicom
     reads it by looking at the bytes (with a warning); the file meta is corrected to the encoding
     the data set really has, so the output is written in it and names it (the elements were never
-    re-encoded). Only the two native little-endian syntaxes are relabelled."""
+    re-encoded). Only the two native little-endian syntaxes are relabelled.
+
+    A compressed syntax is always Explicit VR Little Endian, so an Implicit VR data set under one
+    cannot be relabelled: its elements are parsed now (VRs from the data dictionary, ambiguous ones
+    resolved, private ones ``UN``) so that they are written in Explicit VR, never copied raw as
+    implicit bytes under an explicit label (the writers failed on them: no VR to write)."""
     meta = getattr(ds, "file_meta", None)
     tsyntax = meta.get("TransferSyntaxUID") if meta is not None else None
-    if meta is None or tsyntax not in (ExplicitVRLittleEndian, ImplicitVRLittleEndian):
+    if meta is None or tsyntax is None:
         return ds
     first: Any = next((e for e in ds._dict.values() if e.is_raw), None)
     if first is None:
+        return ds
+    if tsyntax not in (ExplicitVRLittleEndian, ImplicitVRLittleEndian):
+        try:
+            compressed = tsyntax.is_compressed and not tsyntax.is_deflated
+        except ValueError:  # private or unknown syntax: not judged
+            return ds
+        if compressed and first.is_implicit_VR and first.is_little_endian:
+            for _ in ds.iterall():  # reading each element (at any depth) parses it with its VR
+                pass
         return ds
     actual_implicit = bool(first.is_implicit_VR)
     if actual_implicit != (tsyntax == ImplicitVRLittleEndian):
