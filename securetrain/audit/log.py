@@ -625,8 +625,19 @@ class AuditLog:
                 if raw_public_key(own) in (ho.new_raw, ho.old_raw):
                     origin = ho.origin
                     break
-            self._origin = origin or default_origin(own)
+            # A log opened elsewhere with origin= (the pipeline's "securetrain/<name>") keeps it: a
+            # checkpoint under the default origin would make every later export fail verification.
+            self._origin = origin or self._stored_origin() or default_origin(own)
         return self._origin
+
+    def _stored_origin(self) -> str | None:
+        """Origin of the newest stored checkpoint signed by this writer's key (or an earlier key of its chain)."""
+        with self._read_engine.connect() as conn:
+            for row in conn.execute(select(C.c.note).order_by(C.c.tree_size.desc())):
+                origin = self._verified_origin(row.note)
+                if origin is not None:
+                    return origin
+        return None
 
     def verifier_key(self) -> str:
         return verifier_key(self.origin, self.public_key)
@@ -1466,6 +1477,13 @@ class AuditLog:
             self.flush()
         origin = self.origin  # the log's, unchanged by a rotation
         self._key_chain()  # which keys' checkpoints are references; refuses a retired key
+        stored_origin = self._stored_origin()
+        if stored_origin is not None and stored_origin != origin:
+            # Verifiers refuse a log whose checkpoints name two origins, and a signed checkpoint
+            # cannot be removed: refuse before signing instead of breaking every later export.
+            raise AuditConfigError(
+                f"this log's checkpoints are signed for origin {stored_origin!r}, not the configured {origin!r}",
+                hint=f"open the log without origin= (it is taken from its checkpoints) or with origin={stored_origin!r}")
         published = self._published_reference()
         for _attempt in range(2):
             with self._lock, self._writer_turn():
@@ -1531,6 +1549,13 @@ class AuditLog:
                 if ref is not None and (best is None or ref[0] > best[0]):
                     best = ref
         return best
+
+    def _verified_origin(self, note: str) -> str | None:
+        chain = self._chain or writer_chain(self.public_key, [])[0]
+        try:
+            return open_with_chain(note, chain)[0]
+        except Exception:  # noqa: BLE001 - another key's or a malformed note says nothing about our origin
+            return None
 
     def _verified_ref(self, note: str) -> tuple[int, bytes] | None:
         """(size, root) of a checkpoint signed by our key, or by an earlier key within its hand-over size."""

@@ -449,6 +449,9 @@ def _run(public_key: TrustedKeys, checkpoint_notes: Iterable[str], trusted_notes
             points = chain.points()
         own, trusted = _open_notes(chain, checkpoint_notes, trusted_notes)
         trusted += [(p, False) for p in points]
+        origins = sorted({c.origin for c, _ in own + trusted})
+        if len(origins) > 1:  # one log, one origin (as audit/verify_audit.py checks)
+            raise AuditIntegrityError(f"checkpoints come from different logs: {origins}", problem="checkpoint-origin")
     except AuditIntegrityError as exc:
         _close(source)
         return VerifyReport(False, 0, report.root_hash, error=exc.with_traceback(None))
