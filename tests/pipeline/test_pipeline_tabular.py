@@ -150,3 +150,20 @@ def test_only_hidden_activations_count_as_approximated() -> None:
     assert _approximated_activations(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))) == []
     assert _approximated_activations(nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Dropout(), nn.Linear(4, 2))) == ["ReLU"]
     assert _approximated_activations(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1), nn.Sigmoid())) == ["Tanh"]
+
+
+@pytest.mark.parametrize("labels", [
+    pa.array([float(i % 2) for i in range(59)] + [float("nan")], pa.float64()),  # Parquet float label, one NaN
+    pa.array(["yes" if i % 2 else "no" for i in range(58)] + ["", "  "]),  # blank text labels
+])
+def test_nan_or_blank_labels_are_refused_not_a_class(tmp_path: Path, labels: pa.Array) -> None:
+    # A NaN in a float label column used to become its own class "nan" (a 3-class model trained on
+    # a missing value), and a blank string the class "": both are missing labels, refused like nulls.
+    from securetrain.masking.tabular import generate_finance_table
+
+    table = generate_finance_table(60, seed=0)
+    table = table.set_column(table.column_names.index("label"), "label", labels)
+    config = _with_table(tmp_path, table)
+    with pytest.raises(TaskError, match=r"the label column has [12] missing value\(s\) \(empty, blank or NaN\)"):
+        run_pipeline(config)
+    assert not list(config.run_dir.rglob("*.parquet")) and not list(config.run_dir.rglob("*.stenc"))

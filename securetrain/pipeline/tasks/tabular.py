@@ -200,13 +200,35 @@ def _entity_column(actions: dict[str, str], policy: str) -> str:
     return candidates[0]
 
 
+def _missing_labels(column: Any) -> int:
+    """Rows without a class label: nulls, and the values that only look like one once cast to text:
+    NaN in a float column (Parquet keeps it as a value, not a null) and blank strings. Cast to text
+    they would become the classes ``"nan"`` and ``""`` and train a model with an extra class."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    missing = column.null_count
+    if pa.types.is_floating(column.type):
+        missing += int(pc.sum(pc.fill_null(pc.is_nan(column), False)).as_py() or 0)
+    elif pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        blank = pc.equal(pc.utf8_trim_whitespace(column), "")
+        missing += int(pc.sum(pc.fill_null(blank, False)).as_py() or 0)
+    return missing
+
+
+def _no_missing_labels(column: Any, *, where: str) -> None:
+    missing = _missing_labels(column)
+    if missing:
+        raise TaskError(f"{where}: the label column has {missing} missing value(s) (empty, blank or NaN)",
+                        hint="drop or fill those rows in your data: every row needs a class label")
+
+
 def _label_ids(column: Any, classes: list[str] | None, *, where: str) -> tuple[np.ndarray, list[str]]:
     """Class ids per row and the class names, canonicalising each *distinct* label once."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if column.null_count:
-        raise TaskError(f"{where}: the label column has {column.null_count} empty value(s)")
+    _no_missing_labels(column, where=where)
     raw = pc.cast(column, pa.string())
     distinct = pc.unique(raw).to_pylist()
     canonical = [canonical_label(v) for v in distinct]
@@ -312,8 +334,8 @@ class TabularClassification:
         # A CSV's kept columns are its text as written; the label's type (as pyarrow's CSV reader
         # infers it: 1.0 is class "1", TRUE is "true") is that of its values, as in build_datasets.
         labels_col = infer_table(masked.select([d.label_column])).column(0)
-        if labels_col.null_count and not self.regression:  # regression: empty, NaN and inf refused together
-            raise TaskError(f"the label column has {labels_col.null_count} empty value(s)")
+        if not self.regression:  # regression: empty, NaN and inf refused together
+            _no_missing_labels(labels_col, where=f"table {Path(raw).name}")
         label_ids, names = self._targets(labels_col, d.classes, where=f"table {Path(raw).name}", label=d.label_column)
         entity_col = pc.cast(masked.column(split_by), pa.string())
         if entity_col.null_count:
