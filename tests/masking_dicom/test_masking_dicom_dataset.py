@@ -351,3 +351,60 @@ def test_allow_flagged_policy_keeps_flagged_files_in_the_index(synthetic_set: Pa
     strict = DicomDataset(synthetic_set, BASIC, SECRET, size=(16, 16))  # reject: still quarantined up front
     assert len(strict) == 12 and len(strict.excluded_files) == 6
     assert all("burned-in" in e["reason"] for e in strict.excluded_files)
+
+
+def test_files_that_can_never_load_are_quarantined_at_index_time_with_the_reason(tmp_path: Path) -> None:
+    """Each of these passed the header-only index and then failed on every load, dropped mid-epoch
+    as `cannot decode pixel data (RuntimeError / AttributeError / ValueError)`: 12-bit JPEG Extended
+    (pydicom's JPGExtended.dcm: Pillow and GDCM decode 8-bit samples only), image attributes without
+    Pixel Data (pydicom's chrKoreanMulti.dcm), and a file cut inside its Pixel Data (MR_truncated.dcm)."""
+    import io
+
+    import pydicom
+    from dicom_fixtures import make_dataset
+    from pydicom.data import get_testdata_file
+
+    ds = make_dataset()
+    ds.Rows, ds.Columns = 64, 64
+    ds.PixelData = bytes(range(256)) * 32  # 64 x 64 x 16 bits
+    buf = io.BytesIO()
+    pydicom.dcmwrite(buf, ds, enforce_file_format=True)
+    good = buf.getvalue()
+    (tmp_path / "a-good.dcm").write_bytes(good)
+    (tmp_path / "b-cut.dcm").write_bytes(good[:-3000])
+    del ds.PixelData
+    buf = io.BytesIO()
+    pydicom.dcmwrite(buf, ds, enforce_file_format=True)
+    (tmp_path / "c-no-pixels.dcm").write_bytes(buf.getvalue())
+    jpeg12 = pydicom.dcmread(get_testdata_file("JPGExtended.dcm"))
+    jpeg12.Modality = "CT"  # neither a modality nor a SOP class the policy suspects of burned-in text
+    jpeg12.SOPClassUID = jpeg12.file_meta.MediaStorageSOPClassUID = pydicom.uid.CTImageStorage
+    jpeg12.save_as(tmp_path / "d-jpeg12.dcm", enforce_file_format=True)
+
+    dataset = DicomDataset(tmp_path, BASIC, SECRET)
+    assert [Path(p).name for p, _ in dataset.items] == ["a-good.dcm"]
+    reasons = {e["path"]: e["reason"] for e in dataset.excluded_files}
+    assert reasons["b-cut.dcm"] == "element (7FE0,0010) holds 5192 of 8192 bytes (truncated file?)"
+    assert reasons["c-no-pixels.dcm"] == "image attributes but no pixel data (truncated file?)"
+    assert reasons["d-jpeg12.dcm"].startswith("12-bit JPEG Extended pixel data: no installed decoder reads it")
+    assert dataset[0] is not None and len(dataset.quarantine_report()) == 3
+
+
+def test_a_stream_that_fails_to_decode_is_quarantined_naming_its_transfer_syntax(tmp_path: Path) -> None:
+    """A decoder is installed but the stream is corrupt (pydicom's
+    JPEG2000-embedded-sequence-delimiter.dcm): found only on load, the reason now says which syntax
+    failed instead of a bare `cannot decode pixel data (RuntimeError)`."""
+    from dicom_fixtures import make_dataset
+    from pydicom.encaps import encapsulate
+    from pydicom.uid import JPEG2000Lossless
+
+    ds = make_dataset()
+    ds.file_meta.TransferSyntaxUID = JPEG2000Lossless
+    ds.PixelData = encapsulate([b"\xff\x4f\xff\x51" + b"\x00" * 60])  # a J2K codestream cut after SIZ
+    ds["PixelData"].VR = "OB"
+    ds.save_as(tmp_path / "j2k.dcm", enforce_file_format=True)
+    dataset = DicomDataset(tmp_path, BASIC, SECRET)
+    assert len(dataset) == 1 and dataset[0] is None
+    [entry] = dataset.quarantine_report()
+    assert entry == {"path": "j2k.dcm", "reason": "cannot decode pixel data (JPEG 2000 Image Compression (Lossless Only): "
+                                                  "RuntimeError)"}

@@ -90,6 +90,10 @@ _PIXEL_TAGS = (
 
 
 _T = TypeVar("_T")
+# index reads skip values larger than this (Pixel Data); palettes and LUTs below it are read at once
+_INDEX_DEFER_SIZE = 256 * 1024
+# pydicom's JPEG Extended plugins that refuse samples of more than 8 bits
+_EIGHT_BIT_JPEG_PLUGINS = frozenset({"pillow", "gdcm"})
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,17 @@ class QuarantineEntry:
 
     def to_dict(self) -> dict[str, str]:
         return {"path": self.path, "reason": self.reason}
+
+
+def decode_error(ds: Any, exc: BaseException) -> DeidError:
+    """``cannot decode pixel data (<transfer syntax>: <error type>)``: which syntax failed tells a
+    corrupt stream from a missing decoder; the decoder's message is left out (it may quote values)."""
+    tsyntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+    try:
+        syntax = f"{tsyntax.name}: " if tsyntax is not None else ""
+    except (AttributeError, ValueError):
+        syntax = ""
+    return DeidError(f"cannot decode pixel data ({syntax}{type(exc).__name__})")
 
 
 def read_manifest(manifest: Path) -> list[tuple[Path, int | None]]:
@@ -250,19 +265,26 @@ class DicomDataset(Dataset):
 
     def _validate_header(self, path: Path) -> str | None:
         from pydicom.pixels import get_decoder
+        from pydicom.uid import JPEGExtended12Bit
 
         from securetrain.masking.dicom.colour import SUPPORTED, unconvertible_colour
-        from securetrain.masking.dicom.engine import patient_identity, read_dicom
+        from securetrain.masking.dicom.engine import check_complete, patient_identity, read_dicom
         from securetrain.masking.dicom.pixels import burned_in_status
 
         if not path.is_file():
             return "missing file"
         try:
-            ds = read_dicom(path, stop_before_pixels=True)
+            # large values (Pixel Data) are skipped, not read: their presence and stated length are
+            # still known, so a file cut inside them or without them is refused now, not on every load
+            ds = read_dicom(path, defer_size=_INDEX_DEFER_SIZE)
         except DeidError as exc:
             return str(exc).split(": ", 1)[-1]
         if "Rows" not in ds or "Columns" not in ds:
             return "no image (Rows/Columns absent)"
+        try:
+            check_complete(ds, path.name, size=path.stat().st_size, identity=False)
+        except DeidError as exc:
+            return str(exc).split(": ", 1)[-1]
         try:  # a palette, Modality LUT or Rescale Slope/Intercept that cannot be read: refused now
             self._header_colour = Display.of(ds).colour  # read by __init__ for this item
         except DeidError as exc:
@@ -273,6 +295,11 @@ class DicomDataset(Dataset):
             try:
                 if tsyntax.is_compressed and not get_decoder(tsyntax).is_available:
                     return f"no pixel decoder available for transfer syntax {tsyntax.name}"
+                if tsyntax == JPEGExtended12Bit and int(ds.get("BitsStored", 8) or 8) != 8 \
+                        and not set(get_decoder(tsyntax).available_plugins) - _EIGHT_BIT_JPEG_PLUGINS:
+                    return ("12-bit JPEG Extended pixel data: no installed decoder reads it (Pillow and GDCM "
+                            "decode 8-bit samples only; pylibjpeg-libjpeg, GPL, is not installed); convert the "
+                            "file to a lossless syntax first or leave it out")
             except (ValueError, NotImplementedError):
                 return "unsupported or private transfer syntax"
         colour = unconvertible_colour(ds, compressed=bool(tsyntax is not None and tsyntax.is_compressed))
@@ -486,7 +513,7 @@ class DicomDataset(Dataset):
         try:
             arr = ds.pixel_array
         except Exception as exc:
-            raise DeidError(f"cannot decode pixel data ({type(exc).__name__})") from None
+            raise decode_error(ds, exc) from None
         arr = np.asarray(arr)  # stored values: integer indexes for a palette or Modality LUT
         frames = int(ds.get("NumberOfFrames", 1) or 1)
         if frames > 1:

@@ -1075,7 +1075,8 @@ def _relabel_vr_encoding(ds: Dataset) -> Dataset:
 
 
 def read_dicom(
-    path: str | os.PathLike[str] | BinaryIO, *, stop_before_pixels: bool = False, name: str | None = None
+    path: str | os.PathLike[str] | BinaryIO, *, stop_before_pixels: bool = False, name: str | None = None,
+    defer_size: int | None = None,
 ) -> Dataset:
     """dcmread that turns every failure into :class:`UnreadableDicomError` with a short reason.
 
@@ -1087,7 +1088,8 @@ def read_dicom(
     source: Any = os.fspath(path) if isinstance(path, str | os.PathLike) else path
     source = _with_preamble(source)
     try:
-        return _relabel_vr_encoding(pydicom.dcmread(source, stop_before_pixels=stop_before_pixels))
+        return _relabel_vr_encoding(pydicom.dcmread(source, stop_before_pixels=stop_before_pixels,
+                                                    defer_size=defer_size))
     except InvalidDicomError:
         pass  # no preamble/prefix: maybe a raw data set
     except (OSError, EOFError) as exc:
@@ -1097,7 +1099,7 @@ def read_dicom(
     if not isinstance(source, str):
         source.seek(0)
     try:
-        ds = pydicom.dcmread(source, stop_before_pixels=stop_before_pixels, force=True)
+        ds = pydicom.dcmread(source, stop_before_pixels=stop_before_pixels, force=True, defer_size=defer_size)
         sop_class = str(ds.get("SOPClassUID", "") or "")
         sop_instance = str(ds.get("SOPInstanceUID", "") or "")
     except Exception:
@@ -1126,18 +1128,27 @@ def refuse_dicomdir(ds: Dataset, label: str) -> None:
         )
 
 
-def check_complete(ds: Dataset, label: str, size: int | None = None) -> None:
+def check_complete(ds: Dataset, label: str, size: int | None = None, *, identity: bool = True) -> None:
     """pydicom stops silently at EOF, so a truncated file reads "fine". ``size`` (the file length) lets
     a cut inside an element header show; the file meta's SOP identity must be in the data set. For images:
     image attributes without pixel data, or native pixel data shorter than Rows x Columns x
     frames x samples x bytes, mean the file was cut. (A non-image object cut exactly between two
     elements cannot be told from a complete one; nor can a text value cut short. Header-only image
     objects -- e.g. the stripped images a DICOMDIR references -- carry no image attributes at all
-    and are accepted: they hold no pixels to leak.)"""
+    and are accepted: they hold no pixels to leak.)
+
+    Values a ``defer_size`` read left unread are never loaded here: their stated length is checked
+    against ``size`` instead. ``identity=False`` skips the SOP identity check against the file meta."""
     if not ds._dict:
         raise UnreadableDicomError(f"{label}: no data elements (empty or truncated file)")
     for tag in reversed(sorted(ds._dict)):  # a cut file ends inside its last element
-        raw: Any = ds.get_item(tag)  # raw (has .length) unless something already parsed it
+        raw: Any = ds.get_item(tag, keep_deferred=True)  # raw (has .length) unless something already parsed it
+        end = getattr(raw, "value_tell", None)
+        if getattr(raw, "is_raw", False) and raw.value is None and raw.length not in (0, 0xFFFFFFFF) \
+                and size is not None and isinstance(end, int) and end + raw.length > size:  # deferred, cut
+            raise UnreadableDicomError(
+                f"{label}: element {_fmt(int(tag))} holds {max(size - end, 0)} of {raw.length} bytes (truncated file?)"
+            )
         if getattr(raw, "is_raw", False) and raw.value is not None and raw.length != 0xFFFFFFFF:
             if len(raw.value) < raw.length:
                 raise UnreadableDicomError(
@@ -1145,7 +1156,6 @@ def check_complete(ds: Dataset, label: str, size: int | None = None) -> None:
                 )
             # pydicom stops silently when fewer than 8 bytes (one element header) remain: a file cut
             # inside the next element's header ends with a few bytes nobody parsed.
-            end = getattr(raw, "value_tell", None)
             if size is not None and isinstance(end, int) and not _is_deflated(ds):
                 left = size - (end + raw.length)
                 if 0 < left < 8:
@@ -1153,7 +1163,8 @@ def check_complete(ds: Dataset, label: str, size: int | None = None) -> None:
                         f"{label}: {left} bytes after the last element are not a whole element (truncated file?)"
                     )
         break
-    _check_identity_against_meta(ds, label)
+    if identity:
+        _check_identity_against_meta(ds, label)
     if "Rows" not in ds and "Columns" not in ds:
         return
     if "Rows" not in ds or "Columns" not in ds:
@@ -1183,7 +1194,8 @@ def check_complete(ds: Dataset, label: str, size: int | None = None) -> None:
     if samples == 3 and photometric in ("YBR_FULL_422", "YBR_PARTIAL_422"):
         samples = 2  # 4:2:2 subsampled: two values per pixel on average
     expected = (rows * cols * frames * samples * bits + 7) // 8
-    actual = len(ds.get_item(TAG_PIXEL_DATA).value or b"")
+    pixels: Any = ds.get_item(TAG_PIXEL_DATA, keep_deferred=True)
+    actual = pixels.length if pixels.is_raw and pixels.value is None else len(pixels.value or b"")
     if actual < expected:
         raise UnreadableDicomError(f"{label}: pixel data is {actual} bytes, {expected} expected (truncated file?)")
 
@@ -1215,6 +1227,8 @@ def pixel_encoding_problem(ds: Dataset) -> str | None:
     raw = getattr(elem, "is_raw", False)
     undefined = elem.length == 0xFFFFFFFF if raw else bool(elem.is_undefined_length)
     value = elem.value
+    if raw and value is None and not undefined and elem.length:
+        return None  # a deferred value (header-only read): its bytes are judged when it is read in full
     if encapsulated:
         if not isinstance(value, bytes | bytearray) or bytes(value[:4]) != _ITEM_TAG_LE:
             return f"pixel data is not encapsulated although the transfer syntax ({name}) is compressed"

@@ -24,7 +24,7 @@ import torch
 from securetrain.audit.recorder import AuditRecorder, NullAuditRecorder
 from securetrain.errors import ConfigError, SecureTrainError
 from securetrain.io.atomic import atomic_write_bytes
-from securetrain.masking.dicom.dataset import DicomDataset
+from securetrain.masking.dicom.dataset import DicomDataset, decode_error
 from securetrain.pipeline.config import PipelineConfig
 from securetrain.pipeline.errors import TaskError
 from securetrain.pipeline.results import DeidSummary
@@ -313,7 +313,7 @@ class FramesDicomDataset(DicomDataset):
         try:
             arr = np.asarray(ds.pixel_array)
         except Exception as exc:
-            raise DeidError(f"cannot decode pixel data ({type(exc).__name__})") from None
+            raise decode_error(ds, exc) from None
         n_frames = int(ds.get("NumberOfFrames", 1) or 1)
         display = Display.of(ds)
         arr = display.apply(arr)  # palette, Modality LUT, MONOCHROME1: what a viewer shows
