@@ -7,8 +7,10 @@ cannot drift from the code; an independent verifier can be checked against it.
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
+import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from securetrain.audit import canonical, merkle
@@ -71,3 +73,32 @@ def test_docs_test_vector_proofs_verify() -> None:
     consistency = [bytes.fromhex(h) for h in rows["consistency 2 -> 3"].split()]
     assert merkle.verify_inclusion(1, 3, bytes.fromhex(rows["entry 1 leaf"]), inclusion, root3)
     assert merkle.verify_consistency(2, 3, consistency, root2, root3)
+
+
+def _standalone():  # noqa: ANN202
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("verify_audit_docs", DOC.parents[1] / "audit" / "verify_audit.py")
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+def test_checkpoint_note_parsing_rules_of_the_page_hold_in_both_verifiers() -> None:
+    """The page's "Checkpoints": extension lines after the root are accepted; a control character other than LF
+    makes the note malformed; the signature lines follow the last blank line."""
+    from securetrain.audit.errors import AuditIntegrityError
+    from securetrain.audit.handover import build_chain, open_with_chain
+    from securetrain.audit.note import sign_note
+
+    standalone, chain = _standalone(), build_chain([KEY.public_key()], [])
+    root = merkle.root_hash([])
+    body = f"{ORIGIN}\n0\n{base64.b64encode(root).decode()}\n"
+    extended = sign_note(body + "extension line\n", ORIGIN, KEY)
+    assert open_with_chain(extended, chain) == (ORIGIN, 0, root)
+    assert standalone.open_checkpoint(extended, KEY.public_key(), "note") == (ORIGIN, 0, root)
+    tabbed = sign_note(body + "a\tb\n", ORIGIN, KEY)
+    with pytest.raises(AuditIntegrityError, match="control"):
+        open_with_chain(tabbed, chain)
+    with pytest.raises(standalone.Failure, match="malformed"):
+        standalone.open_checkpoint(tabbed, KEY.public_key(), "note")
