@@ -266,3 +266,17 @@ def test_pipeline_frames_read_palettes_too(tmp_path: Path) -> None:
     a = (a - a.min()) / (a.max() - a.min())
     expected = torch.from_numpy(a.transpose(0, 3, 1, 2).reshape(6, *a.shape[1:3]).copy()).float()
     assert _close(pixels, expected)
+
+
+def test_a_zero_rescale_slope_is_quarantined_not_trained_as_a_blank_image(tmp_path: Path) -> None:
+    """Rescale Slope 0 maps every stored value to the intercept: the item was an all-zero image,
+    trained on without a word. It is a data error (the viewer shows nothing either)."""
+    ds = make_dataset()
+    ds.RescaleSlope, ds.RescaleIntercept = "0", "-1024"
+    ds.save_as(tmp_path / "zero.dcm", enforce_file_format=True)
+    ds.RescaleSlope = "1"
+    ds.save_as(tmp_path / "one.dcm", enforce_file_format=True)
+    data = DicomDataset(tmp_path, BASIC, SECRET)
+    assert [Path(p).name for p, _ in data.items] == ["one.dcm"]
+    [entry] = data.quarantine_report()
+    assert entry == {"path": "zero.dcm", "reason": "RescaleSlope is 0: every pixel would show the same value"}

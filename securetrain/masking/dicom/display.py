@@ -96,6 +96,8 @@ class Display:
         if int(ds.get("SamplesPerPixel", 1) or 1) > 1:  # the Modality LUT is for grey images only
             return cls(True, None, 1.0, 0.0, None, False)
         slope, intercept = single_float(ds, "RescaleSlope", 1.0), single_float(ds, "RescaleIntercept", 0.0)
+        if slope == 0.0 and "ModalityLUTSequence" not in ds:  # a blank image, never something to train on
+            raise DeidError("RescaleSlope is 0: every pixel would show the same value")
         return cls(False, None, slope, intercept, modality_lut(ds), pi == "MONOCHROME1")
 
     def apply(self, arr: np.ndarray) -> np.ndarray:
