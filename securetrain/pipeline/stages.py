@@ -488,11 +488,15 @@ def extract_features(
     if _he_scope(config) == "model":
         with torch.no_grad():
             inputs = torch.cat([split_batch(b)[0].flatten(1).float() for b in loader])
-            chain = _as_chain(model, inputs[:8])
-            carried = _chain_to_tensors(chain) if chain is not None else None
-            # Only if the rebuilt chain computes exactly what the trained model computes.
-            if carried is not None and torch.allclose(_chain_from_tensors(carried)(inputs[:8]), model(inputs[:8]), atol=1e-5):
-                approximated = _approximated_activations(chain) if chain is not None else []
+            try:
+                carried: dict[str, torch.Tensor] | None = check_whole_model(model, inputs[:8])
+            except PipelineError as exc:
+                if config.he.scope == "model":
+                    raise
+                log.warning("HE evaluates the model's last linear layer instead of the whole model: %s", exc.args[0])
+                carried = None
+            if carried is not None:
+                approximated = _approximated_activations(_chain_from_tensors(carried))
                 if config.he.scope == "auto" and approximated:
                     # CKKS has no ReLU/sigmoid: hidden activations would be polynomials, and an MLP's
                     # encrypted accuracy then differs from the model's (measured: 3-class loans table,
@@ -502,11 +506,6 @@ def extract_features(
                              "model with polynomial activations)", ", ".join(sorted(set(approximated))))
                 else:
                     out.update(carried, model_inputs=inputs)
-            elif config.he.scope == "model":
-                raise PipelineError("he.scope is 'model' but the model is not a plain chain of "
-                                       f"{', '.join(_CHAIN_LAYERS)} layers", hint="use he.scope: head or auto")
-            else:
-                log.warning("the model is not a plain layer chain; HE evaluates its last linear layer instead")
     return out
 
 
@@ -528,6 +527,29 @@ def _approximated_activations(chain: torch.nn.Sequential) -> list[str]:
 
 #: Layers the whole-model HE scope can carry between stages as tensors (kinds by name, no pickle).
 _CHAIN_LAYERS = ("Linear", "BatchNorm1d", "ReLU", "Sigmoid", "Tanh", "GELU", "SiLU", "Flatten", "Identity", "Dropout")
+
+
+def check_whole_model(model: torch.nn.Module, sample: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The tensors of ``model`` as a layer chain the HE stage can evaluate whole (``he.scope: model``),
+    or :class:`PipelineError` saying why it cannot: the layers HE has no form for (by path and
+    class), or a forward that is not its layers applied in module order."""
+    chain = _as_chain(model, sample)
+    carried = _chain_to_tensors(chain) if chain is not None else None
+    # Only if the rebuilt chain computes exactly what the trained model computes.
+    if carried is not None and torch.allclose(_chain_from_tensors(carried)(sample), model(sample), atol=1e-5):
+        return carried
+    leaves = [(name, m) for name, m in model.named_modules() if not list(m.children())]
+    unsupported = [f"{name or '<model>'!r} ({type(m).__name__})" for name, m in leaves
+                   if type(m).__name__ not in _CHAIN_LAYERS]
+    if unsupported:
+        more = f" and {len(unsupported) - 5} more" if len(unsupported) > 5 else ""
+        reason = f"HE cannot evaluate its layer(s) {', '.join(unsupported[:5])}{more}"
+    else:
+        reason = ("its forward is not its layers applied one after another in module order (e.g. a skip "
+                  "connection, a dict or tuple output, an operation outside a layer)")
+    raise PipelineError(f"the model cannot be evaluated whole under encryption (he.scope: model): {reason}; "
+                        f"supported: a plain chain of {', '.join(_CHAIN_LAYERS)} layers",
+                        hint="use he.scope: head (the last linear layer on encrypted features) or auto")
 
 
 def _chain_to_tensors(chain: torch.nn.Sequential) -> dict[str, torch.Tensor] | None:

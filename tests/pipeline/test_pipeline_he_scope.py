@@ -82,3 +82,27 @@ def test_he_stage_falls_back_to_the_head_only_when_allowed(tmp_path, monkeypatch
         return
     summary = stages.he_evaluate(config, features)
     assert seen == [2, 1] and summary.scope == "head" and summary.features == 3 and summary.outputs == 1
+
+
+def test_whole_model_refusal_names_the_layers_at_fault() -> None:
+    # he.scope: model on a model HE cannot evaluate whole used to say only "not a plain chain of
+    # Linear, ... layers", leaving the user to guess which layer (or the forward) was the problem.
+    x = torch.randn(8, 6)
+    ln = nn.Sequential(nn.Linear(6, 4), nn.LayerNorm(4), nn.LeakyReLU(0.1), nn.Linear(4, 2)).eval()
+    with pytest.raises(stages.PipelineError, match=r"cannot be evaluated whole under encryption \(he.scope: model\): HE cannot evaluate "
+                       r"its layer\(s\) '1' \(LayerNorm\), '2' \(LeakyReLU\)") as err:
+        stages.check_whole_model(ln, x)
+    assert "he.scope: head" in str(err.value.hint)
+
+    class DictOut(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.head = nn.Linear(6, 4), nn.Linear(4, 2)
+
+        def forward(self, x):  # noqa: ANN001
+            return {"logits": self.head(torch.relu(self.body(x)))}
+
+    with pytest.raises(stages.PipelineError, match=r"its forward is not its layers applied one after another"):
+        stages.check_whole_model(DictOut().eval(), x)
+    chain = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 2)).eval()
+    assert stages.check_whole_model(chain, x) is not None  # a plain chain: its tensors to carry
