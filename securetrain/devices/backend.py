@@ -71,8 +71,17 @@ class DeviceBackend(abc.ABC):
     def availability(self) -> tuple[bool, str | None]:
         """``(True, None)`` if usable, else ``(False, reason)``. Must never raise."""
 
+    def probe(self) -> tuple[bool, str | None]:
+        """:meth:`availability`, with a backend that breaks its never-raise contract reported as
+        unavailable (the exception type and message as the reason) instead of crashing the caller."""
+        try:
+            ok, reason = self.availability()
+        except Exception as exc:  # third-party code: one broken plugin must not break listing or auto
+            return False, f"{type(self).__name__}.availability() raised {type(exc).__name__}: {exc}"
+        return bool(ok), reason
+
     def is_available(self) -> bool:
-        return self.availability()[0]
+        return self.probe()[0]
 
     # --- what the engine asks ------------------------------------------------------------
     def device(self) -> torch.device:
@@ -101,7 +110,7 @@ class DeviceBackend(abc.ABC):
         return None
 
     def describe(self) -> BackendDescription:
-        ok, reason = self.availability()
+        ok, reason = self.probe()
         memory: dict[str, Any] = {}
         device = None
         if ok:

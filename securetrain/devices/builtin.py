@@ -103,8 +103,12 @@ class CudaBackend(DeviceBackend):
         if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
             return False, "this torch build has no CUDA support (torch.version.cuda is None)"
         try:
-            if not torch.cuda.is_available() or torch.cuda.device_count() <= self.index:
+            if not torch.cuda.is_available():
                 return False, "no NVIDIA GPU visible (torch.cuda.is_available() is False)"
+            count = torch.cuda.device_count()
+            if count <= self.index:
+                return False, (f"cuda:{self.index} requested but only {count} CUDA device(s) are visible "
+                               f"(indices 0..{count - 1}; check CUDA_VISIBLE_DEVICES)")
             gpu = torch.cuda.get_device_name(self.index)
         except Exception as exc:
             return False, f"CUDA runtime error: {type(exc).__name__}"

@@ -34,6 +34,7 @@ from securetrain.devices.builtin import (
     privateuse1_name,
 )
 from securetrain.devices.errors import BackendUnavailableError, UnknownBackendError
+from securetrain.errors import DeviceError
 
 log = logging.getLogger(__name__)
 
@@ -102,16 +103,50 @@ def _factory(name: str) -> BackendFactory:
     return factory
 
 
-def _instantiate(factory: BackendFactory, index: int) -> DeviceBackend:
-    backend = factory(index)
+def _instantiate(factory: BackendFactory, index: int, name: str = "") -> DeviceBackend:
+    try:
+        backend = factory(index)
+    except Exception as exc:  # third-party factory: a typed error naming the cause, never a bare crash
+        raise BackendUnavailableError(
+            f"device backend {name or factory!r} could not be created: {type(exc).__name__}: {exc}",
+            hint="fix or uninstall the plugin that provides it; `securetrain devices` lists every backend",
+        ) from exc
     if not isinstance(backend, DeviceBackend):
         raise UnknownBackendError(f"backend factory {factory!r} did not return a DeviceBackend")
     return backend
 
 
+class _UnusableBackend(DeviceBackend):
+    """Stands in, in listings, for a registered backend whose factory failed."""
+
+    def __init__(self, name: str, reason: str, index: int = 0) -> None:
+        super().__init__(index)
+        self.name = name
+        self._reason = reason
+
+    def availability(self) -> tuple[bool, str | None]:
+        return False, self._reason
+
+    @property
+    def autocast_dtype(self) -> None:
+        return None
+
+    @property
+    def collective_backend(self) -> str:
+        return ""
+
+
 def all_backends(index: int = 0) -> list[DeviceBackend]:
-    """One instance of every known backend (available or not), for listing."""
-    return [_instantiate(_factory(n), index) for n in backend_names()]
+    """One instance of every known backend (available or not), for listing. A plugin whose factory
+    fails is listed as unavailable with the failure as its reason, so one broken plugin does not hide
+    the others (or crash ``securetrain devices``)."""
+    backends: list[DeviceBackend] = []
+    for name in backend_names():
+        try:
+            backends.append(_instantiate(_factory(name), index, name))
+        except DeviceError as exc:
+            backends.append(_UnusableBackend(name, str(exc.args[0]) if exc.args else str(exc), index))
+    return backends
 
 
 def _parse(choice: str) -> tuple[str, int]:
@@ -156,13 +191,13 @@ def resolve_backend(choice: str = AUTO, *, index: int | None = None) -> DeviceBa
     idx = parsed_index if index is None else index
     if name.lower() == AUTO:
         for candidate in _auto_candidates(idx):
-            ok, reason = candidate.availability()
+            ok, reason = candidate.probe()
             if ok:
                 return candidate
             log.debug("auto: skipping %s: %s", candidate.name, reason)
         return CpuBackend(idx)  # unreachable in practice: CPU is always available
-    backend = _instantiate(_factory(name), idx)
-    ok, reason = backend.availability()
+    backend = _instantiate(_factory(name), idx, name)
+    ok, reason = backend.probe()
     if not ok:
         raise BackendUnavailableError(
             f"device backend {backend.name!r} is not available: {reason}",

@@ -21,6 +21,7 @@ from securetrain.devices import (
     CpuBackend,
     DeviceBackend,
     UnknownBackendError,
+    all_backends,
     backend_names,
     register_backend,
     resolve_backend,
@@ -241,3 +242,55 @@ def test_cuda_backend_on_real_gpu(tmp_path: Path) -> None:
     r = Trainer(model, SyntheticClassification(64, 8, 3), TrainingConfig(max_steps=4, batch_size=8, device="cuda",
                 output_dir=tmp_path)).fit()
     assert r.device.startswith("cuda") and r.steps == 4 and next(model.parameters()).is_cuda
+
+
+class _RaisingProbe(CpuBackend):
+    """A third-party backend that breaks the 'availability() must not raise' contract."""
+
+    name = "raising_probe_test"
+
+    def availability(self) -> tuple[bool, str | None]:
+        raise RuntimeError("driver query exploded")
+
+
+def _raising_factory(index: int) -> DeviceBackend:
+    raise RuntimeError("factory exploded")
+
+
+def test_broken_plugin_backend_is_reported_not_raised() -> None:
+    """One broken plugin (probe or factory raising, factory returning junk) must not break listing or
+    auto for everyone, and choosing it explicitly fails with a DeviceError naming the cause."""
+    register_backend("raising_probe_test", _RaisingProbe)
+    register_backend("raising_factory_test", _raising_factory)
+    register_backend("junk_factory_test", lambda i: object())  # type: ignore[arg-type,return-value]
+    try:
+        by_name = {b.name: b for b in (x.describe() for x in all_backends())}
+        for name, cause in (("raising_probe_test", "driver query exploded"),
+                            ("raising_factory_test", "factory exploded"),
+                            ("junk_factory_test", "did not return a DeviceBackend")):
+            assert not by_name[name].available and cause in str(by_name[name].reason)
+        assert by_name["cpu"].available
+        assert not _RaisingProbe().is_available()
+        with pytest.raises(BackendUnavailableError, match="driver query exploded"):
+            resolve_backend("raising_probe_test")
+        with pytest.raises(BackendUnavailableError, match="factory exploded"):
+            resolve_backend("raising_factory_test:1")
+        if not torch.cuda.is_available():
+            assert resolve_backend("auto").name == "cpu"
+    finally:
+        for name in ("raising_probe_test", "raising_factory_test", "junk_factory_test"):
+            unregister_backend(name)
+
+
+def test_cuda_index_beyond_visible_devices_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    from securetrain.devices import CudaBackend
+
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100")
+    ok, reason = CudaBackend(3).availability()
+    assert not ok and "cuda:3" in str(reason) and "2 CUDA device" in str(reason)
+    assert CudaBackend(1).availability() == (True, None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "is_available() is False" in str(CudaBackend(0).availability()[1])

@@ -28,3 +28,22 @@ def test_devices_table() -> None:
     r = CliRunner().invoke(app, ["devices"], env={"COLUMNS": "160"})
     assert r.exit_code == 0, r.output
     assert "auto resolves to" in r.output and "gloo" in r.output and "128" in r.output
+
+
+def test_devices_lists_a_broken_plugin_as_unavailable() -> None:
+    from securetrain.devices import register_backend, unregister_backend
+
+    def broken(index: int):  # type: ignore[no-untyped-def]
+        raise RuntimeError("vendor runtime missing")
+
+    register_backend("broken_cli_test", broken)
+    try:
+        r = CliRunner().invoke(app, ["devices", "--json"])
+        assert r.exit_code == 0, r.output
+        by_name = {b["name"]: b for b in json.loads(r.output)["backends"]}
+        assert not by_name["broken_cli_test"]["available"]
+        assert "vendor runtime missing" in by_name["broken_cli_test"]["reason"] and by_name["cpu"]["available"]
+        r = CliRunner().invoke(app, ["devices"], env={"COLUMNS": "160"})
+        assert r.exit_code == 0 and "broken_cli_test" in r.output, r.output
+    finally:
+        unregister_backend("broken_cli_test")
