@@ -77,7 +77,9 @@ def test_quarantined_files_fail_the_stage_with_a_report_unless_accepted(tmp_path
     assert "data.allow_quarantine" in str(err.value)
     report = json.loads(report_path.read_text())
     assert (report["files"], report["rejected"], report["quarantined"], report["accepted"]) == (13, 6, 1, False)
-    assert {"row": 13, "outcome": "quarantined", "reason": "UnreadableDicomError"} in report["refused"]
+    [quarantined] = [r for r in report["refused"] if r["outcome"] == "quarantined"]
+    assert (quarantined["row"], quarantined["reason"]) == (13, "UnreadableDicomError")
+    assert quarantined["detail"].startswith("not a DICOM file")
     assert "scan-notes" not in report_path.read_text()  # rows, never paths
     assert not (config.run_dir / "deid" / "train.csv").exists()  # no split: nothing to train on
     # accepted: the same refusals, recorded, and the run goes on
@@ -214,3 +216,29 @@ def test_the_prefect_flow_run_fails_with_the_same_error_and_no_retry(tmp_path: P
     assert err.value.exit_code == 65
     assert [(r.state_name, r.run_count) for r in prepare] == [("Failed", 1)]  # not retried
     assert [r.state_name for r in flows] == ["Failed"]
+
+
+def test_the_report_says_why_each_file_was_quarantined_without_its_path(tmp_path: Path) -> None:
+    """refused.json gave only the error type ("UnreadableDicomError") for every quarantined file, so
+    a truncated file, a non-DICOM one and a data set contradicting its file meta looked alike; the
+    `detail` is the reason `securetrain deid` prints, naming the row, never the input path."""
+    manifest = _own_data(tmp_path)
+    import pydicom
+
+    cut = manifest.parent / "cut-PATIENTNAME.dcm"
+    first = next(p for p in sorted(manifest.parent.rglob("*.dcm")) if pydicom.dcmread(p, force=True).get("Modality") == "CT")
+    cut.write_bytes(first.read_bytes()[:-40])
+    with manifest.open("a", newline="") as fh:
+        csv.writer(fh, lineterminator="\n").writerow([cut.name, "0"])
+    config = _config(tmp_path, manifest, allow_quarantine=True)
+    _deidentify(config)
+    text = (config.run_dir / "deid" / "refused.json").read_text()
+    refused = {r["row"]: r for r in json.loads(text)["refused"]}
+    assert refused[13] == {"row": 13, "outcome": "quarantined", "reason": "UnreadableDicomError",
+                           "detail": "not a DICOM file (no DICM preamble/prefix, and the content is not a data "
+                                     "set with a SOP Class UID and SOP Instance UID)"}
+    assert refused[14]["reason"] == "UnreadableDicomError"
+    assert refused[14]["detail"].endswith("bytes (truncated file?)") and "row" not in refused[14]["detail"]
+    assert "PATIENTNAME" not in text and "scan-notes" not in text
+    rejected = [r for r in refused.values() if r["outcome"] == "rejected"]
+    assert rejected and all("detail" not in r for r in rejected)  # the reason category says it all

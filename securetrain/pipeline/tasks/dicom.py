@@ -214,7 +214,8 @@ def _check_refusals(config: PipelineConfig, results: Sequence[Any], out_dir: Pat
         return
     # accepted: no quarantined files, or data.allow_quarantine accepted them
     accepted = not refusal_fails(quarantined, allow_quarantine=config.data.allow_quarantine)
-    rows = [{"row": row.row + 1, "outcome": row.outcome, "reason": row.reason or "unspecified"}
+    rows = [{"row": row.row + 1, "outcome": row.outcome, "reason": row.reason or "unspecified",
+             **({"detail": row.detail} if row.detail else {})}
             for result in results for row in result.rows if row.outcome in ("rejected", "quarantined")]
     document = {"format": "securetrain.pipeline.deid-refusals/1", "policy": policy_name, "files": files,
                 "written": files - refused, "rejected": rejected, "quarantined": quarantined, "accepted": accepted,

@@ -56,6 +56,8 @@ class RowOutcome:
     tags_changed: int = 0
     pseudonym: str = ""
     sha256: str | None = None  # of the written output
+    # quarantined: why, as `securetrain deid` says it (no input path: the row is the label)
+    detail: str | None = None
 
 
 @dataclass
@@ -148,8 +150,9 @@ def run_shard(shard: ShardSpec, out_dir: str | os.PathLike[str], policy_path: st
     result = ShardResult(index=shard.index)
     for row, source in shard.rows:
         target = out / output_name(row)
+        label = f"row {row + 1}"  # input names can carry PHI
         try:
-            report = deid.deidentify_file(source, target)
+            report = deid.deidentify_file(source, target, label=label)
         except BurnedInAnnotationError:
             result.rows.append(RowOutcome(row, "rejected", "burned_in_annotation"))
             recorder.record("deid.reject", f"input:{row}", outcome="refused", details={"reason": "burned_in_annotation"})
@@ -160,7 +163,8 @@ def run_shard(shard: ShardSpec, out_dir: str | os.PathLike[str], policy_path: st
             result.rows.append(RowOutcome(row, "rejected", "encapsulated_document"))
             recorder.record("deid.reject", f"input:{row}", outcome="refused", details={"reason": "encapsulated_document"})
         except DeidError as exc:
-            result.rows.append(RowOutcome(row, "quarantined", type(exc).__name__))
+            result.rows.append(RowOutcome(row, "quarantined", type(exc).__name__,
+                                          detail=str(exc).removeprefix(f"{label}: ")))
             recorder.record("deid.quarantine", f"input:{row}", outcome="refused", details={"reason": type(exc).__name__})
         else:
             result.rows.append(RowOutcome(row, "written", None, report.tags_changed, report.patient_pseudonym or "",
