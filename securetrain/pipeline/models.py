@@ -36,6 +36,7 @@ from torch import nn
 from securetrain.errors import SecureTrainError
 from securetrain.pipeline.errors import ModelOutputError, ModelTargetError, TaskError
 from securetrain.training.errors import TrainingError
+from securetrain.training.state import buffers_kept
 from securetrain.training.validation import primary_output
 
 ENTRY_POINT_GROUP = "securetrain.models"
@@ -220,7 +221,8 @@ def check_model_output(model: nn.Module, inputs: Any, num_classes: int, *, targe
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
+        # A look: a forward that updates buffers (in eval mode too) must not train on this batch.
+        with torch.no_grad(), buffers_kept(model):
             out, targets = step(model, inputs)
     except Exception as exc:
         shape = tuple(inputs.shape) if hasattr(inputs, "shape") else type(inputs).__name__

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -132,6 +133,27 @@ def snapshot_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Ten
     aliases = shared_aliases(tensors)
     kept = {name: detach_for_save(t) for name, t in tensors.items() if name not in aliases}
     return {name: kept[aliases.get(name, name)] for name in tensors}
+
+
+@contextmanager
+def buffers_kept(model: torch.nn.Module) -> Iterator[None]:
+    """Leave ``model``'s buffers as they were after a look that runs its forward (a check before
+    training). A forward may update buffers in eval mode too (moving averages, counters,
+    quantisation observers); a look that moved them would feed training what the look saw, and a
+    resumed run, which looks again after loading its checkpoint, would no longer match an
+    uninterrupted one. Buffers keep their tensor objects (DDP and hooks hold them); one a forward
+    replaced by a new tensor is put back."""
+    saved = {name: (buf, buf.detach().clone()) for name, buf in model.named_buffers()}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, (original, value) in saved.items():
+                owner, _, leaf = name.rpartition(".")
+                module = model.get_submodule(owner)
+                original.copy_(value)
+                if getattr(module, leaf, None) is not original:
+                    setattr(module, leaf, original)
 
 
 #: torch.compile's wrapper (``OptimizedModule``) holds the user's module as ``_orig_mod``, so its state

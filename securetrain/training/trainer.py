@@ -892,7 +892,8 @@ class Trainer:
                 return  # no batches: _train_loop says so
             if self.device.type != "cpu":
                 batch = to_device(batch, self.device, self.backend.pin_memory)
-            sizes, error = group_sizes(norms, lambda: self.loss_fn(model, batch))
+            with st.buffers_kept(model):
+                sizes, error = group_sizes(norms, lambda: self.loss_fn(model, batch))
         finally:
             model.train(was_training)
             restore_rng_state(rng_t, rng_m, self.backend.device_type)
@@ -1234,8 +1235,8 @@ class Trainer:
     def _preflight_validation(self) -> None:
         """Run ``predict_fn`` and ``metrics_fn`` on the first held-out batch before training, so a
         model output, predict_fn or metrics_fn the validation cannot use, or a ``validation.metric``
-        the metrics lack, fails now instead of after the first epoch. RNG streams and train mode are
-        restored; nothing is recorded."""
+        the metrics lack, fails now instead of after the first epoch. RNG streams, buffers and train
+        mode are restored; nothing is recorded."""
         assert self.backend is not None
         error: BaseException | None = None
         if self.is_main or self._sharded:
@@ -1244,7 +1245,8 @@ class Trainer:
             model.eval()
             try:
                 first = list(itertools.islice(iter(self._eval_loader()), 1))
-                with torch.no_grad():
+                # Runs again after a resume: a forward that updates buffers must leave no trace.
+                with torch.no_grad(), st.buffers_kept(model):
                     outputs, targets = gather_outputs(model, first, self.predict_fn, self._eval_to_device)
                 metrics: dict[str, Any] | None = None
                 if self.is_main and first:

@@ -251,3 +251,30 @@ def test_output_check_accepts_what_the_trainer_trains() -> None:
     with pytest.raises(ModelOutputError, match="must return"):  # dense outputs need dense targets
         check_model_output(seg, (torch.zeros(2, 1, 8, 8), torch.zeros(2, dtype=torch.long)), 2,
                            target="m:seg", predict=default_predict)
+
+
+def test_output_check_leaves_the_models_buffers_as_they_were() -> None:
+    # The one-batch output check ran a forward on the model that is then trained: a forward that
+    # updates a buffer in eval mode too (a counter, a moving average, a quantisation observer) kept
+    # what the check's batch did to it.
+    from torch import nn
+
+    from securetrain.pipeline.models import check_model_output
+
+    class Counting(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+            self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+            self.register_buffer("seen", torch.zeros(4))
+
+        def forward(self, x):  # noqa: ANN001
+            self.calls += 1
+            self.seen = self.seen * 0.5 + x.mean(0)  # replaced, not updated in place
+            return self.fc(x)
+
+    model = Counting()
+    seen = model.seen
+    check_model_output(model, torch.randn(2, 4), 3, target="t:m")
+    assert model.calls.item() == 0 and model.seen is seen and torch.equal(model.seen, torch.zeros(4))
+    assert dict(model.named_buffers()).keys() == {"calls", "seen"}

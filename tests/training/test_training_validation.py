@@ -258,3 +258,48 @@ def test_default_loss_and_metrics_refuse_outputs_they_cannot_score(tmp_path: Pat
     with pytest.raises(TrainingError, match="returned tuple") as info:
         Trainer(Pair(), _train(), _cfg(tmp_path / "t", epochs=1)).fit()
     assert "loss_fn" in (info.value.hint or "")
+
+
+class _RunningScale(torch.nn.Module):
+    """Divides by a moving average of the inputs' largest |value|, updated in every forward, train or
+    eval (like a moving-average quantisation observer left enabled): the forward changes a buffer
+    the training then depends on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.ones(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.scale.mul_(0.9).add_(0.1 * x.abs().max())
+        return x / self.scale
+
+
+def test_preflight_look_leaves_buffers_as_they_were_so_resume_is_bit_identical(tmp_path: Path) -> None:
+    # The look at the first held-out batch before training ran the model's forward once more after a
+    # resume than in an uninterrupted run; a forward that updates a buffer (here in eval mode, as a
+    # quantisation observer does) then saw a held-out batch the uninterrupted run never fed it there,
+    # and the resumed run's weights differed.
+    from securetrain.training import TrainerCallback
+
+    class InterruptAt(TrainerCallback):
+        def on_step(self, trainer, metrics):  # noqa: ANN001
+            if metrics.step == 5:
+                trainer.request_stop()
+
+    def model() -> torch.nn.Module:
+        return torch.nn.Sequential(_RunningScale(), make_mlp(8, 3, hidden=8, seed=1))
+
+    evaluation = SyntheticClassification(samples=30, features=8, classes=3, seed=7)
+    evaluation.inputs = evaluation.inputs * 50  # held-out values far from the training values
+    cfg = {"epochs": 2, "validation": {"metric": "loss"}}
+    ref = model()
+    Trainer(ref, _train(), _cfg(tmp_path / "ref", **cfg), eval_data=evaluation).fit()
+    resumed = model()
+    first = Trainer(resumed, _train(), _cfg(tmp_path / "run", **cfg), eval_data=evaluation, callbacks=[InterruptAt()]).fit()
+    assert first.reason == "preempted"
+    resumed = model()
+    second = Trainer(resumed, _train(), _cfg(tmp_path / "run", **cfg), eval_data=evaluation).fit()
+    assert second.resumed_from == 5
+    for k, v in ref.state_dict().items():
+        assert torch.equal(v, resumed.state_dict()[k]), k
