@@ -365,3 +365,31 @@ def test_scrub_uses_inherited_character_set_for_values_removed_in_nested_items()
     out, _ = out_bytes(research(), roundtrip(ds))
     assert "Øyvindsen" not in str(out.StudyDescription)
     assert str(out.StudyDescription).endswith(" referral")
+
+
+def test_vendor_block_names_and_codes_of_removed_items_do_not_scrub_kept_values() -> None:
+    """pydicom's waveform_ecg.dcm: the private creator 'Mortara Instrument, Inc.' (removed with its
+    block) became a scrub needle and turned the kept Manufacturer into X's; coding scheme designators
+    and code meanings of removed sequence items (SCPECG, UCUM, 99_OFFIS_DCMTK) turned every kept code
+    of that scheme into X's (reportsi.dcm, test-SR.dcm, waveform channel sources): invalid coded
+    entries. Neither names a person. Private *values* and removed free text still scrub."""
+    from pydicom.sequence import Sequence
+
+    def code(value: str, scheme: str, meaning: str) -> Dataset:
+        item = Dataset()
+        item.CodeValue, item.CodingSchemeDesignator, item.CodeMeaning = value, scheme, meaning
+        return item
+
+    ds = make_dataset()
+    ds.Manufacturer = "Mortara Instrument, Inc."
+    ds.ManufacturerModelName = "ELI 250"
+    ds.private_block(0x1455, "Mortara Instrument, Inc.", create=True).add_new(0x01, "LO", "ELI 250")
+    ds.AcquisitionContextSequence = Sequence([code("5.6.3-9-1", "SCPECG", "Lead I (Einthoven)")])  # X
+    ds.AnatomicRegionSequence = Sequence([code("5.6.3-9-2", "SCPECG", "Lead II")])  # kept
+    out, _ = out_bytes(basic(), ds)
+    assert not out.get("AcquisitionContextSequence") and not [e for e in out if e.tag.group == 0x1455]
+    assert out.Manufacturer == "Mortara Instrument, Inc."
+    assert out.AnatomicRegionSequence[0].CodingSchemeDesignator == "SCPECG"
+    assert out.AnatomicRegionSequence[0].CodeMeaning == "Lead II"
+    assert out.ManufacturerModelName == "XXXXXXX"  # a removed private value still scrubs kept text
+    assert "QUIRINIUS" not in str(out).upper()

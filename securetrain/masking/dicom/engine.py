@@ -506,7 +506,7 @@ class Deidentifier:
         if vr == "SQ":
             for item in value or ():
                 for elem in item.iterall():
-                    if elem.VR != "SQ":
+                    if elem.VR != "SQ" and not _never_a_needle(int(elem.tag)):
                         self._collect(ctx, elem.VR, elem.value)
             return
         if vr not in COLLECT_VRS or value is None:
@@ -847,7 +847,9 @@ class Deidentifier:
                 continue
             raw = ds.get_item(tag)
             raw_vr = getattr(raw, "VR", None)
-            if raw_vr in COLLECT_VRS - {"CS"}:
+            if _never_a_needle(tag):
+                pass
+            elif raw_vr in COLLECT_VRS - {"CS"}:
                 try:
                     self._collect(ctx, ds[tag].VR, ds[tag].value)
                 except Exception:  # an undecodable private value is deleted all the same
@@ -994,6 +996,21 @@ class Deidentifier:
         report.counts[action] += 1
         if self.record_changes:
             report.changes.append(TagChange(_fmt(tag), tag, action))
+
+
+# Coded-entry components (PS3.3 8.8) name a code of a coding scheme, never a person (see
+# safe_attributes): removed with their item, they are no scrub needles, or every kept code of the
+# same scheme (SCPECG, UCUM, DCM, a vendor's 99 scheme) would be overwritten with X's.
+_CODED_ENTRY_TAGS = frozenset({
+    0x00080100, 0x00080102, 0x00080103, 0x00080104, 0x00080119, 0x00080120,  # value, scheme, version, meaning
+})
+
+
+def _never_a_needle(tag: int) -> bool:
+    """Removed values that must not scrub kept text: coded-entry components, and private creator
+    elements (gggg,0010-00FF), which name a vendor's block ('GEMS_IDEN_01', 'Mortara Instrument,
+    Inc.') -- as needles they erased the kept Manufacturer."""
+    return tag in _CODED_ENTRY_TAGS or (bool((tag >> 16) & 1) and 0x0010 <= (tag & 0xFFFF) <= 0x00FF)
 
 
 def _ascii_searchable(ds: Dataset) -> bool:
