@@ -313,7 +313,7 @@ def encrypt(
         None, "--calibrate-model",
         help="Model file: run it in plaintext on these features and record the calibrated value bound, so the "
              "evaluator's overflow check uses it instead of the worst case."),
-    decimals: int = typer.Option(5, "--decimals", help="With --calibrate-model: " + _DECIMALS_HELP),
+    decimals: int = typer.Option(5, "--decimals", help="With --calibrate-model or --pack: " + _DECIMALS_HELP),
     value_bound_option: Optional[float] = typer.Option(
         None, "--value-bound",
         help="Instead of --calibrate-model: your own bound on every value the evaluation holds (rounded up to a "
@@ -369,6 +369,10 @@ def encrypt(
 
             blocks = min(owner.params.slots // len(x), x.shape[1])
             value_bound = max(value_bound, pow2_ceil(DEFAULT_MARGIN * packed_abs_max(cplan, x, blocks)))
+    if pack:  # before any ciphertext exists: large features lose the release precision when packed
+        from securetrain.he.evaluate import check_packed_precision
+
+        check_packed_precision(x, owner.params, decimals)
     total = math.ceil(len(x) / bs) * (x.shape[1] if x.ndim == 2 else 1)
     with progress_bar() as bar:
         task = bar.add_task("encrypting", total=total, status="")

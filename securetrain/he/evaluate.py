@@ -289,6 +289,13 @@ def evaluate_encrypted(
                 if packing == "on":
                     raise
                 pack = False  # partial sums would overflow: the unpacked layout never holds them
+        if pack:
+            try:
+                check_packed_precision(x, p, decimals, what="packing='on'")
+            except HEParameterError:
+                if packing == "on":
+                    raise
+                pack = False  # large features: the unpacked layout's scalar products keep the release precision
 
         t0 = time.perf_counter()
         owner = DataOwner(p)
@@ -448,6 +455,44 @@ def _regression_errors(targets: np.ndarray | None, released: np.ndarray, exact: 
 NOISE_CONSTANT = 2.0**14
 
 
+def release_step_for(params: HEParams, decimals: int) -> float:
+    """The resolution of a released value: max(10^-decimals, the CKKS noise at this scale)."""
+    return max(10.0**-decimals, NOISE_CONSTANT * 2.0**-params.scale_bits)
+
+
+def packed_encoding_error(features: Any, params: HEParams) -> float:
+    """Estimated worst error the feature-packed layout adds to a score: it multiplies by plaintext
+    *vectors*, whose CKKS encoding rounds every slot's weight with an absolute error ~sqrt(N)·2^-scale
+    (a scalar product, as in the unpacked layout, rounds by 0.5·2^-scale), and each score carries that
+    error times its sample's features: sqrt(N)·2^-scale·max‖x‖₂. Measured errors are 0.38–0.51 of it
+    (N = 8192/16384, scales 2^30..2^34, features up to 1e6)."""
+    x = np.asarray(features, dtype=np.float64).reshape(len(features), -1)
+    norm = float(np.max(np.linalg.norm(x, axis=1))) if x.size else 0.0
+    return math.sqrt(params.poly_modulus_degree) * 2.0**-params.scale_bits * norm
+
+
+#: The packed layout is used only while its encoding error stays this far below the release step
+#: (the budget min_scale_bits_for gives the CKKS noise: 4× below half a step).
+PACKED_ERROR_BUDGET = 1.0 / 8.0
+
+
+def check_packed_precision(features: Any, params: HEParams, decimals: int, *, what: str = "--pack") -> None:
+    """Refuse (:class:`HEParameterError`, before any ciphertext exists) the feature-packed layout where
+    its plaintext encoding error (:func:`packed_encoding_error`) exceeds PACKED_ERROR_BUDGET of the
+    release step: large, unstandardised features would come back with wrong low digits."""
+    if not isinstance(decimals, int) or isinstance(decimals, bool) or not 0 <= decimals <= MAX_DECIMALS:
+        raise HEParameterError(f"decimals must be an integer in 0..{MAX_DECIMALS}, got {decimals!r}")
+    err, step = packed_encoding_error(features, params), release_step_for(params, decimals)
+    if err > PACKED_ERROR_BUDGET * step:
+        raise HEParameterError(
+            f"{what}: the feature-packed layout's plaintext encoding error (up to ~{err:.2g} on these features, "
+            f"whose rows reach a norm of {err / (math.sqrt(params.poly_modulus_degree) * 2.0**-params.scale_bits):.3g}) "
+            f"exceeds the release precision ({step:.1g} per value at decimals={decimals}, CKKS scale "
+            f"2^{params.scale_bits}); nothing was encrypted",
+            hint="encrypt one feature per ciphertext (no packing: a scalar product, ~sqrt(N)x more precise), "
+                 "or standardise the features")
+
+
 def _search_params(plan: HEPlan, cal: Calibration, decimals: int) -> HEParams:
     """choose_params for the calibrated bound; a refusal names the values that caused it."""
     try:
@@ -500,7 +545,7 @@ def _check_resolution(output_range: float, decimals: int, params: HEParams) -> f
     """Refuse (before any key exists) when the released scores cannot resolve the model's outputs:
     their range is below MIN_RESOLUTION_STEPS × the release step max(10^-decimals, CKKS noise).
     Tiny features or weights otherwise come back as rounded zeros with a plausible-looking report."""
-    step = max(10.0**-decimals, NOISE_CONSTANT * 2.0**-params.scale_bits)
+    step = release_step_for(params, decimals)
     if output_range >= WARN_RESOLUTION_STEPS * step:
         return step
     need = math.ceil(math.log10(WARN_RESOLUTION_STEPS / output_range)) if output_range > 0 else MAX_DECIMALS + 1

@@ -114,3 +114,28 @@ def test_encrypt_calibrates_the_plan_the_evaluator_runs(tmp_path, monkeypatch) -
         assert r.exit_code == 0, (args[0], r.output, r.exception)
     assert bundle_info((tmp_path / "in.stcts").read_bytes())["value_bound"] == calibrate(poly, x).value_bound
     np.testing.assert_allclose(np.loadtxt(tmp_path / "p.csv", delimiter=","), poly.evaluate_plain(x)[:, 0], atol=1e-3)
+
+
+def test_encrypt_pack_refuses_features_the_packed_layout_cannot_resolve(files) -> None:  # noqa: ANN001
+    """`he encrypt --pack` on unstandardised features (one column ~1e6): the packed layout's plaintext
+    vectors would cost ~3e-3 per released score at decimals=5 (see packed_encoding_error); refused
+    before any ciphertext exists, whether the bound comes from a model or from --value-bound."""
+    x = np.random.default_rng(7).normal(size=(40, 3))
+    x[:, 1] *= 1e6
+    np.save(files / "raw.npy", x)
+    keys = files / "keys"
+    r = run_he("keygen", "--out-dir", keys, "--poly-modulus-degree", "8192", "--coeff-bits", "60,34,60",
+               "--scale-bits", "34")
+    assert r.exit_code == 0, (r.output, r.exception)
+    for bound in (("--value-bound", "4e6"), ("--calibrate-model", files / "m.safetensors")):
+        r = run_he("encrypt", "--context", keys / "secret.stctx", "--features", files / "raw.npy", "--pack", *bound,
+                   "--out", files / "in.stcts")
+        assert isinstance(r.exception, HEParameterError), (bound, r.output, r.exception)
+        assert "encoding error" in str(r.exception) and not (files / "in.stcts").exists()
+    r = run_he("encrypt", "--context", keys / "secret.stctx", "--features", files / "raw.npy", "--value-bound", "4e6",
+               "--out", files / "in.stcts")  # one feature per ciphertext: fine
+    assert r.exit_code == 0, (r.output, r.exception)
+    np.save(files / "std.npy", x / np.abs(x).max(0))
+    r = run_he("encrypt", "--context", keys / "secret.stctx", "--features", files / "std.npy", "--pack",
+               "--value-bound", "8", "--out", files / "in2.stcts")
+    assert r.exit_code == 0, (r.output, r.exception)

@@ -317,3 +317,28 @@ def test_decrypt_refuses_spliced_ciphertexts_beyond_the_bound(small_run) -> None
     spliced = evaluator.evaluate(plan, rebundle(inputs, frames=foreign))
     with pytest.raises(HEFormatError, match="beyond the bound 16.0 .* nothing is released"):
         owner.decrypt(spliced, max_abs=16.0)
+
+
+def test_packing_is_not_used_where_its_plaintext_encoding_error_exceeds_the_release_precision() -> None:
+    """Unstandardised features (an income in dollars next to z-scores) with a small weight: the
+    feature-packed layout multiplies by plaintext *vectors*, whose encoding error per slot is
+    ~sqrt(N)·2^-scale in absolute terms, so a feature of 1e6 came back with errors of 3.5e-3 — 700×
+    the half release step at decimals=5 — where one feature per ciphertext (a scalar product) gives
+    1e-5. `auto` now keeps the unpacked layout there; `on` refuses."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(30, 4))
+    x[:, 1] *= 1e6
+    model = nn.Linear(4, 1)
+    with torch.no_grad():
+        model.weight[0, 1] /= 1e6
+    r = evaluate_encrypted(model, x)
+    assert not r.packed and r.max_abs_error_vs_plan <= 5e-5
+    with pytest.raises(HEParameterError, match="packing='on'.*encoding error"):
+        evaluate_encrypted(model, x, packing="on")
+    from securetrain.he.evaluate import packed_encoding_error
+
+    params = choose_params(1)
+    assert packed_encoding_error(x, params) == pytest.approx(
+        np.sqrt(8192) * 2.0**-40 * np.linalg.norm(x, axis=1).max())
+    r = evaluate_encrypted(model, x / np.abs(x).max(0))  # standardised: packing stays
+    assert r.packed and r.max_abs_error_vs_plan <= 1e-5
