@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -230,6 +230,7 @@ def check_model_output(model: nn.Module, inputs: Any, num_classes: int, *, targe
                                hint="check the model's expected input shape (channels, size, features)") from None
     finally:
         model.train(was_training)
+    _refuse_untensored(out, target=target, regression=regression)
     if regression:
         _check_regression_output(out, targets, inputs, target=target)
         return
@@ -252,6 +253,22 @@ def check_model_output(model: nn.Module, inputs: Any, num_classes: int, *, targe
             f"so it must return [{batch}, {num_classes}] logits",
             hint="set the head's output size (built-ins and callables taking num_classes get it automatically)",
         )
+
+
+def _refuse_untensored(out: Any, *, target: str, regression: bool) -> None:
+    """An output the pipeline cannot read the predictions from (a plain tuple, a dict without
+    ``logits``) is refused with what to return, not as a wrong output size."""
+    with suppress(TrainingError):
+        primary_output(out)
+        return
+    keys = f" with keys {sorted(map(str, out))}" if isinstance(out, Mapping) else ""
+    want = "[batch, 1] predictions" if regression else "[batch, classes] logits"
+    raise ModelOutputError(
+        f"model {target!r} returns a {type(out).__name__}{keys}, not a tensor of {want} nor a dict / named "
+        "tuple with a 'logits' entry",
+        hint="return the tensor, or {'logits': tensor, ...} / a named tuple with a 'logits' field; a custom task "
+             "can instead define loss(model, batch) and predict(model, batch) that pick the outputs it uses",
+    )
 
 
 def _check_regression_output(out: Any, targets: Any, inputs: Any, *, target: str) -> None:

@@ -278,3 +278,24 @@ def test_output_check_leaves_the_models_buffers_as_they_were() -> None:
     check_model_output(model, torch.randn(2, 4), 3, target="t:m")
     assert model.calls.item() == 0 and model.seen is seen and torch.equal(model.seen, torch.zeros(4))
     assert dict(model.named_buffers()).keys() == {"calls", "seen"}
+
+
+@pytest.mark.parametrize("regression", [False, True])
+def test_output_check_says_what_to_return_for_a_plain_tuple(regression: bool) -> None:
+    # A model returning (logits, features) was told to "set the head's output size", which is not
+    # what is wrong: the pipeline reads a tensor, or the 'logits' entry of a dict / named tuple.
+    from torch import nn
+
+    from securetrain.pipeline.models import check_model_output
+
+    class Pair(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 1 if regression else 3)
+
+        def forward(self, x):  # noqa: ANN001
+            return self.fc(x), x
+
+    with pytest.raises(ModelOutputError, match=r"returns a tuple, not a tensor of .* nor a dict / named tuple with a 'logits' entry") as err:
+        check_model_output(Pair(), torch.randn(2, 4), 1 if regression else 3, target="t:m", regression=regression)
+    assert "head's output size" not in str(err.value) and "{'logits': " in str(err.value.hint)
