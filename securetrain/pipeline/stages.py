@@ -298,6 +298,15 @@ def train(
     if undefined:
         log.warning("%s", undefined)
     rates = [m.samples_per_s for m in history.history if m.samples_per_s > 0]
+    inputs = dict(data.inputs)
+    from securetrain.pipeline.tasks.dicom import dropped_at_load
+
+    dropped = dropped_at_load(data.train, data.eval)
+    if dropped:  # never silent: these files were in the index but left out of every batch
+        inputs["dropped_at_load"] = len(dropped)
+        log.warning("%d file(s) dropped while loading (they failed after the index was built and were left out of "
+                    "every batch): %s%s", len(dropped), "; ".join(dropped[:10]),
+                    f"; and {len(dropped) - 10} more" if len(dropped) > 10 else "")
     return TrainingSummary(
         device=result.device,
         steps=result.steps,
@@ -313,7 +322,7 @@ def train(
         class_names=list(data.class_names or []),
         task_kind=data.kind,
         target_scaling=scaling.to_dict() if scaling is not None else None,
-        inputs=_json_safe(dict(data.inputs)),
+        inputs=_json_safe(inputs),
         validation=[_json_safe(v) for v in result.validation],
         best=_json_safe(result.best) if result.best else None,
         validation_metric=config.training.validation.metric,

@@ -85,3 +85,33 @@ def test_accepted_unusable_files_are_counted_logged_and_audited(tmp_path: Path,
     assert "manifest data row 6" in warning.getMessage()
     [event] = [e for e in events if e["action"] == "data.unusable"]
     assert event["details"] == {"files": 8, "unusable": 1, "accepted": True}
+
+
+def test_files_dropped_while_training_are_counted_and_logged(tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """A file that passes the index but fails on every load (a corrupt JPEG 2000 stream: a decoder is
+    installed, the bytes are bad) is dropped from each batch; the run said nothing about it."""
+    import json
+
+    import pydicom
+    from pydicom.encaps import encapsulate
+    from pydicom.uid import JPEG2000Lossless
+
+    from securetrain.pipeline.runner import run_pipeline
+
+    config = _config(tmp_path)
+    source = Path(config.data.source).parent
+    bad = pydicom.dcmread(source / "img5.dcm")  # the header-only one: give it a corrupt stream
+    bad.Rows = bad.Columns = 16
+    bad.SamplesPerPixel, bad.PhotometricInterpretation = 1, "MONOCHROME2"
+    bad.BitsAllocated, bad.BitsStored, bad.HighBit, bad.PixelRepresentation = 16, 16, 15, 0
+    bad.file_meta.TransferSyntaxUID = JPEG2000Lossless
+    bad.PixelData = encapsulate([b"\xff\x4f\xff\x51" + b"\x00" * 60])
+    bad["PixelData"].VR = "OB"
+    bad.save_as(source / "img5.dcm", enforce_file_format=True)
+    with caplog.at_level(logging.WARNING, logger="securetrain.pipeline"):
+        run_pipeline(config)
+    inputs = json.loads((config.run_dir / "result.json").read_text())["training"]["inputs"]
+    assert inputs["dropped_at_load"] == 1 and "unusable_files" not in inputs
+    [warning] = [r.getMessage() for r in caplog.records if "dropped while loading" in r.getMessage()]
+    assert "manifest data row 6 (de-identified as 000005.dcm): cannot decode pixel data (JPEG 2000" in warning

@@ -266,6 +266,21 @@ def _check_unusable(ctx: TaskContext, *datasets: DicomDataset) -> list[tuple[str
     return unusable
 
 
+def dropped_at_load(*datasets: Any) -> list[str]:
+    """Files quarantined after their index was built (a load failed, in this process or a DataLoader
+    worker: ``quarantine_dir`` sidecars), so left out of every batch they were drawn into:
+    ``manifest data row N (de-identified as NNNNNN.dcm): reason`` each. Datasets without a
+    quarantine report (custom tasks) contribute nothing."""
+    excluded = {e["path"] for ds in datasets for e in getattr(ds, "excluded_files", ())}
+    dropped: dict[str, str] = {}
+    for ds in datasets:
+        report = getattr(ds, "quarantine_report", None)
+        for entry in report() if callable(report) else ():
+            if entry["path"] not in excluded:
+                dropped.setdefault(entry["path"], entry["reason"])
+    return [f"{_row_name(path)}: {reason}" for path, reason in dropped.items()]
+
+
 def _row_name(path: str) -> str:
     """``manifest data row N (de-identified as NNNNNN.dcm)``: output names are row sequence numbers."""
     name = Path(path).name
