@@ -112,6 +112,10 @@ def _array(a: Any, dtype: Any = np.float64, what: str = "features") -> np.ndarra
 
 def _class_ids(y: np.ndarray) -> np.ndarray:
     try:
+        if y.dtype.kind in "fc" and not np.all(np.isfinite(y)):  # before the cast, which warns on NaN/inf
+            raise HEModelError("labels must be class ids 0..K-1 (integers; 0/1 for one output column); "
+                               "they contain NaN or infinite values",
+                               hint="drop or impute the unlabelled rows first")
         ids = y.astype(np.int64)
         ok = bool(np.all(ids == y.astype(np.float64))) and bool(np.all(ids >= 0))
     except (TypeError, ValueError):

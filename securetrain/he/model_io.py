@@ -138,9 +138,14 @@ def model_bytes(model: Any) -> bytes:
     """The exact bytes :func:`save_sequential` writes (sha256 of these = the model digest)."""
     import torch
     from safetensors.torch import save
+    from torch.nn.parameter import is_lazy
 
     seq = _as_chain(model)
     meta = {"format": MODEL_FORMAT, "layers": _describe(seq)}
+    for k, v in seq.state_dict().items():
+        if is_lazy(v):
+            raise HEModelError(f"cannot save {k!r}: it is uninitialised (a lazy module that never saw a batch)",
+                               hint="run the model once on a dummy batch (or load the trained weights) first")
     tensors = {k: v.detach().to(torch.float64).cpu().contiguous() for k, v in seq.state_dict().items()
                if not k.endswith("." + _BN_COUNTER)}
     return save(tensors, metadata={META_KEY: json.dumps(meta, sort_keys=True)})

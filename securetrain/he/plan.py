@@ -235,12 +235,22 @@ _ACT_NAMES = ("relu", "sigmoid", "tanh", "silu", "gelu", "softplus")
 
 
 def _check_materialised(layer: Any) -> None:
-    """Refuse a layer whose parameters/buffers live on the meta device (shapes only, no values)."""
+    """Refuse a layer whose parameters/buffers live on the meta device (shapes only, no values), or
+    are still uninitialised (a lazy module, e.g. LazyLinear, that never saw a batch)."""
+    from torch.nn.parameter import is_lazy
+
     m = layer.module
     if m is None:
         return
     tensors = list(m.named_parameters(recurse=False)) + list(m.named_buffers(recurse=False))
     for name, t in tensors:
+        if t is not None and is_lazy(t):
+            raise HEModelError(
+                f"layer {layer.describe()} has its {name!r} uninitialised (a lazy module): it holds no values to "
+                "evaluate",
+                hint="run the model once on a dummy batch (or load the trained weights) so the lazy layer gets its "
+                     "shape and values",
+            )
         if t is not None and getattr(t, "is_meta", False):
             raise HEModelError(
                 f"layer {layer.describe()} has its {name!r} on the meta device: it holds no values to evaluate",

@@ -3,6 +3,8 @@ split_for_he, calibration and the parameter search."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -18,6 +20,7 @@ from securetrain.he import (
     check_plan_fits,
     choose_params,
     compile_plan,
+    save_sequential,
     split_for_he,
 )
 from securetrain.he.evaluate import min_scale_bits_for
@@ -326,6 +329,31 @@ def test_meta_device_model_is_refused_with_a_typed_error_naming_the_layer() -> N
     with pytest.raises(HEModelError, match=r"layer '0' \(Linear\) has its 'weight' on the meta device") as exc:
         compile_plan(model)
     assert "load_state_dict" in (exc.value.hint or "")
+
+
+def test_uninitialised_lazy_layer_is_refused_with_a_typed_error_naming_the_layer(tmp_path: Path) -> None:
+    """A LazyLinear never run on a batch has no weights yet: torch's bare ValueError came through."""
+    model = nn.Sequential(nn.LazyLinear(4), nn.ReLU(), nn.Linear(4, 1))
+    with pytest.raises(HEModelError, match=r"layer '0' \(LazyLinear\) has its 'weight' uninitialised") as exc:
+        compile_plan(model)
+    assert "dummy batch" in (exc.value.hint or "")
+    with pytest.raises(HEModelError, match=r"'0\.weight'.*uninitialised"):
+        save_sequential(model, tmp_path / "m.safetensors")
+    assert not (tmp_path / "m.safetensors").exists()
+    model(torch.zeros(2, 6))  # initialised by a forward: evaluated like any Linear
+    assert compile_plan(model).n_inputs == 6
+
+
+def test_nan_or_infinite_labels_are_refused_without_a_numpy_cast_warning() -> None:
+    import warnings
+
+    from securetrain.he.evaluate import check_class_ids
+
+    for bad in ([0, 1, float("nan")], [0, float("inf"), 1]):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # numpy's "invalid value encountered in cast" leaked to the user
+            with pytest.raises(HEModelError, match="class ids.*NaN or infinite"):
+                check_class_ids(np.array(bad), 1)
 
 
 def test_meta_features_are_refused_and_bfloat16_features_are_read() -> None:
