@@ -282,6 +282,7 @@ def train(
         audit=audit,
         backend=backend,
         run_id=config.name,
+        data_digest=data.data_digest,
     ).fit()
     if result.reason == "preempted":
         what = "interrupted" if result.exit_code != PREEMPTED_EXIT_CODE else "preempted"

@@ -209,8 +209,12 @@ class Trainer:
         audit: AuditRecorder | None = None,
         backend: DeviceBackend | None = None,
         run_id: str | None = None,
+        data_digest: str | None = None,
     ) -> None:
         self.config = config or TrainingConfig()
+        # Identifies the training data (e.g. a SHA-256 of what the task built); part of the resume
+        # fingerprint, so checkpoints trained on other data of the same length are not resumed.
+        self.data_digest = data_digest
         self.model = model
         self.train_data = train_data
         self.eval_data = eval_data
@@ -502,7 +506,7 @@ class Trainer:
             "drop_last": c.drop_last,
             "precision": precision,
             "dataset_len": dataset_len,
-        }
+        } | ({"data_digest": self.data_digest} if self.data_digest is not None else {})
 
     # --- checkpointing -------------------------------------------------------------------
     def _check_fsdp(self, precision: str) -> None:
@@ -655,7 +659,17 @@ class Trainer:
         self._check_architecture(ckpt.metadata, latest.path.name)
         saved = st.loads(ckpt.metadata[TRAIN_STATE_KEY])
         fingerprint = self._fingerprint_value
-        diff = {k: (saved["fingerprint"].get(k), v) for k, v in fingerprint.items() if saved["fingerprint"].get(k) != v}
+        # A checkpoint written without a data digest (library use, or before digests) is not held to one.
+        diff = {k: (saved["fingerprint"].get(k), v) for k, v in fingerprint.items()
+                if saved["fingerprint"].get(k) != v and (k != "data_digest" or k in saved["fingerprint"])}
+        if "data_digest" in diff:
+            was, now = diff["data_digest"]
+            raise ResumeMismatchError(
+                f"cannot resume from {latest.path.name}: the training data differ from the data its checkpoints "
+                f"were trained on (digest {str(was)[:12]}… vs now {str(now)[:12]}…)",
+                hint="train on changed data as a new run (a fresh output_dir; the pipeline: `securetrain run "
+                     "--new-run` or another run name), or restore the data this run was trained on",
+            )
         if diff:
             what = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in diff.items())
             raise ResumeMismatchError(

@@ -167,3 +167,22 @@ def test_nan_or_blank_labels_are_refused_not_a_class(tmp_path: Path, labels: pa.
     with pytest.raises(TaskError, match=r"the label column has [12] missing value\(s\) \(empty, blank or NaN\)"):
         run_pipeline(config)
     assert not list(config.run_dir.rglob("*.parquet")) and not list(config.run_dir.rglob("*.stenc"))
+
+
+def test_rerun_on_a_changed_table_is_refused_not_resumed(tmp_path: Path) -> None:
+    # The same run folder, the same number of rows, other labels: the rerun resumed the checkpoints
+    # trained on the old table and reported the model as trained on the new one.
+    from securetrain.masking.tabular import generate_finance_table
+    from securetrain.training.errors import ResumeMismatchError
+
+    table = generate_finance_table(80, seed=0)
+    config = _with_table(tmp_path, table)
+    config.training.epochs = 1
+    first = run_pipeline(config)
+    assert first.training.steps > 0
+    flipped = pa.array(["1" if str(v) == "0" else "0" for v in table.column("label").to_pylist()])
+    pq.write_table(table.set_column(table.column_names.index("label"), "label", flipped), tmp_path / "table.parquet")
+    with pytest.raises(ResumeMismatchError, match=r"the training data differ from the data its checkpoints"):
+        run_pipeline(config)
+    pq.write_table(table, tmp_path / "table.parquet")  # the original table again: resumes (nothing left to train)
+    assert run_pipeline(config).training.resumed_from == first.training.steps

@@ -323,3 +323,19 @@ def test_failure_notifies_callbacks(tmp_path: Path) -> None:
     with pytest.raises(TrainingError):
         Trainer(make_mlp(8, 3, seed=1), DictData("x", "y"), _cfg(tmp_path), callbacks=[Spy()]).fit()
     assert seen == ["TrainingError"]
+
+
+def test_resume_refuses_other_training_data_by_its_digest(tmp_path: Path) -> None:
+    # Same length, other content: before, only dataset_len was compared, so a rerun after the data
+    # changed resumed the old run's weights on the new data (the record naming only the new data).
+    Trainer(make_mlp(8, 3, seed=1), _data(), _cfg(tmp_path, max_steps=2), data_digest="a" * 64).fit()
+    with pytest.raises(ResumeMismatchError, match=r"the training data differ from the data its checkpoints were "
+                       r"trained on \(digest aaaaaaaaaaaa… vs now bbbbbbbbbbbb…\)") as err:
+        Trainer(make_mlp(8, 3, seed=1), _data(), _cfg(tmp_path, max_steps=4), data_digest="b" * 64).fit()
+    assert "new run" in str(err.value.hint)
+    r = Trainer(make_mlp(8, 3, seed=1), _data(), _cfg(tmp_path, max_steps=4), data_digest="a" * 64).fit()
+    assert r.resumed_from == 2 and r.steps == 4
+    # A checkpoint written without a digest (library use, or before digests) resumes as before.
+    Trainer(make_mlp(8, 3, seed=1), _data(), _cfg(tmp_path / "old", max_steps=2)).fit()
+    r = Trainer(make_mlp(8, 3, seed=1), _data(), _cfg(tmp_path / "old", max_steps=4), data_digest="b" * 64).fit()
+    assert r.resumed_from == 2

@@ -72,6 +72,9 @@ class TaskData:
     kind: str = "classification"  # or "regression"
     # facts about the inputs for the run's record (result.json training.inputs), e.g. the DICOM colour handling
     inputs: dict[str, Any] = field(default_factory=dict)
+    # a digest of the data built (e.g. SHA-256 of the encoded rows): a rerun whose data differ is not
+    # resumed from checkpoints trained on the old data (None: not checked)
+    data_digest: str | None = None
 
     @property
     def regression(self) -> bool:

@@ -274,6 +274,19 @@ def _regression_targets(column: Any, *, where: str, label: str) -> np.ndarray:
     return values
 
 
+def _rows_digest(meta: dict[str, Any], *tensors: torch.Tensor) -> str:
+    """SHA-256 of what the model is trained and validated on (the encoded rows and labels of both
+    splits, the classes and features): the run's checkpoints are bound to it, so a rerun on a changed
+    table of the same length is refused instead of resumed."""
+    h = hashlib.sha256(json.dumps({k: meta.get(k) for k in ("classes", "features", "label_column", "kind")},
+                                  sort_keys=True).encode())
+    for t in tensors:
+        array = t.contiguous().numpy()
+        h.update(f"{array.dtype}:{array.shape}".encode())
+        h.update(array.tobytes())
+    return h.hexdigest()
+
+
 class EncodedRows(Dataset):
     """Items ``{"features": float32[n_features], "label": int64}`` (regression: ``float32`` label)."""
 
@@ -397,13 +410,15 @@ class TabularClassification:
                                       label=meta["label_column"])
             return torch.from_numpy(values.astype(np.float32) if self.regression else values)
 
-        x_train = encoder.transform(train)
+        x_train, y_train = encoder.transform(train), labels(train)
+        x_eval, y_eval = encoder.transform(evaluation), labels(evaluation)
         return TaskData(
-            train=EncodedRows(x_train, labels(train)),
-            eval=EncodedRows(encoder.transform(evaluation), labels(evaluation)),
+            train=EncodedRows(x_train, y_train),
+            eval=EncodedRows(x_eval, y_eval),
             class_names=None if self.regression else meta["classes"],
             model_facts={"in_features": int(x_train.shape[1])},
             kind="regression" if self.regression else "classification",
+            data_digest=_rows_digest(meta, x_train, y_train, x_eval, y_eval),
         )
 
 
