@@ -199,16 +199,32 @@ def prepare(
 
             shard_map = prefetched_map(config.run_dir / "deid", Path(config.data.policy or ""), secrets.deid_secret,
                                        fresh=set(fresh_shards))
-        return PreparedData(task=kind, deid=deidentify(config, raw, secrets, audit, show_progress=show_progress,
-                                                       shard_map=shard_map))
+        deid = deidentify(config, raw, secrets, audit, show_progress=show_progress, shard_map=shard_map)
+        _warn_untrained_classes(deid.class_names, deid.train_class_counts, deid.eval_class_counts)
+        return PreparedData(task=kind, deid=deid)
     ctx = TaskContext(config, secrets, audit or NullAuditRecorder())
     task = resolve_task(config)
     if kind in TABULAR_KINDS:
         assert raw is not None
-        return PreparedData(task=kind, masking=task.prepare(ctx, raw))
+        masking = task.prepare(ctx, raw)
+        _warn_untrained_classes(masking.class_names, masking.train_class_counts, masking.eval_class_counts)
+        return PreparedData(task=kind, masking=masking)
     hook = getattr(task, "prepare", None)
     details = hook(ctx) if callable(hook) else None
     return PreparedData(task=config.task.target or kind, details=dict(details or {}))
+
+
+def _warn_untrained_classes(names: Sequence[str], train_counts: Sequence[int], eval_counts: Sequence[int]) -> None:
+    """A class the training split never shows (listed in ``data.classes``, or all its rows held out
+    with their entities) cannot be learned; the run goes on, but says so."""
+    missing = [i for i, n in enumerate(train_counts) if n == 0 and i < len(names)]
+    if not missing:
+        return
+    listed = ", ".join(f"{names[i]!r} ({eval_counts[i] if i < len(eval_counts) else 0} held out)" for i in missing[:10])
+    more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+    log.warning("%d of %d class(es) have no training rows, so the model cannot learn them: %s%s. Check the labels "
+                "and data.classes, add data for them, or hold out fewer entities (data.eval_fraction)",
+                len(missing), len(names), listed, more)
 
 
 def train(

@@ -186,3 +186,21 @@ def test_rerun_on_a_changed_table_is_refused_not_resumed(tmp_path: Path) -> None
         run_pipeline(config)
     pq.write_table(table, tmp_path / "table.parquet")  # the original table again: resumes (nothing left to train)
     assert run_pipeline(config).training.resumed_from == first.training.steps
+
+
+def test_a_class_without_training_rows_is_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A class the training split never shows (listed in data.classes, or only held out) trained a
+    # model that cannot predict it, without a word.
+    import logging
+
+    from securetrain.masking.tabular import generate_finance_table
+    from securetrain.pipeline import stages
+    from securetrain.pipeline.secrets import load_run_secrets
+
+    config = _with_table(tmp_path, generate_finance_table(60, seed=0), classes=["0", "1", "2"])
+    with caplog.at_level(logging.WARNING, logger="securetrain.pipeline"):
+        prepared = stages.prepare(config, config.data.source, load_run_secrets(config))
+    assert prepared.masking.train_class_counts[2] == 0
+    warned = [r.getMessage() for r in caplog.records if "no training" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith(
+        "1 of 3 class(es) have no training rows, so the model cannot learn them: '2' (0 held out)"), warned
