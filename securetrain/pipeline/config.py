@@ -240,6 +240,11 @@ class AuditConfig(BaseModel):
                                     "ignored for SQLite.")
     anchor_file: Path | None = Field(None, description="Append-only file receiving signed checkpoints.")
     signing_key: Path | None = Field(None, description="Ed25519 PEM key (0600); default $SECURETRAIN_AUDIT_KEY, else <keys dir>/audit-signing.pem.")
+    origin: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,254}$",
+                               description="The log's name in its signed checkpoints. Default: securetrain/<name> for "
+                               "the run's own log (<run_dir>/audit.db); for a shared log (audit.url or "
+                               "$SECURETRAIN_AUDIT_URL) the origin its checkpoints already carry, else one derived "
+                               "from the signing key. One log has one origin, whatever the runs writing to it.")
 
 
 class ReleaseConfig(BaseModel):

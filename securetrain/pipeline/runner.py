@@ -35,10 +35,15 @@ def open_run_audit(config: PipelineConfig):
 
     run_dir = config.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    url = config.audit.url or os.environ.get("SECURETRAIN_AUDIT_URL") or str(run_dir / "audit.db")
+    shared = config.audit.url or os.environ.get("SECURETRAIN_AUDIT_URL")
+    url = shared or str(run_dir / "audit.db")
     anchor = config.audit.anchor_file or (run_dir / "audit-anchors.notes")
     signing_key = run_audit_key_path(config)
-    return AuditLog(url, signing_key=signing_key, origin=f"securetrain/{config.name}", anchors=[FileAnchor(anchor)],
+    # A log has one origin (verifiers refuse checkpoints naming two). The run's own log is named after
+    # the run; a shared log (one database for many runs) keeps the origin it has (AuditLog takes it
+    # from its checkpoints), so runs with different names can append to it.
+    origin = config.audit.origin or (None if shared else f"securetrain/{config.name}")
+    return AuditLog(url, signing_key=signing_key, origin=origin, anchors=[FileAnchor(anchor)],
                     schema=config.audit.schema_name)  # AuditLog ignores it for SQLite
 
 
