@@ -201,10 +201,26 @@ class SampleSeeded(Dataset[Any]):
     their own): a sample's random augmentation then depends on the sample, not on which worker
     loaded it after how many others, so a run resumed mid-epoch draws the same augmentations."""
 
+    _OWN = frozenset({"data", "seed", "epoch"})
+
     def __init__(self, data: Dataset[Any], seed: int) -> None:
         self.data = data
         self.seed = seed
         self.epoch = 0
+
+    # Transparent to a worker_init_fn: get_worker_info().dataset is this wrapper, and a user's init
+    # that opens a file or connection per worker (dataset.h5 = h5py.File(...), dataset.connect())
+    # must reach the dataset it wraps.
+    def __getattr__(self, name: str) -> Any:
+        if name in SampleSeeded._OWN or name.startswith("__") or "data" not in self.__dict__:
+            raise AttributeError(name)  # also while unpickling in a spawned worker
+        return getattr(self.__dict__["data"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in SampleSeeded._OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.data, name, value)
 
     def __len__(self) -> int:
         return len(self.data)  # type: ignore[arg-type]
@@ -212,6 +228,36 @@ class SampleSeeded(Dataset[Any]):
     def __getitem__(self, index: int) -> Any:
         seed_sample(self.seed, self.epoch, int(index))
         return self.data[index]
+
+
+class ChainedWorkerInit:
+    """The engine's per-worker seeding, then the user's ``worker_init_fn`` (picklable, for spawn)."""
+
+    def __init__(self, user: Callable[[int], Any]) -> None:
+        self.user = user
+
+    def __call__(self, worker_id: int) -> None:
+        worker_init_fn(worker_id)
+        self.user(worker_id)
+
+
+#: DataLoader settings of a passed loader that the engine's rebuilt loader keeps (besides the
+#: dataset, batch size, collate_fn, num_workers, drop_last and pin_memory it already kept).
+_KEPT_LOADER_SETTINGS = ("multiprocessing_context", "timeout", "prefetch_factor", "persistent_workers",
+                         "pin_memory_device", "in_order")
+
+
+def _loader_settings(loader: DataLoader[Any]) -> dict[str, Any]:
+    """How a passed loader runs its workers: the start method (``multiprocessing_context``: a
+    dataset that is not fork-safe needs spawn), timeouts, prefetching, persistent workers, and the
+    user's ``worker_init_fn`` (chained after the engine's seeding)."""
+    kept = {name: getattr(loader, name) for name in _KEPT_LOADER_SETTINGS if hasattr(loader, name)}
+    if loader.num_workers == 0:  # torch refuses these without workers
+        kept.pop("prefetch_factor", None)
+        kept.pop("persistent_workers", None)
+    if loader.worker_init_fn is not None:
+        kept["worker_init_fn"] = ChainedWorkerInit(loader.worker_init_fn)
+    return kept
 
 
 def _sampler_arguments(sampler: Any) -> dict[str, Any] | None:
@@ -257,7 +303,9 @@ class EpochFeeder:
         self.drop_last = drop_last
         collate_fn = None
         sampling: dict[str, Any] | None = {}
+        self._loader_settings: dict[str, Any] = {}
         if isinstance(data, DataLoader):
+            self._loader_settings = _loader_settings(data)
             own_batches = data.batch_size is None  # a batch_sampler of the user's own
             if isinstance(data.dataset, IterableDataset):
                 self.passthrough = data  # its own order (see the IterableDataset note in docs/training.md)
@@ -305,6 +353,7 @@ class EpochFeeder:
         self.seeded = SampleSeeded(data, self.seed) if num_workers > 0 else None
         common: dict[str, Any] = dict(num_workers=num_workers, pin_memory=pin_memory, collate_fn=collate_fn,
                                       worker_init_fn=worker_init_fn, generator=self.generator)
+        common.update(self._loader_settings)  # a passed loader's own worker settings
         dataset = self.seeded if self.seeded is not None else data
         if getattr(self.sampler, "batches", False):
             self.loader = DataLoader(dataset, batch_sampler=cast(Sampler[list[Any]], self.sampler), **common)
