@@ -387,6 +387,21 @@ def dicom_dataset(config: PipelineConfig, manifest: Path, secrets: RunSecrets, a
     )
 
 
+def _deid_digest(run_dir: Path) -> str:
+    """SHA-256 of what the splits are built from: the de-identified files and labels of each split
+    (``train.csv``/``eval.csv``), the class names, and the digests of every input file read
+    (``inputs.json``, written by de-identification; pixel changes in the inputs change it). The
+    run's checkpoints are bound to it, so relabelled or replaced studies are not resumed on."""
+    from securetrain.pipeline.schedule import INPUTS_FILE
+
+    h = hashlib.sha256()
+    for path in (run_dir / "deid" / "train.csv", run_dir / "deid" / "eval.csv", run_dir / "deid" / LABELS_FILE,
+                 run_dir / INPUTS_FILE):
+        h.update(f"{path.name}:".encode())
+        h.update(hashlib.sha256(path.read_bytes()).digest() if path.is_file() else b"absent")
+    return h.hexdigest()
+
+
 class DicomClassification:
     """The default task (see the module docstring)."""
 
@@ -411,7 +426,8 @@ class DicomClassification:
         if unusable:
             inputs["unusable_files"] = len(unusable)
             inputs["unusable_reasons"] = dict(sorted(Counter(reason for _, reason in unusable).items()))
-        return TaskData(train=train, eval=evaluation, class_names=names, model_facts=facts, inputs=inputs)
+        return TaskData(train=train, eval=evaluation, class_names=names, model_facts=facts, inputs=inputs,
+                        data_digest=_deid_digest(ctx.run_dir))
 
     @staticmethod
     def _datasets(ctx: TaskContext, deid_dir: Path) -> tuple[FramesDicomDataset, FramesDicomDataset]:
