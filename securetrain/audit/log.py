@@ -1535,6 +1535,34 @@ class AuditLog:
             anchor.publish(cp)
         return cp
 
+    def check_signing_key(self) -> None:
+        """Refuse (:class:`AuditConfigError`) a writer whose key cannot continue this log's signatures.
+
+        When the log holds signed checkpoints and none verifies with this writer's key (or a key it
+        took over from by a hand-over), its checkpoints would start a second history of signatures
+        that no verifier accepts: typically a run's own demo key on a log shared by many runs.
+        ``checkpoint()`` alone would sign anyway (an unverifiable row may be a forgery inserted
+        without the key, which must not stop the real writer); call this where a wrong key is a
+        configuration error, before anything is appended (the pipeline does, for shared logs).
+        """
+        chain = self._key_chain()  # also refuses a retired key
+        foreign = 0
+        with self._read_engine.connect() as conn:
+            for row in conn.execute(select(C.c.note).order_by(C.c.tree_size.desc())):  # newest first: usually one
+                try:
+                    open_with_chain(row.note, chain)
+                    return
+                except Exception:  # noqa: BLE001 - another key's (or a malformed) note: look further
+                    foreign += 1
+        if not foreign:
+            return
+        raise AuditConfigError(
+            f"this audit log's {foreign} signed checkpoint(s) were signed by another key than this writer's: "
+            "its checkpoints would start a second history of signatures that no verifier accepts",
+            hint="give every writer of the log the same signing key (audit.signing_key or SECURETRAIN_AUDIT_KEY; a "
+                 "run's demo key under its keys folder is a new key per run), or have the current key's holder hand "
+                 "the log over with 'securetrain audit rotate-key'")
+
     def _published_reference(self) -> tuple[int, bytes] | None:
         """(size, root) of the newest checkpoint published to the anchors that verifies with our key."""
         best: tuple[int, bytes] | None = None

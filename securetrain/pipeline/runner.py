@@ -43,8 +43,15 @@ def open_run_audit(config: PipelineConfig):
     # the run; a shared log (one database for many runs) keeps the origin it has (AuditLog takes it
     # from its checkpoints), so runs with different names can append to it.
     origin = config.audit.origin or (None if shared else f"securetrain/{config.name}")
-    return AuditLog(url, signing_key=signing_key, origin=origin, anchors=[FileAnchor(anchor)],
-                    schema=config.audit.schema_name)  # AuditLog ignores it for SQLite
+    log = AuditLog(url, signing_key=signing_key, origin=origin, anchors=[FileAnchor(anchor)],
+                   schema=config.audit.schema_name)  # AuditLog ignores it for SQLite
+    if shared:  # another run's key on the same log: refused before this run records anything
+        try:
+            log.check_signing_key()
+        except BaseException:
+            log.close()
+            raise
+    return log
 
 
 def finish_report(result: PipelineResult, config: PipelineConfig | None = None, *, clock=None) -> PipelineResult:  # noqa: ANN001

@@ -12,10 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from securetrain.audit.errors import AuditConfigError
 from securetrain.audit.keys import create_signing_key
+from securetrain.audit.log import AuditLog
 from securetrain.audit.note import parse_checkpoint_text, parse_note
 from securetrain.pipeline.config import load_pipeline_config
 from securetrain.pipeline.runner import open_run_audit, run_pipeline
+from securetrain.pipeline.secrets import run_audit_key_path
 
 from .pipeline_fixtures import finance_config
 
@@ -55,3 +58,27 @@ def test_a_configured_origin_names_the_log(tmp_path: Path) -> None:
     result = run_pipeline(config)
     assert result.audit is not None and result.audit.verified, result.audit.verifier_output
     assert _origins(config) == {"acme.example/audit/finance"}
+
+
+def test_a_run_with_another_key_is_refused_before_it_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each run's demo key (secrets.create_demo_secrets, no audit.signing_key) is a new key: on a shared
+    log the second run's checkpoints would be a second, unverifiable history of signatures. Before,
+    it trained, signed and ended with a failed verification; now it stops before recording."""
+    monkeypatch.delenv("SECURETRAIN_AUDIT_KEY")  # the session's shared test key would be used by both runs
+    def demo_keyed(name: str):  # noqa: ANN202
+        data = finance_config(tmp_path, name=name, he={"enabled": False},
+                              audit={"url": str(tmp_path / "shared-audit.db")})
+        data["training"].update(epochs=1)
+        return load_pipeline_config(data=data)
+
+    first_config = demo_keyed("fraud-a")
+    first = run_pipeline(first_config)
+    assert first.audit is not None and first.audit.verified
+    first_key = run_audit_key_path(first_config)
+    with AuditLog(str(tmp_path / "shared-audit.db"), signing_key=first_key) as log:
+        before = log.size()
+    with pytest.raises(AuditConfigError, match="signed by another key"):
+        run_pipeline(demo_keyed("fraud-b"))
+    with AuditLog(str(tmp_path / "shared-audit.db"), signing_key=first_key) as log:
+        assert log.size() == before  # nothing of the refused run
+        assert log.verify().ok
