@@ -112,30 +112,25 @@ def released_outputs(model: nn.Module, state: Mapping[str, torch.Tensor], scalin
         expected = run(model).double() * std + mean
         tolerance = 1e-4 * std + 1e-6 * abs(mean)
 
-        def predicts(module: nn.Module) -> bool:
-            out = run(module)
+        def loads_and_predicts(module: nn.Module, record: dict[str, Any]) -> bool:
+            """``record``'s tensors load into ``module`` as a user loads them (strict, its own names)
+            and it predicts the restored outputs."""
+            try:
+                module.load_state_dict(released_tensors(state, record), strict=True)
+                out = run(module)
+            except (RuntimeError, TypeError, ProvenanceError):
+                return False
             return out.shape == expected.shape and bool(((out.double() - expected).abs() <= tolerance).all())
 
         layer = _output_layer(model, run)
         if layer is not None and f"{layer}.bias" in state:
             record = _fold_record(layer, mean, std)
-            folded = copy.deepcopy(model)
-            try:  # loaded as a user loads it: strict, into the model's own names
-                folded.load_state_dict(released_tensors(state, record), strict=True)
-                fits = predicts(folded)
-            except (RuntimeError, ProvenanceError):
-                fits = False
-            if fits:
+            if loads_and_predicts(copy.deepcopy(model), record):
                 return record
             log.info("the output layer %s cannot take the target scaling alone (tied or reused weights); the "
                      "released weights are wrapped (TargetUnits)", layer)
         record = _wrap_record(mean, std)
-        wrapped = TargetUnits(copy.deepcopy(model))
-        try:
-            wrapped.load_state_dict(released_tensors(state, record), strict=True)
-            fits = predicts(wrapped)
-        except (RuntimeError, TypeError):
-            fits = False
+        fits = loads_and_predicts(TargetUnits(copy.deepcopy(model)), record)
     if fits:
         return record
     # Not a tensor (a dict of outputs, say): released as trained, and the statement says so.

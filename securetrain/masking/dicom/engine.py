@@ -878,11 +878,8 @@ class Deidentifier:
             if (getattr(raw, "is_raw", False) and isinstance(raw.value, bytes) and all_ascii and _ascii_searchable(ds)
                     and not any(n in raw.value.lower() for n in ascii_needles)):
                 continue
-            try:
-                elem = ds[tag]
-            except Exception:
-                del ds[tag]  # undecodable retained text: remove rather than keep unchecked
-                self._note(ctx, path, tag, "X")
+            elem = self._decoded_text(ctx, ds, tag, path)
+            if elem is None:
                 continue
             value = elem.value
             if value is None:
@@ -893,6 +890,16 @@ class Deidentifier:
             if new != old:
                 elem.value = new if multi else new[0]
                 self._note(ctx, path, tag, "C")
+
+    def _decoded_text(self, ctx: _Ctx, ds: Dataset, tag: int, path: str) -> DataElement | None:
+        """A retained text element, decoded; None (and removed, noted X) when it cannot be decoded:
+        text that cannot be checked is never kept."""
+        try:
+            return ds[tag]
+        except Exception:
+            del ds[tag]
+            self._note(ctx, path, tag, "X")
+            return None
 
     def _aggregate_text_ages(self, ctx: _Ctx) -> None:
         """``age_over_89: aggregate`` for ages written into kept free text ("92 year old" ->
@@ -908,11 +915,8 @@ class Deidentifier:
                     searchable[id(ds)] = _ascii_searchable(ds)
                 if searchable[id(ds)] and not may_hold_text_age(raw.value):
                     continue
-            try:
-                elem = ds[tag]
-            except Exception:
-                del ds[tag]  # undecodable retained text: remove rather than keep unchecked
-                self._note(ctx, path, tag, "X")
+            elem = self._decoded_text(ctx, ds, tag, path)
+            if elem is None:
                 continue
             if elem.VR == "PN" or elem.value is None:
                 continue  # a person name holds no age
