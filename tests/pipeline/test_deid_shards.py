@@ -99,7 +99,9 @@ def test_a_shard_result_under_another_key_is_not_trusted(tmp_path: Path) -> None
     summary, _, secrets = _prepare(config)
     shard = plan_shards([p for p in sorted((config.run_dir / "raw").rglob("*.dcm"))], 100)[0]
     out = config.run_dir / "deid"
-    assert completed_shard(out, shard, b"\x01" * 32) is None
+    from securetrain.masking.dicom.policy import load_policy
+
+    assert completed_shard(out, shard, b"\x01" * 32, load_policy(config.data.policy).digest) is None
     result_file = next((out / SHARD_DIR).iterdir())
     assert b"PatientID" not in result_file.read_bytes() and result_file.stat().st_mode & 0o077 == 0
 
@@ -163,3 +165,31 @@ def test_flow_on_a_cluster_runner_matches_the_serial_run(request: pytest.Fixture
         trained = outputs[runner][1]["training"]
         assert trained["world_size"] == 2 and trained["strategy"] == "ddp" and trained["steps"] > 0
         assert trained["checkpoints"] and all(c["path"].endswith(".stenc") and c["key_id"] for c in trained["checkpoints"])
+
+
+def test_a_shard_is_redone_under_another_policy_or_for_a_changed_input(tmp_path: Path) -> None:
+    # A finished shard was bound to its index and input paths only: a rerun under a changed (e.g.
+    # revised) policy reused the output of the old one, and an input file replaced in place kept
+    # its old de-identified copy -- the model then trained on what the run's record did not say.
+    from securetrain.masking.dicom.synthetic import generate_study_set
+
+    raw = tmp_path / "raw"
+    generate_study_set(raw, n_patients=1, studies_per_patient=1, images_per_series=2, image_size=8, seed=3)
+    sources = sorted(str(p) for p in raw.rglob("*.dcm"))
+    shard = plan_shards(sources, 10)[0]
+    out, key = tmp_path / "deid", b"\x07" * 32
+    out.mkdir()
+    basic = ROOT / "policies" / "dicom-basic.yaml"
+    assert run_shard(shard, out, basic, key).resumed is False
+    assert run_shard(shard, out, basic, key).resumed is True  # nothing changed: skipped
+    revised = tmp_path / "revised.yaml"
+    revised.write_text(basic.read_text().replace("name: dicom-basic\n", "name: dicom-basic-revised\n", 1))
+    assert run_shard(shard, out, revised, key).resumed is False  # another policy digest: redone
+    assert run_shard(shard, out, revised, key).resumed is True
+    victim = Path(sources[0])
+    victim.write_bytes(victim.read_bytes())  # rewritten byte for byte: still the same input
+    assert run_shard(shard, out, revised, key).resumed is True
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 1  # replaced in place by another study (here: one pixel byte)
+    victim.write_bytes(bytes(data))
+    assert run_shard(shard, out, revised, key).resumed is False

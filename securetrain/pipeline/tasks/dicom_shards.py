@@ -10,7 +10,7 @@ shard order, so the log is the same for every runner.
 Each finished shard leaves ``<out>/.shards/shard-NNNNN.bin``: the result (outcomes, output SHA-256s,
 pseudonym mapping entries, audit events) as JSON, AES-256-GCM encrypted under a key derived from the
 run's de-identification secret (the mapping holds original patient ids), with the shard's index and
-inputs bound as associated data. :func:`completed_shard` returns it only when it decrypts and every
+inputs (paths and content digests) and policy digest bound as associated data. :func:`completed_shard` returns it only when it decrypts and every
 output file still has its recorded digest; otherwise the shard runs again.
 """
 
@@ -40,11 +40,20 @@ class ShardSpec:
     index: int
     rows: tuple[tuple[int, str], ...]
 
-    def binding(self) -> bytes:
-        """What the shard's result is bound to: its index and its inputs (an edited manifest re-runs it)."""
-        h = hashlib.sha256(f"shard:{self.index}\x00".encode())
+    def binding(self, policy_digest: str) -> bytes:
+        """What the shard's result is bound to: its index, the policy it was de-identified under
+        (a changed policy re-runs it) and its inputs: the paths (an edited manifest re-runs it) and
+        each file's SHA-256 (a file replaced in place re-runs it; the content, not the modification
+        time, so inputs regenerated or copied byte for byte still resume). Hashing reads each input
+        once more on a rerun, far less work than de-identifying it again."""
+        h = hashlib.sha256(f"shard:{self.index}\x00policy:{policy_digest}\x00".encode())
         for row, path in self.rows:
-            h.update(f"{row}\x00{path}\x00".encode())
+            try:
+                with open(path, "rb") as f:
+                    identity = hashlib.file_digest(f, "sha256").hexdigest()
+            except OSError:
+                identity = "missing"
+            h.update(f"{row}\x00{path}\x00{identity}\x00".encode())
         return h.digest()
 
 
@@ -106,8 +115,9 @@ def _file_sha256(path: Path) -> str | None:
         return None
 
 
-def completed_shard(out_dir: Path, shard: ShardSpec, deid_secret: bytes) -> ShardResult | None:
-    """The shard's recorded result if it authenticates and every output still verifies, else None."""
+def completed_shard(out_dir: Path, shard: ShardSpec, deid_secret: bytes, policy_digest: str) -> ShardResult | None:
+    """The shard's recorded result if it authenticates (same key, policy and inputs) and every
+    output still verifies, else None."""
     blob_path = _result_path(out_dir, shard.index)
     try:
         blob = blob_path.read_bytes()
@@ -116,7 +126,7 @@ def completed_shard(out_dir: Path, shard: ShardSpec, deid_secret: bytes) -> Shar
     if len(blob) < 12 + 16:
         return None
     try:
-        raw = AESGCM(_shard_key(deid_secret)).decrypt(blob[:12], blob[12:], shard.binding())
+        raw = AESGCM(_shard_key(deid_secret)).decrypt(blob[:12], blob[12:], shard.binding(policy_digest))
         result = ShardResult.from_json(raw)
     except (InvalidTag, ValueError, KeyError, TypeError):
         return None  # another key, another shard layout, or edited: do the work again
@@ -142,11 +152,12 @@ def run_shard(shard: ShardSpec, out_dir: str | os.PathLike[str], policy_path: st
     from securetrain.masking.dicom.policy import load_policy
 
     out = Path(out_dir)
-    done = completed_shard(out, shard, deid_secret)
+    policy = load_policy(policy_path)
+    done = completed_shard(out, shard, deid_secret, policy.digest)
     if done is not None:
         return done
     recorder = MemoryAuditRecorder()
-    deid = Deidentifier(load_policy(policy_path), DeidKeys.from_secret(deid_secret), recorder, record_changes=False)
+    deid = Deidentifier(policy, DeidKeys.from_secret(deid_secret), recorder, record_changes=False)
     result = ShardResult(index=shard.index)
     for row, source in shard.rows:
         target = out / output_name(row)
@@ -172,7 +183,7 @@ def run_shard(shard: ShardSpec, out_dir: str | os.PathLike[str], policy_path: st
     result.pseudonyms = dict(sorted(deid.pseudonyms.items()))
     result.events = recorder.events
     nonce = os.urandom(12)
-    blob = nonce + AESGCM(_shard_key(deid_secret)).encrypt(nonce, result.to_json(), shard.binding())
+    blob = nonce + AESGCM(_shard_key(deid_secret)).encrypt(nonce, result.to_json(), shard.binding(policy.digest))
     (out / SHARD_DIR).mkdir(mode=0o700, exist_ok=True)
     atomic_write_bytes(_result_path(out, shard.index), blob, mode=0o600)
     return result
@@ -186,9 +197,12 @@ def prefetched_map(out_dir: Path, policy_path: Path, deid_secret: bytes, *, fres
     a shard whose result is missing or no longer verifies is run here."""
 
     def run_all(shards: list[ShardSpec]) -> list[ShardResult]:
+        from securetrain.masking.dicom.policy import load_policy
+
+        digest = load_policy(policy_path).digest
         results = []
         for shard in shards:
-            result = completed_shard(out_dir, shard, deid_secret)
+            result = completed_shard(out_dir, shard, deid_secret, digest)
             if result is None:
                 result = run_shard(shard, out_dir, policy_path, deid_secret)
             else:
