@@ -277,6 +277,8 @@ def train(
         from securetrain.pipeline.models import last_linear
 
         last_linear(model)  # HE scores a linear head: refuse a model without one before training
+        if config.he.scope == "model":  # asked for the whole model: refuse one HE cannot take, before training
+            _check_whole_model_before_training(model, _first_batch(data.train))
     training_config = config.training.model_copy(update={"output_dir": config.run_dir / "train"})
     history = MetricsHistory()
     loss_fn, metrics_fn = getattr(task, "loss", None), getattr(task, "metrics", None)
@@ -553,6 +555,25 @@ def _approximated_activations(chain: torch.nn.Sequential) -> list[str]:
 
 #: Layers the whole-model HE scope can carry between stages as tensors (kinds by name, no pickle).
 _CHAIN_LAYERS = ("Linear", "BatchNorm1d", "ReLU", "Sigmoid", "Tanh", "GELU", "SiLU", "Flatten", "Identity", "Dropout")
+
+
+def _check_whole_model_before_training(model: torch.nn.Module, batch: Any) -> None:
+    """:func:`check_whole_model` on the untrained model and one training batch (whether a model is a
+    chain of layers HE can evaluate does not depend on its weights): eval mode, no gradients, RNG
+    streams and buffers restored, so training is unchanged."""
+    from securetrain.training.batches import split_batch
+    from securetrain.training.state import buffers_kept
+
+    inputs = split_batch(batch)[0]
+    if not isinstance(inputs, torch.Tensor):
+        return  # not one tensor per sample: the HE stage says so with its own error
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad(), buffers_kept(model):
+            check_whole_model(model, inputs.flatten(1).float()[:8])
+    finally:
+        model.train(was_training)
 
 
 def check_whole_model(model: torch.nn.Module, sample: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -106,3 +106,31 @@ def test_whole_model_refusal_names_the_layers_at_fault() -> None:
         stages.check_whole_model(DictOut().eval(), x)
     chain = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 2)).eval()
     assert stages.check_whole_model(chain, x) is not None  # a plain chain: its tensors to carry
+
+
+def test_he_scope_model_on_a_model_he_cannot_evaluate_whole_fails_before_training(tmp_path, monkeypatch) -> None:
+    # The refusal came from the HE stage, after the whole training had run.
+    import pyarrow.parquet as pq
+
+    from securetrain.masking.tabular import generate_finance_table
+    from securetrain.pipeline.runner import run_pipeline
+
+    from .pipeline_fixtures import finance_config
+
+    (tmp_path / "lnnets_he.py").write_text(
+        "from torch import nn\n"
+        "def build(in_features, num_classes):\n"
+        "    return nn.Sequential(nn.Linear(in_features, 8), nn.LayerNorm(8), nn.Dropout(0.5), nn.Linear(8, num_classes))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = tmp_path / "table.parquet"
+    pq.write_table(generate_finance_table(80, seed=0), source)
+    data = finance_config(tmp_path, data={"source": str(source)}, model={"target": "lnnets_he:build"},
+                          he={"enabled": True, "scope": "model"})
+    config = load_pipeline_config(data=data)
+    with pytest.raises(stages.PipelineError, match=r"HE cannot evaluate its layer\(s\) '1' \(LayerNorm\)"):
+        run_pipeline(config)
+    assert not list(config.run_dir.rglob("*.stenc"))  # refused before training
+    # With he.scope: auto the same model trains (the HE stage scores its head).
+    data["he"]["scope"] = "auto"
+    data["name"] = "auto"
+    assert run_pipeline(load_pipeline_config(data=data)).he.scope == "head"
