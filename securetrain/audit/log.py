@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover - Windows: SQLite's own lock wait only
     _fcntl = None  # type: ignore[assignment]
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from sqlalchemy import Connection, Engine, create_engine, event, inspect, insert, literal_column, make_url, select, text
+from sqlalchemy import Connection, Engine, create_engine, event, func, inspect, insert, literal_column, make_url, select, text
 from sqlalchemy.exc import DBAPIError
 
 from securetrain.audit import canonical as canon
@@ -1545,15 +1545,11 @@ class AuditLog:
         without the key, which must not stop the real writer); call this where a wrong key is a
         configuration error, before anything is appended (the pipeline does, for shared logs).
         """
-        chain = self._key_chain()  # also refuses a retired key
-        foreign = 0
+        self._key_chain()  # also refuses a retired key; the chain _stored_origin checks notes with
+        if self._stored_origin() is not None:  # a checkpoint of ours (newest first: usually the first read)
+            return
         with self._read_engine.connect() as conn:
-            for row in conn.execute(select(C.c.note).order_by(C.c.tree_size.desc())):  # newest first: usually one
-                try:
-                    open_with_chain(row.note, chain)
-                    return
-                except Exception:  # noqa: BLE001 - another key's (or a malformed) note: look further
-                    foreign += 1
+            foreign = conn.execute(select(func.count()).select_from(C)).scalar_one()
         if not foreign:
             return
         raise AuditConfigError(
