@@ -64,7 +64,7 @@ from securetrain.training.config import PrivacyConfig, TrainingConfig
 from securetrain.training.constant_norm import constant_outputs, group_sizes, refuse_constant_norms, suspect_norms
 from securetrain.training.errors import ModelArchitectureError, ResumeMismatchError
 from securetrain.training.losses import check_loss
-from securetrain.training.seeding import capture_rng_state, epoch_seed, restore_rng_state
+from securetrain.training.seeding import epoch_seed, eval_look
 from securetrain.training.stop import StopReason
 from securetrain.training.trainer import (
     Trainer,
@@ -343,17 +343,11 @@ class DPTrainer(Trainer):
         if not flat and not own:
             return  # no layer could erase its input: no forward needed
         assert self.backend is not None and self.device is not None
-        was_training = model.training
-        rng_t, rng_m = capture_rng_state(self.backend.device_type)
-        model.eval()
-        try:
+        with eval_look(model, self.backend.device_type):
             batch = (collate or default_collate)([data[i] for i in range(min(len(data), self.config.batch_size))])
             if self.device.type != "cpu":
                 batch = to_device(batch, self.device, self.backend.pin_memory)
             sizes, error = group_sizes({**flat, **own}, lambda: self.loss_fn(model, batch))
-        finally:
-            model.train(was_training)
-            restore_rng_state(rng_t, rng_m, self.backend.device_type)
         erasing, constant = describe_erasing(flat, self.replaced_layers, sizes), constant_outputs(own, sizes)
         if error is not None and not erasing and not constant:
             raise error

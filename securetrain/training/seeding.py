@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -75,3 +77,18 @@ def restore_rng_state(tensors: dict[str, torch.Tensor], meta: dict[str, Any], de
     )
     py = meta["python"]
     random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+
+
+@contextmanager
+def eval_look(model: torch.nn.Module, device_type: str) -> Iterator[None]:
+    """A look at ``model`` before training (a check that runs its forward): eval mode inside; after,
+    its train/eval mode and every RNG stream (torch, accelerator, NumPy, Python) as they were, so the
+    look leaves training unchanged."""
+    was_training = model.training
+    rng_t, rng_m = capture_rng_state(device_type)
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+        restore_rng_state(rng_t, rng_m, device_type)

@@ -76,7 +76,7 @@ from securetrain.training.losses import (  # noqa: F401 - also importable from h
 )
 from securetrain.training.schedulers import build_scheduler
 from securetrain.training.stop import StopReason
-from securetrain.training.seeding import capture_rng_state, restore_rng_state, seed_everything
+from securetrain.training.seeding import capture_rng_state, eval_look, restore_rng_state, seed_everything
 from securetrain.training.validation import BestTracker, MetricsFn, PredictFn, collect_outputs, default_metrics, gather_outputs, plain_metrics
 
 log = logging.getLogger("securetrain.training")
@@ -393,15 +393,8 @@ class Trainer:
             batch = default_collate([data[i] for i in range(min(2, len(data)))])
         if device.type != "cpu":
             batch = to_device(batch, device, False)
-        rng_t, rng_m = capture_rng_state(self.backend.device_type)
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                self.loss_fn(model, batch)
-        finally:
-            model.train(was_training)
-            restore_rng_state(rng_t, rng_m, self.backend.device_type)
+        with eval_look(model, self.backend.device_type), torch.no_grad():
+            self.loss_fn(model, batch)
         model.to(device)
 
     def _weighted_loss(self) -> LossFn:
@@ -896,10 +889,7 @@ class Trainer:
         norms = suspect_norms(model)
         if not norms:
             return
-        was_training = model.training
-        rng_t, rng_m = capture_rng_state(self.backend.device_type)
-        model.eval()
-        try:
+        with eval_look(model, self.backend.device_type):
             # The feeder re-seeds its sampler and loader for every epoch it starts: this look leaves no trace.
             batch = next(iter(self.feeder.epoch(0)), None)
             if batch is None:
@@ -908,9 +898,6 @@ class Trainer:
                 batch = to_device(batch, self.device, self.backend.pin_memory)
             with st.buffers_kept(model):
                 sizes, error = group_sizes(norms, lambda: self.loss_fn(model, batch))
-        finally:
-            model.train(was_training)
-            restore_rng_state(rng_t, rng_m, self.backend.device_type)
         found = constant_outputs(norms, sizes)
         if error is not None and not found:
             # The model or loss_fn may not run in eval mode as in training; training's own forward
