@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,19 +40,16 @@ class ShardSpec:
     index: int
     rows: tuple[tuple[int, str], ...]
 
-    def binding(self, policy_digest: str) -> bytes:
+    def binding(self, policy_digest: str, read: Mapping[int, str] | None = None) -> bytes:
         """What the shard's result is bound to: its index, the policy it was de-identified under
         (a changed policy re-runs it) and its inputs: the paths (an edited manifest re-runs it) and
         each file's SHA-256 (a file replaced in place re-runs it; the content, not the modification
-        time, so inputs regenerated or copied byte for byte still resume). Hashing reads each input
-        once more on a rerun, far less work than de-identifying it again."""
+        time, so inputs regenerated or copied byte for byte still resume). ``read``: the digests
+        de-identification took of the bytes it read (row -> SHA-256), used as they are; any other
+        input is hashed here, which on a rerun is far less work than de-identifying it again."""
         h = hashlib.sha256(f"shard:{self.index}\x00policy:{policy_digest}\x00".encode())
         for row, path in self.rows:
-            try:
-                with open(path, "rb") as f:
-                    identity = hashlib.file_digest(f, "sha256").hexdigest()
-            except OSError:
-                identity = "missing"
+            identity = (read or {}).get(row) or _file_sha256(Path(path)) or "missing"
             h.update(f"{row}\x00{path}\x00{identity}\x00".encode())
         return h.digest()
 
@@ -110,7 +107,8 @@ def _result_path(out_dir: Path, index: int) -> Path:
 
 def _file_sha256(path: Path) -> str | None:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
     except OSError:
         return None
 
@@ -159,6 +157,7 @@ def run_shard(shard: ShardSpec, out_dir: str | os.PathLike[str], policy_path: st
     recorder = MemoryAuditRecorder()
     deid = Deidentifier(policy, DeidKeys.from_secret(deid_secret), recorder, record_changes=False)
     result = ShardResult(index=shard.index)
+    read: dict[int, str] = {}  # row -> SHA-256 of the input bytes de-identified (the binding's, not read twice)
     for row, source in shard.rows:
         target = out / output_name(row)
         label = f"row {row + 1}"  # input names can carry PHI
@@ -180,10 +179,12 @@ def run_shard(shard: ShardSpec, out_dir: str | os.PathLike[str], policy_path: st
         else:
             result.rows.append(RowOutcome(row, "written", None, report.tags_changed, report.patient_pseudonym or "",
                                           _file_sha256(target)))
+            if report.input_sha256:
+                read[row] = report.input_sha256
     result.pseudonyms = dict(sorted(deid.pseudonyms.items()))
     result.events = recorder.events
     nonce = os.urandom(12)
-    blob = nonce + AESGCM(_shard_key(deid_secret)).encrypt(nonce, result.to_json(), shard.binding(policy.digest))
+    blob = nonce + AESGCM(_shard_key(deid_secret)).encrypt(nonce, result.to_json(), shard.binding(policy.digest, read))
     (out / SHARD_DIR).mkdir(mode=0o700, exist_ok=True)
     atomic_write_bytes(_result_path(out, shard.index), blob, mode=0o600)
     return result
